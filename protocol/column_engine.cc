@@ -1,0 +1,227 @@
+#include "protocol/column_engine.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "protocol/frame_format.h"
+
+namespace sparsereduce {
+
+ColumnEngine::ColumnEngine(const JobShape& shape, uint32_t aggregator_index, uint64_t job, uint64_t seq,
+                           const CollectiveSpec& spec)
+    : shape_(shape),
+      aggregator_(aggregator_index),
+      job_(job),
+      seq_(seq),
+      spec_(spec),
+      kernels_(FindReduceKernels(spec.dtype, spec.op)),
+      element_size_(FindDType(spec.dtype)->size),
+      layout_(shape, spec.element_count, spec.block_size, element_size_),
+      slots_(shape.slots) {
+  const uint32_t W = shape_.world_size;
+  for (uint32_t s = 0; s < shape_.slots; ++s) {
+    Slot& slot = slots_[s];
+    slot.lanes = layout_.NonEmptyLanes(aggregator_, s);
+    if (slot.lanes == 0) continue;
+    ++active_slots_;
+    slot.active_lanes = slot.lanes;
+    slot.cur.assign(slot.lanes, 0);
+    slot.next.assign(size_t{slot.lanes} * W, kEndOfColumn);
+    slot.expected.assign(W, 1);  // round 0: everyone announces
+    slot.awaited = W;
+    slot.pending.resize(W);
+  }
+}
+
+uint64_t ColumnEngine::MaxContributionPayload() const {
+  return uint64_t{shape_.blocks_per_message} * (kEntrySize + Pad8(layout_.MaxBlockBytes()));
+}
+
+std::string ColumnEngine::Where(uint32_t rank, uint32_t s) const {
+  return "rank " + std::to_string(rank) + ", collective " + std::to_string(seq_) + ", slot " + std::to_string(s);
+}
+
+Status ColumnEngine::OnContribution(uint32_t rank, const FrameHeader& header, ByteBuffer payload,
+                                    std::vector<Broadcast>* out) {
+  const uint32_t s = header.slot;
+  if (rank >= shape_.world_size) return ProtocolError("rank " + std::to_string(rank) + " out of range");
+  if (s >= slots_.size()) {
+    return ProtocolError(Where(rank, s) + ": slot out of range (slots=" + std::to_string(slots_.size()) + ")");
+  }
+  Slot& slot = slots_[s];
+  if (slot.lanes == 0) return ProtocolError(Where(rank, s) + ": contribution for a slot with no blocks");
+  if (slot.active_lanes == 0) return ProtocolError(Where(rank, s) + ": contribution after the slot finished");
+  if (!slot.expected[rank]) {
+    return ProtocolError(Where(rank, s) + ", round " + std::to_string(slot.round) +
+                         ": unexpected contribution (already sent, or nothing to contribute in this round)");
+  }
+
+  Pending& pending = slot.pending[rank];
+  if (Status st = DecodeDataPayload(header, payload.span(), &pending.entries); !st.ok()) {
+    return st.WithContext(Where(rank, s));
+  }
+  Status st = slot.round == 0 ? ValidateAnnounce(rank, slot, s, pending.entries)
+                              : ValidateRound(rank, slot, s, pending.entries);
+  if (!st.ok()) return st;
+  pending.payload = std::move(payload);
+  slot.expected[rank] = 0;
+  if (--slot.awaited == 0) CompleteRound(slot, s, out);
+  return Status::Ok();
+}
+
+Status ColumnEngine::ValidateAnnounce(uint32_t rank, Slot& slot, uint32_t s,
+                                      const std::vector<EntryView>& entries) const {
+  if (entries.size() != slot.lanes) {
+    return ProtocolError(Where(rank, s) + ", round 0: " + std::to_string(entries.size()) +
+                         " announce entries, expected one per non-empty column (" + std::to_string(slot.lanes) + ")");
+  }
+  const uint32_t W = shape_.world_size;
+  for (uint32_t lane = 0; lane < slot.lanes; ++lane) {
+    const EntryView& e = entries[lane];
+    const uint64_t column = layout_.Column(aggregator_, s, lane);
+    if (e.block != column || !e.data.empty()) {
+      return ProtocolError(Where(rank, s) + ", round 0, lane " + std::to_string(lane) + ": announce entry must be (block " +
+                           std::to_string(column) + ", no data), got block " + std::to_string(e.block) + " with " +
+                           std::to_string(e.data.size()) + " data bytes");
+    }
+    if (!layout_.IsValidNext(e.next, column, column, /*inclusive=*/true)) {
+      return ProtocolError(Where(rank, s) + ", round 0: next index " + std::to_string(e.next) +
+                           " is not a block of column " + std::to_string(column));
+    }
+  }
+  for (uint32_t lane = 0; lane < slot.lanes; ++lane) slot.next[size_t{lane} * W + rank] = entries[lane].next;
+  return Status::Ok();
+}
+
+Status ColumnEngine::ValidateRound(uint32_t rank, Slot& slot, uint32_t s,
+                                   const std::vector<EntryView>& entries) const {
+  const uint32_t W = shape_.world_size;
+  size_t i = 0;
+  for (uint32_t lane = 0; lane < slot.lanes; ++lane) {
+    const uint64_t cur = slot.cur[lane];
+    if (cur == kEndOfColumn || slot.next[size_t{lane} * W + rank] != cur) continue;
+    const std::string where = Where(rank, s) + ", round " + std::to_string(slot.round) + ", block " +
+                              std::to_string(cur);
+    if (i >= entries.size()) return ProtocolError(where + ": missing entry for the block being aggregated");
+    const EntryView& e = entries[i++];
+    if (e.block != cur) {
+      return ProtocolError(where + ": entry names block " + std::to_string(e.block) + " instead");
+    }
+    if (e.data.size() != layout_.BlockBytes(cur)) {
+      return ProtocolError(where + ": " + std::to_string(e.data.size()) + " data bytes, block has " +
+                           std::to_string(layout_.BlockBytes(cur)));
+    }
+    if (!layout_.IsValidNext(e.next, layout_.ColumnOf(cur), cur, /*inclusive=*/false)) {
+      return ProtocolError(where + ": next index " + std::to_string(e.next) + " is not a later block of the column");
+    }
+  }
+  if (i != entries.size()) {
+    return ProtocolError(Where(rank, s) + ", round " + std::to_string(slot.round) + ": " +
+                         std::to_string(entries.size() - i) + " entries for blocks not being aggregated");
+  }
+  return Status::Ok();
+}
+
+void ColumnEngine::CompleteRound(Slot& slot, uint32_t s, std::vector<Broadcast>* out) {
+  if (slot.round == 0) {
+    AnnounceReply(slot, s, out);
+  } else {
+    AggregateReply(slot, s, out);
+  }
+  for (Pending& p : slot.pending) {
+    p.payload = ByteBuffer();
+    p.entries.clear();
+  }
+  ++slot.round;
+  if (slot.active_lanes == 0) {
+    --active_slots_;
+    std::vector<Pending>().swap(slot.pending);
+    return;
+  }
+  ComputeExpected(slot);
+}
+
+void ColumnEngine::ComputeExpected(Slot& slot) {
+  const uint32_t W = shape_.world_size;
+  slot.awaited = 0;
+  std::fill(slot.expected.begin(), slot.expected.end(), 0);
+  for (uint32_t lane = 0; lane < slot.lanes; ++lane) {
+    const uint64_t cur = slot.cur[lane];
+    if (cur == kEndOfColumn) continue;
+    const uint64_t* next = &slot.next[size_t{lane} * W];
+    for (uint32_t r = 0; r < W; ++r) {
+      if (next[r] == cur && !slot.expected[r]) {
+        slot.expected[r] = 1;
+        ++slot.awaited;
+      }
+    }
+  }
+}
+
+void ColumnEngine::AnnounceReply(Slot& slot, uint32_t s, std::vector<Broadcast>* out) {
+  const uint32_t W = shape_.world_size;
+  std::vector<Entry> entries(slot.lanes);
+  for (uint32_t lane = 0; lane < slot.lanes; ++lane) {
+    const uint64_t* next = &slot.next[size_t{lane} * W];
+    const uint64_t cur = *std::min_element(next, next + W);
+    slot.cur[lane] = cur;
+    if (cur == kEndOfColumn) --slot.active_lanes;
+    entries[lane] = Entry{layout_.Column(aggregator_, s, lane), cur, 0};
+  }
+  FrameHeader header{FrameType::kResult, 0, s, job_, seq_, 0};
+  out->push_back({s, std::make_shared<const ByteBuffer>(EncodeDataFrame(header, entries, {}))});
+}
+
+void ColumnEngine::AggregateReply(Slot& slot, uint32_t s, std::vector<Broadcast>* out) {
+  const uint32_t W = shape_.world_size;
+  std::vector<Entry> entries;
+  entries.reserve(slot.active_lanes);
+  for (uint32_t lane = 0; lane < slot.lanes; ++lane) {
+    const uint64_t cur = slot.cur[lane];
+    if (cur != kEndOfColumn) entries.push_back(Entry{cur, 0, layout_.BlockBytes(cur)});
+  }
+  FrameHeader header{FrameType::kResult, 0, s, job_, seq_, 0};
+  header.entry_count = static_cast<uint32_t>(entries.size());
+  const uint64_t payload_length = DataPayloadLength(entries);
+  header.payload_length = static_cast<uint32_t>(payload_length);
+  auto frame = std::make_shared<ByteBuffer>(kFrameHeaderSize + payload_length);
+  EncodeFrameHeader(header, frame->data());
+
+  // Sum straight into the outgoing frame: per lane, contributors in ascending rank order. Each contributor's
+  // entries are in lane order, so one cursor per rank finds its entry for the lane.
+  std::vector<uint32_t> cursor(W, 0);
+  std::byte* data = frame->data() + kFrameHeaderSize + uint64_t{kEntrySize} * entries.size();
+  size_t e = 0;
+  for (uint32_t lane = 0; lane < slot.lanes; ++lane) {
+    const uint64_t cur = slot.cur[lane];
+    if (cur == kEndOfColumn) continue;
+    const uint32_t bytes = layout_.BlockBytes(cur);
+    const size_t count = bytes / element_size_;
+    uint64_t* next = &slot.next[size_t{lane} * W];
+    bool first = true;
+    uint64_t new_cur = kEndOfColumn;
+    for (uint32_t r = 0; r < W; ++r) {
+      if (next[r] == cur) {
+        const EntryView& contribution = slot.pending[r].entries[cursor[r]++];
+        if (first) {
+          kernels_->first(data, contribution.data.data(), count);
+          first = false;
+        } else {
+          kernels_->accumulate(data, contribution.data.data(), count);
+        }
+        next[r] = contribution.next;
+      }
+      new_cur = std::min(new_cur, next[r]);
+    }
+    std::memset(data + bytes, 0, Pad8(bytes) - bytes);
+    data += Pad8(bytes);
+    entries[e++].next = new_cur;
+    slot.cur[lane] = new_cur;
+    if (new_cur == kEndOfColumn) --slot.active_lanes;
+    ++blocks_aggregated_;
+  }
+  EncodeEntryTable(entries, frame->data() + kFrameHeaderSize);
+  out->push_back({s, std::move(frame)});
+}
+
+}  // namespace sparsereduce

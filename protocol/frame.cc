@@ -1,0 +1,163 @@
+#include "protocol/frame.h"
+
+#include <cstdio>
+#include <cstring>
+
+#include "protocol/coding.h"
+
+namespace sparsereduce {
+
+const char* FrameTypeName(FrameType type) {
+  switch (type) {
+    case FrameType::kControl: return "CONTROL";
+    case FrameType::kContribution: return "CONTRIBUTION";
+    case FrameType::kResult: return "RESULT";
+  }
+  return "UNKNOWN";
+}
+
+void EncodeFrameHeader(const FrameHeader& h, std::byte* out) {
+  EncodeFixed32(out + 0, kFrameMagic);
+  out[4] = std::byte{kProtocolVersion};
+  out[5] = std::byte{static_cast<uint8_t>(h.type)};
+  EncodeFixed16(out + 6, 0);
+  EncodeFixed32(out + 8, h.payload_length);
+  EncodeFixed32(out + 12, h.slot);
+  EncodeFixed64(out + 16, h.job);
+  EncodeFixed64(out + 24, h.seq);
+  EncodeFixed32(out + 32, h.entry_count);
+  EncodeFixed32(out + 36, 0);
+}
+
+Result<FrameHeader> DecodeFrameHeader(std::span<const std::byte> bytes) {
+  if (bytes.size() < kFrameHeaderSize) {
+    return ProtocolError("truncated frame header: " + std::to_string(bytes.size()) + " of " +
+                         std::to_string(kFrameHeaderSize) + " bytes");
+  }
+  const std::byte* p = bytes.data();
+  const uint32_t magic = DecodeFixed32(p);
+  if (magic != kFrameMagic) return ProtocolError("bad frame magic 0x" + [&] {
+      char buf[16];
+      std::snprintf(buf, sizeof buf, "%08x", magic);
+      return std::string(buf);
+    }());
+  const auto version = std::to_integer<uint8_t>(p[4]);
+  if (version != kProtocolVersion) {
+    return Status(StatusCode::kVersionMismatch, "frame version " + std::to_string(version) + ", expected " +
+                                                    std::to_string(kProtocolVersion));
+  }
+  const auto type = std::to_integer<uint8_t>(p[5]);
+  if (type < 1 || type > 3) return ProtocolError("unknown frame type " + std::to_string(type));
+  if (DecodeFixed16(p + 6) != 0) return ProtocolError("nonzero frame flags");
+  if (DecodeFixed32(p + 36) != 0) return ProtocolError("nonzero reserved header field");
+
+  FrameHeader h;
+  h.type = static_cast<FrameType>(type);
+  h.payload_length = DecodeFixed32(p + 8);
+  h.slot = DecodeFixed32(p + 12);
+  h.job = DecodeFixed64(p + 16);
+  h.seq = DecodeFixed64(p + 24);
+  h.entry_count = DecodeFixed32(p + 32);
+  if (h.type == FrameType::kControl) {
+    if (h.slot != 0 || h.job != 0 || h.seq != 0 || h.entry_count != 0) {
+      return ProtocolError("CONTROL frame with nonzero slot/job/seq/entry_count");
+    }
+    if (h.payload_length > kMaxControlPayload) {
+      return ProtocolError("CONTROL payload of " + std::to_string(h.payload_length) + " bytes exceeds the limit of " +
+                           std::to_string(kMaxControlPayload));
+    }
+  } else if (uint64_t{h.entry_count} * kEntrySize > h.payload_length) {
+    return ProtocolError(std::string(FrameTypeName(h.type)) + " frame with " + std::to_string(h.entry_count) +
+                         " entries but a payload of only " + std::to_string(h.payload_length) + " bytes");
+  }
+  return h;
+}
+
+uint64_t DataPayloadLength(std::span<const Entry> entries) {
+  uint64_t length = uint64_t{kEntrySize} * entries.size();
+  for (const Entry& e : entries) length += Pad8(e.data_bytes);
+  return length;
+}
+
+void EncodeEntryTable(std::span<const Entry> entries, std::byte* out) {
+  for (const Entry& e : entries) {
+    EncodeFixed64(out, e.block);
+    EncodeFixed64(out + 8, e.next);
+    EncodeFixed32(out + 16, e.data_bytes);
+    EncodeFixed32(out + 20, 0);
+    out += kEntrySize;
+  }
+}
+
+Status DecodeDataPayload(const FrameHeader& header, std::span<const std::byte> payload,
+                         std::vector<EntryView>* out) {
+  out->clear();
+  if (payload.size() != header.payload_length) {
+    return ProtocolError("payload of " + std::to_string(payload.size()) + " bytes, header says " +
+                         std::to_string(header.payload_length));
+  }
+  const uint64_t table_bytes = uint64_t{header.entry_count} * kEntrySize;
+  if (table_bytes > payload.size()) {
+    return ProtocolError("entry table of " + std::to_string(header.entry_count) + " entries exceeds the payload");
+  }
+  out->reserve(header.entry_count);
+  const std::byte* entry = payload.data();
+  uint64_t data_offset = table_bytes;
+  for (uint32_t i = 0; i < header.entry_count; ++i, entry += kEntrySize) {
+    const uint64_t block = DecodeFixed64(entry);
+    const uint64_t next = DecodeFixed64(entry + 8);
+    const uint32_t data_bytes = DecodeFixed32(entry + 16);
+    if (DecodeFixed32(entry + 20) != 0) {
+      return ProtocolError("entry " + std::to_string(i) + ": nonzero reserved field");
+    }
+    const uint64_t padded = Pad8(data_bytes);
+    if (padded > payload.size() - data_offset) {
+      return ProtocolError("entry " + std::to_string(i) + " (block " + std::to_string(block) + "): " +
+                           std::to_string(data_bytes) + " data bytes run past the end of the payload");
+    }
+    const std::byte* data = payload.data() + data_offset;
+    for (uint64_t pad = data_bytes; pad < padded; ++pad) {
+      if (data[pad] != std::byte{0}) {
+        return ProtocolError("entry " + std::to_string(i) + ": nonzero padding byte");
+      }
+    }
+    out->push_back(EntryView{block, next, {data, data_bytes}});
+    data_offset += padded;
+  }
+  if (data_offset != payload.size()) {
+    return ProtocolError("payload has " + std::to_string(payload.size() - data_offset) +
+                         " trailing bytes after the last entry's data");
+  }
+  return Status::Ok();
+}
+
+ByteBuffer EncodeDataFrame(FrameHeader header, std::span<const Entry> entries,
+                           std::span<const std::span<const std::byte>> data) {
+  const uint64_t payload = DataPayloadLength(entries);
+  header.payload_length = static_cast<uint32_t>(payload);
+  header.entry_count = static_cast<uint32_t>(entries.size());
+  ByteBuffer frame(kFrameHeaderSize + payload);
+  EncodeFrameHeader(header, frame.data());
+  EncodeEntryTable(entries, frame.data() + kFrameHeaderSize);
+  std::byte* out = frame.data() + kFrameHeaderSize + uint64_t{kEntrySize} * entries.size();
+  size_t d = 0;
+  for (const Entry& e : entries) {
+    if (e.data_bytes == 0) continue;
+    std::memcpy(out, data[d++].data(), e.data_bytes);
+    std::memset(out + e.data_bytes, 0, Pad8(e.data_bytes) - e.data_bytes);
+    out += Pad8(e.data_bytes);
+  }
+  return frame;
+}
+
+ByteBuffer EncodeControlFrame(std::span<const std::byte> message) {
+  FrameHeader header;
+  header.type = FrameType::kControl;
+  header.payload_length = static_cast<uint32_t>(message.size());
+  ByteBuffer frame(kFrameHeaderSize + message.size());
+  EncodeFrameHeader(header, frame.data());
+  if (!message.empty()) std::memcpy(frame.data() + kFrameHeaderSize, message.data(), message.size());
+  return frame;
+}
+
+}  // namespace sparsereduce

@@ -1,0 +1,79 @@
+#include "protocol/layout.h"
+
+#include <limits>
+
+#include "core/reduce_kernels.h"
+#include "protocol/frame_format.h"
+
+namespace sparsereduce {
+
+std::string JobShape::ToString() const {
+  return "world_size=" + std::to_string(world_size) + " aggregators=" + std::to_string(num_aggregators) +
+         " slots=" + std::to_string(slots) + " blocks_per_message=" + std::to_string(blocks_per_message);
+}
+
+std::string CollectiveSpec::ToString() const {
+  const DTypeInfo* info = FindDType(dtype);
+  return "{count=" + std::to_string(element_count) + " dtype=" +
+         (info ? info->name : "#" + std::to_string(static_cast<uint32_t>(dtype))) + " op=" + ReduceOpName(op) +
+         " block_size=" + std::to_string(block_size) + "}";
+}
+
+Status ValidateSpec(const CollectiveSpec& spec) {
+  const DTypeInfo* info = FindDType(spec.dtype);
+  if (info == nullptr) {
+    return Status(StatusCode::kUnsupported, "unknown dtype " + std::to_string(static_cast<uint32_t>(spec.dtype)));
+  }
+  if (FindReduceKernels(spec.dtype, spec.op) == nullptr) {
+    return Status(StatusCode::kUnsupported,
+                  std::string("reduction ") + ReduceOpName(spec.op) + " over " + info->name + " is not supported");
+  }
+  if (spec.block_size == 0) return InvalidArgument("block_size must be at least 1");
+  // A block's bytes travel in a 32-bit data_bytes field and frames must stay well below 4 GiB.
+  if (uint64_t{spec.block_size} * info->size > (uint64_t{1} << 24)) {
+    return InvalidArgument("block of " + std::to_string(spec.block_size) + " elements exceeds 16 MiB");
+  }
+  if (spec.element_count > std::numeric_limits<uint64_t>::max() / 8) {
+    return InvalidArgument("element_count " + std::to_string(spec.element_count) + " is too large");
+  }
+  return Status::Ok();
+}
+
+Status ValidateShape(const JobShape& s) {
+  if (s.world_size == 0) return InvalidArgument("world_size must be at least 1");
+  if (s.num_aggregators == 0) return InvalidArgument("num_aggregators must be at least 1");
+  if (s.slots == 0) return InvalidArgument("slots must be at least 1");
+  if (s.blocks_per_message == 0) return InvalidArgument("blocks_per_message must be at least 1");
+  return Status::Ok();
+}
+
+ColumnLayout::ColumnLayout(const JobShape& shape, uint64_t element_count, uint32_t block_size,
+                           uint32_t element_size)
+    : shape_(shape),
+      element_count_(element_count),
+      block_size_(block_size),
+      element_size_(element_size),
+      num_blocks_((element_count + block_size - 1) / block_size),
+      num_columns_(uint64_t{shape.num_aggregators} * shape.slots * shape.blocks_per_message) {}
+
+uint32_t ColumnLayout::NonEmptyLanes(uint32_t aggregator, uint32_t slot) const {
+  // Column(a, s, k) = A*(s + S*k) + a < NB  <=>  k < (NB - a - A*s) / (A*S), rounded up.
+  const uint64_t first = Column(aggregator, slot, 0);
+  if (first >= num_blocks_) return 0;
+  const uint64_t stride = uint64_t{shape_.num_aggregators} * shape_.slots;
+  const uint64_t lanes = (num_blocks_ - first + stride - 1) / stride;
+  return lanes < shape_.blocks_per_message ? static_cast<uint32_t>(lanes) : shape_.blocks_per_message;
+}
+
+bool ColumnLayout::IsValidNext(uint64_t index, uint64_t column, uint64_t after, bool inclusive) const {
+  if (index == kEndOfColumn) return true;
+  if (index >= num_blocks_ || index % num_columns_ != column) return false;
+  return inclusive ? index >= after : index > after;
+}
+
+uint64_t ColumnLayout::BlockElements(uint64_t block) const {
+  const uint64_t start = block * block_size_;
+  return element_count_ - start < block_size_ ? element_count_ - start : block_size_;
+}
+
+}  // namespace sparsereduce

@@ -1,0 +1,74 @@
+// Where every block lives: column, aggregator, slot and lane (docs/PROTOCOL.md §2). Pure arithmetic.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/dtype.h"
+#include "core/status.h"
+
+namespace sparsereduce {
+
+// Job-wide parameters fixed at job formation.
+struct JobShape {
+  uint32_t world_size = 1;
+  uint32_t num_aggregators = 1;
+  uint32_t slots = 1;               // S
+  uint32_t blocks_per_message = 1;  // K
+
+  bool operator==(const JobShape&) const = default;
+  std::string ToString() const;
+};
+
+// What one collective reduces.
+struct CollectiveSpec {
+  uint64_t element_count = 0;
+  DType dtype = DType::kFloat32;
+  ReduceOp op = ReduceOp::kSum;
+  uint32_t block_size = 256;
+
+  bool operator==(const CollectiveSpec&) const = default;
+  std::string ToString() const;
+};
+
+// Checks that the spec is well-formed and supported (dtype/op kernels exist, block_size >= 1, the block's byte
+// size fits the wire's 32-bit length).
+Status ValidateSpec(const CollectiveSpec& spec);
+Status ValidateShape(const JobShape& shape);
+
+class ColumnLayout {
+ public:
+  ColumnLayout(const JobShape& shape, uint64_t element_count, uint32_t block_size, uint32_t element_size);
+
+  uint64_t num_blocks() const { return num_blocks_; }
+  uint64_t num_columns() const { return num_columns_; }
+  uint32_t slots() const { return shape_.slots; }
+  uint32_t lanes_per_slot() const { return shape_.blocks_per_message; }
+
+  uint64_t ColumnOf(uint64_t block) const { return block % num_columns_; }
+  uint32_t AggregatorOf(uint64_t column) const { return static_cast<uint32_t>(column % shape_.num_aggregators); }
+  // Global column index of (aggregator, slot, lane).
+  uint64_t Column(uint32_t aggregator, uint32_t slot, uint32_t lane) const {
+    return uint64_t{shape_.num_aggregators} * (slot + uint64_t{shape_.slots} * lane) + aggregator;
+  }
+  // Lanes 0..n-1 of a slot hold non-empty columns (columns grow with the lane, so they form a prefix).
+  uint32_t NonEmptyLanes(uint32_t aggregator, uint32_t slot) const;
+
+  // True if `index` is END or a block of `column` that is > `after` (>= when `inclusive`) and < num_blocks.
+  bool IsValidNext(uint64_t index, uint64_t column, uint64_t after, bool inclusive) const;
+
+  uint64_t BlockElements(uint64_t block) const;
+  uint32_t BlockBytes(uint64_t block) const { return static_cast<uint32_t>(BlockElements(block) * element_size_); }
+  uint64_t BlockByteOffset(uint64_t block) const { return block * block_size_ * element_size_; }
+  uint32_t MaxBlockBytes() const { return block_size_ * element_size_; }
+
+ private:
+  JobShape shape_;
+  uint64_t element_count_;
+  uint64_t block_size_;
+  uint64_t element_size_;
+  uint64_t num_blocks_;
+  uint64_t num_columns_;
+};
+
+}  // namespace sparsereduce

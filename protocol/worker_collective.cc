@@ -1,0 +1,114 @@
+#include "protocol/worker_collective.h"
+
+#include <cstring>
+
+#include "core/block_scan.h"
+#include "protocol/frame_format.h"
+
+namespace sparsereduce {
+namespace {
+
+constexpr uint8_t kBlockReceived = 4;
+constexpr std::byte kZeros[8] = {};
+
+}  // namespace
+
+WorkerCollective::WorkerCollective(const JobShape& shape, uint64_t job, uint64_t seq, const CollectiveSpec& spec,
+                                   std::span<std::byte> tensor)
+    : shape_(shape),
+      job_(job),
+      seq_(seq),
+      spec_(spec),
+      tensor_(tensor),
+      layout_(shape, spec.element_count, spec.block_size, FindDType(spec.dtype)->size) {
+  flags_.resize(layout_.num_blocks());
+  nonzero_blocks_ = ScanBlocks(tensor.data(), spec.element_count, spec.block_size, *FindDType(spec.dtype), flags_);
+  const uint32_t element_size = FindDType(spec.dtype)->size;
+  schedules_.reserve(shape.num_aggregators);
+  for (uint32_t a = 0; a < shape.num_aggregators; ++a) {
+    schedules_.emplace_back(shape, a, spec, element_size, flags_);
+  }
+}
+
+std::vector<OutgoingFrame> WorkerCollective::Start(uint32_t aggregator) { return schedules_[aggregator].Start(); }
+
+bool WorkerCollective::done() const {
+  for (const WorkerSchedule& s : schedules_) {
+    if (!s.done()) return false;
+  }
+  return true;
+}
+
+uint64_t WorkerCollective::MaxResultPayload() const {
+  return uint64_t{shape_.blocks_per_message} * (kEntrySize + Pad8(layout_.MaxBlockBytes()));
+}
+
+Status WorkerCollective::OnResult(uint32_t aggregator, const FrameHeader& header,
+                                  std::span<const std::byte> payload, OutgoingFrame* next, bool* has_next) {
+  *has_next = false;
+  if (header.type != FrameType::kResult) {
+    return ProtocolError(std::string("expected a RESULT frame, got ") + FrameTypeName(header.type));
+  }
+  if (header.job != job_ || header.seq != seq_) {
+    return ProtocolError("RESULT for job " + std::to_string(header.job) + " collective " +
+                         std::to_string(header.seq) + ", expected job " + std::to_string(job_) + " collective " +
+                         std::to_string(seq_));
+  }
+  if (Status st = DecodeDataPayload(header, payload, &scratch_entries_); !st.ok()) return st;
+  if (Status st = schedules_[aggregator].OnResult(header.slot, scratch_entries_, next, has_next); !st.ok()) {
+    return st;
+  }
+  for (const EntryView& e : scratch_entries_) {
+    if (e.data.empty()) continue;
+    std::memcpy(tensor_.data() + layout_.BlockByteOffset(e.block), e.data.data(), e.data.size());
+    flags_[e.block] |= kBlockReceived;
+  }
+  return Status::Ok();
+}
+
+void WorkerCollective::Finish() {
+  // Own nonzero blocks are always in the union and therefore received; a zero block holds only +0 and -0
+  // elements, and only the ones with a -0 (kBlockHasNegativeZero) need rewriting.
+  for (uint64_t b = 0; b < flags_.size(); ++b) {
+    if ((flags_[b] & (kBlockHasNegativeZero | kBlockReceived)) == kBlockHasNegativeZero) {
+      std::memset(tensor_.data() + layout_.BlockByteOffset(b), 0, layout_.BlockBytes(b));
+    }
+  }
+}
+
+ByteBuffer WorkerCollective::EncodePrefix(const OutgoingFrame& frame) const {
+  FrameHeader header;
+  header.type = FrameType::kContribution;
+  header.slot = frame.slot;
+  header.job = job_;
+  header.seq = seq_;
+  header.entry_count = static_cast<uint32_t>(frame.entries.size());
+  header.payload_length = static_cast<uint32_t>(DataPayloadLength(frame.entries));
+  ByteBuffer prefix(kFrameHeaderSize + uint64_t{kEntrySize} * frame.entries.size());
+  EncodeFrameHeader(header, prefix.data());
+  EncodeEntryTable(frame.entries, prefix.data() + kFrameHeaderSize);
+  return prefix;
+}
+
+std::span<const std::byte> WorkerCollective::BlockData(uint64_t block) const {
+  return {tensor_.data() + layout_.BlockByteOffset(block), layout_.BlockBytes(block)};
+}
+
+std::span<const std::byte> WorkerCollective::PaddingFor(uint32_t data_bytes) {
+  return {kZeros, Pad8(data_bytes) - data_bytes};
+}
+
+ByteBuffer WorkerCollective::EncodeFrame(const OutgoingFrame& frame) const {
+  std::vector<std::span<const std::byte>> data;
+  for (const Entry& e : frame.entries) {
+    if (e.data_bytes) data.push_back(BlockData(e.block));
+  }
+  FrameHeader header;
+  header.type = FrameType::kContribution;
+  header.slot = frame.slot;
+  header.job = job_;
+  header.seq = seq_;
+  return EncodeDataFrame(header, frame.entries, data);
+}
+
+}  // namespace sparsereduce

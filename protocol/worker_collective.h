@@ -1,0 +1,70 @@
+// Everything a worker does for one collective except I/O: scans the tensor, runs one WorkerSchedule per
+// aggregator, encodes CONTRIBUTIONs, checks RESULTs and writes them into the tensor, and finally writes all-zero
+// bits into blocks that no RESULT carried. The real worker and the protocol simulation tests share this class.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "core/byte_buffer.h"
+#include "core/status.h"
+#include "protocol/frame.h"
+#include "protocol/layout.h"
+#include "protocol/worker_schedule.h"
+
+namespace sparsereduce {
+
+class WorkerCollective {
+ public:
+  // `tensor` holds spec.element_count elements of spec.dtype and is reduced in place; it must stay valid and
+  // untouched by the caller until the collective is done. `spec` must have passed ValidateSpec.
+  WorkerCollective(const JobShape& shape, uint64_t job, uint64_t seq, const CollectiveSpec& spec,
+                   std::span<std::byte> tensor);
+
+  WorkerCollective(const WorkerCollective&) = delete;
+  WorkerCollective& operator=(const WorkerCollective&) = delete;
+
+  uint64_t seq() const { return seq_; }
+  uint64_t num_blocks() const { return flags_.size(); }
+  uint64_t nonzero_blocks() const { return nonzero_blocks_; }
+
+  std::vector<OutgoingFrame> Start(uint32_t aggregator);
+
+  // A RESULT frame from `aggregator`. On success the data is in the tensor and `*next` holds the CONTRIBUTION to
+  // send on the same slot if `*has_next`.
+  Status OnResult(uint32_t aggregator, const FrameHeader& header, std::span<const std::byte> payload,
+                  OutgoingFrame* next, bool* has_next);
+
+  bool AggregatorDone(uint32_t aggregator) const { return schedules_[aggregator].done(); }
+  bool done() const;
+  // Call once when done(): blocks that no RESULT carried are zero on every worker; write them as +0.
+  void Finish();
+
+  // Largest RESULT payload this collective allows.
+  uint64_t MaxResultPayload() const;
+
+  // Frame header and entry table of `frame` (the data follows, see BlockData and PaddingFor).
+  ByteBuffer EncodePrefix(const OutgoingFrame& frame) const;
+  std::span<const std::byte> BlockData(uint64_t block) const;
+  // The whole frame, contiguous (copies block data).
+  ByteBuffer EncodeFrame(const OutgoingFrame& frame) const;
+
+  // Zero bytes to append after a block's data (data_bytes rounded up to 8).
+  static std::span<const std::byte> PaddingFor(uint32_t data_bytes);
+
+ private:
+  JobShape shape_;
+  uint64_t job_;
+  uint64_t seq_;
+  CollectiveSpec spec_;
+  std::span<std::byte> tensor_;
+  ColumnLayout layout_;
+  std::vector<uint8_t> flags_;  // ScanBlocks flags plus kBlockReceived
+  uint64_t nonzero_blocks_ = 0;
+  std::vector<WorkerSchedule> schedules_;
+  std::vector<EntryView> scratch_entries_;
+};
+
+}  // namespace sparsereduce

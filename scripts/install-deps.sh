@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs the Debian bookworm packages sparsereduce needs to build and test.
+# Idempotent: when every package is already present it only runs dpkg-query.
+set -euo pipefail
+
+packages=(
+  cmake make g++ pkg-config
+  libboost1.81-dev            # Asio (header-only); conflicts with the 1.74 -dev packages
+  libprotobuf-dev protobuf-compiler
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libspdlog-dev libfmt-dev libcli11-dev
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+  [[ $status == "install ok installed" ]] || missing+=("$p")
+done
+
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+sudo_cmd=()
+if [[ $(id -u) -ne 0 ]]; then sudo_cmd=(sudo); fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
