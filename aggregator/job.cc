@@ -1,0 +1,277 @@
+#include "aggregator/job.h"
+
+#include <spdlog/spdlog.h>
+
+#include "aggregator/job_registry.h"
+#include "aggregator/session.h"
+#include "protocol/control.h"
+
+namespace sparsereduce::aggregator {
+namespace {
+
+std::string RankList(const std::vector<uint32_t>& ranks) {
+  std::string out;
+  for (uint32_t r : ranks) out += (out.empty() ? "" : ",") + std::to_string(r);
+  return out;
+}
+
+JobShape ShapeOf(const proto::Hello& h) {
+  return JobShape{h.world_size(), h.num_aggregators(), h.slots(), h.blocks_per_message()};
+}
+
+}  // namespace
+
+Job::Job(uint64_t id, boost::asio::any_io_executor strand, JobRegistry& registry)
+    : id_(id), strand_(std::move(strand)), registry_(registry) {}
+
+std::string Job::Describe(uint32_t rank) const {
+  std::string peer = rank < members_.size() && members_[rank] ? members_[rank]->peer() : "?";
+  return "job " + std::to_string(id_) + " rank " + std::to_string(rank) + " (peer " + peer + ")";
+}
+
+Job::JoinOutcome Job::Join(const std::shared_ptr<Session>& session) {
+  const proto::Hello& hello = session->hello();
+  const uint32_t rank = hello.rank();
+  if (dead_) return JoinOutcome::kRetryWithNewJob;
+  if (formed_ && !departed_.empty()) {
+    // A member of a broken job is reconnecting: the old formation can never run another collective.
+    Abort(Status(StatusCode::kPeerLeft, "job " + std::to_string(id_) + " is being formed again (rank " +
+                                            std::to_string(rank) + " reconnected from " + session->peer() +
+                                            ") after rank(s) " + RankList(departed_) + " left"),
+          departed_);
+    return JoinOutcome::kRetryWithNewJob;
+  }
+  if (formed_) {
+    session->Fail(Status(StatusCode::kJobFull, "job " + std::to_string(id_) + " is already formed with all " +
+                                                   std::to_string(shape_.world_size) + " ranks; rank " +
+                                                   std::to_string(rank) + " is connected from " +
+                                                   members_[rank < members_.size() ? rank : 0]->peer()),
+                  0, {rank});
+    return JoinOutcome::kRejected;
+  }
+  if (members_.empty()) {
+    shape_ = ShapeOf(hello);
+    aggregator_index_ = hello.aggregator_index();
+    members_.resize(shape_.world_size);
+  } else if (ShapeOf(hello) != shape_ || hello.aggregator_index() != aggregator_index_) {
+    std::vector<uint32_t> ranks;
+    for (uint32_t r = 0; r < members_.size(); ++r) {
+      if (members_[r]) ranks.push_back(r);
+    }
+    const Status error(StatusCode::kJobConfigMismatch,
+                       "job " + std::to_string(id_) + ": rank " + std::to_string(rank) + " (" + session->peer() +
+                           ") joined with " + ShapeOf(hello).ToString() + " aggregator_index=" +
+                           std::to_string(hello.aggregator_index()) + " but rank(s) " + RankList(ranks) +
+                           " joined with " + shape_.ToString() + " aggregator_index=" +
+                           std::to_string(aggregator_index_));
+    ranks.push_back(rank);
+    session->Fail(error, 0, ranks);
+    Abort(error, ranks);
+    return JoinOutcome::kRejected;
+  }
+  if (members_[rank]) {
+    const Status error(StatusCode::kDuplicateRank, "job " + std::to_string(id_) + ": rank " + std::to_string(rank) +
+                                                       " joined twice, from " + members_[rank]->peer() + " and from " +
+                                                       session->peer());
+    session->Fail(error, 0, {rank});
+    Abort(error, {rank});
+    return JoinOutcome::kRejected;
+  }
+  members_[rank] = session;
+  ++joined_;
+  spdlog::info("job {}: rank {} joined from {} ({}/{})", id_, rank, session->peer(), joined_, shape_.world_size);
+  if (joined_ == shape_.world_size) {
+    formed_ = true;
+    proto::ControlMessage ready;
+    ready.mutable_job_ready()->set_protocol_version(kProtocolVersion);
+    for (auto& m : members_) m->SendControl(ready);
+    spdlog::info("job {}: formed with {}", id_, shape_.ToString());
+  }
+  return JoinOutcome::kJoined;
+}
+
+Result<uint64_t> Job::CheckContribution(uint32_t rank, const FrameHeader& header) const {
+  if (header.job != id_) {
+    return ProtocolError("CONTRIBUTION for job " + std::to_string(header.job) + " on a connection of job " +
+                         std::to_string(id_));
+  }
+  if (!active_ || header.seq != active_->seq) {
+    return ProtocolError("CONTRIBUTION for collective " + std::to_string(header.seq) + ", which is not in progress");
+  }
+  if (!active_->begun[rank]) {
+    return ProtocolError("CONTRIBUTION for collective " + std::to_string(header.seq) + " before its CollectiveBegin");
+  }
+  const uint64_t limit = active_->engine->MaxContributionPayload();
+  if (header.payload_length > limit) {
+    return ProtocolError("CONTRIBUTION payload of " + std::to_string(header.payload_length) +
+                         " bytes exceeds the collective's limit of " + std::to_string(limit));
+  }
+  return limit;
+}
+
+void Job::OnContribution(uint32_t rank, const FrameHeader& header, ByteBuffer payload) {
+  if (dead_) return;
+  std::vector<ColumnEngine::Broadcast> out;
+  Status st = active_->engine->OnContribution(rank, header, std::move(payload), &out);
+  if (!st.ok()) {
+    Violation(rank, st);
+    return;
+  }
+  for (const auto& b : out) {
+    for (auto& m : members_) m->Send(b.frame);
+  }
+  MaybeCompleteCollective();
+}
+
+void Job::OnControl(uint32_t rank, const proto::ControlMessage& message) {
+  if (dead_) return;
+  switch (message.body_case()) {
+    case proto::ControlMessage::kCollectiveBegin:
+      if (!formed_) {
+        Violation(rank, ProtocolError("CollectiveBegin before the job was formed"));
+      } else {
+        OnCollectiveBegin(rank, message.collective_begin());
+      }
+      return;
+    case proto::ControlMessage::kGoodbye:
+      if (active_) {
+        Abort(Status(StatusCode::kPeerLeft, Describe(rank) + " said goodbye during collective " +
+                                                std::to_string(active_->seq)),
+              {rank});
+        return;
+      }
+      spdlog::info("{}: left the job", Describe(rank));
+      members_[rank]->Close();
+      return;  // OnDisconnect follows when the connection closes
+    default:
+      Violation(rank, ProtocolError("unexpected control message (field " +
+                                    std::to_string(static_cast<int>(message.body_case())) + ") after Hello"));
+  }
+}
+
+void Job::OnCollectiveBegin(uint32_t rank, const proto::CollectiveBegin& begin) {
+  if (!departed_.empty()) {
+    Abort(Status(StatusCode::kPeerLeft, "job " + std::to_string(id_) + ": collective " + std::to_string(begin.seq()) +
+                                            " cannot run: rank(s) " + RankList(departed_) + " left the job"),
+          departed_);
+    return;
+  }
+  Result<CollectiveSpec> spec = SpecFromProto(begin.spec());
+  Status valid = spec.ok() ? ValidateSpec(*spec) : spec.status();
+  if (!valid.ok()) {
+    Abort(valid.WithContext(Describe(rank) + ", collective " + std::to_string(begin.seq())), {rank});
+    return;
+  }
+  if (!active_) {
+    if (begin.seq() != last_completed_seq_ + 1) {
+      Violation(rank, ProtocolError("CollectiveBegin for collective " + std::to_string(begin.seq()) + ", expected " +
+                                    std::to_string(last_completed_seq_ + 1)));
+      return;
+    }
+    active_.emplace();
+    active_->seq = begin.seq();
+    active_->spec = *spec;
+    active_->first_rank = rank;
+    active_->begun.assign(shape_.world_size, false);
+    active_->engine = std::make_unique<ColumnEngine>(shape_, aggregator_index_, id_, begin.seq(), *spec);
+  } else if (begin.seq() != active_->seq || active_->begun[rank]) {
+    Violation(rank, ProtocolError("CollectiveBegin for collective " + std::to_string(begin.seq()) + " while " +
+                                  std::to_string(active_->seq) + " is in progress"));
+    return;
+  } else if (!(*spec == active_->spec)) {
+    std::vector<uint32_t> agreeing;
+    for (uint32_t r = 0; r < shape_.world_size; ++r) {
+      if (active_->begun[r]) agreeing.push_back(r);
+    }
+    std::vector<uint32_t> ranks = agreeing;
+    ranks.push_back(rank);
+    Abort(Status(StatusCode::kSpecMismatch, "job " + std::to_string(id_) + ", collective " +
+                                                std::to_string(active_->seq) + ": rank " + std::to_string(rank) +
+                                                " passed " + spec->ToString() + " but rank(s) " +
+                                                RankList(agreeing) + " passed " + active_->spec.ToString()),
+          ranks);
+    return;
+  }
+  active_->begun[rank] = true;
+  if (++active_->begun_count == shape_.world_size) {
+    proto::ControlMessage accepted;
+    accepted.mutable_collective_accepted()->set_seq(active_->seq);
+    for (auto& m : members_) m->SendControl(accepted);
+  }
+  MaybeCompleteCollective();
+}
+
+void Job::MaybeCompleteCollective() {
+  if (active_ && active_->begun_count == shape_.world_size && active_->engine->done()) {
+    spdlog::debug("job {}: collective {} complete ({} blocks aggregated)", id_, active_->seq,
+                  active_->engine->blocks_aggregated());
+    last_completed_seq_ = active_->seq;
+    active_.reset();
+  }
+}
+
+void Job::Violation(uint32_t rank, const Status& error) {
+  spdlog::warn("{}: {}; dropping the connection", Describe(rank), error.ToString());
+  Abort(error.WithContext(Describe(rank)), {rank}, rank);
+}
+
+void Job::OnDisconnect(uint32_t rank, const Session* session, const Status& reason) {
+  if (rank >= members_.size() || members_[rank].get() != session) return;  // rejected or replaced session
+  if (dead_) {
+    members_[rank].reset();
+    ReleaseIfEmpty();
+    return;
+  }
+  if (reason.code() == StatusCode::kProtocolViolation) {
+    Violation(rank, reason);
+    return;
+  }
+  if (!formed_) {
+    spdlog::info("{}: left before the job formed ({})", Describe(rank), reason.message());
+    members_[rank].reset();
+    --joined_;
+    ReleaseIfEmpty();
+    return;
+  }
+  if (active_) {
+    Abort(Status(StatusCode::kPeerLeft, Describe(rank) + " disconnected during collective " +
+                                            std::to_string(active_->seq) + ": " + reason.message()),
+          {rank});
+    return;
+  }
+  spdlog::info("{}: disconnected ({})", Describe(rank), reason.message());
+  departed_.push_back(rank);
+  members_[rank].reset();
+  ReleaseIfEmpty();
+}
+
+void Job::ReleaseIfEmpty() {
+  for (const auto& m : members_) {
+    if (m) return;
+  }
+  if (!dead_) spdlog::info("job {}: released", id_);
+  dead_ = true;
+  registry_.Remove(this);
+}
+
+void Job::Abort(const Status& error, const std::vector<uint32_t>& ranks, std::optional<uint32_t> offender) {
+  if (dead_) return;
+  dead_ = true;
+  spdlog::warn("job {}: aborted: {}", id_, error.ToString());
+  const uint64_t seq = active_ ? active_->seq : 0;
+  for (uint32_t r = 0; r < members_.size(); ++r) {
+    if (!members_[r]) continue;
+    if (offender && r != *offender) {
+      members_[r]->Fail(Status(StatusCode::kPeerLeft, "job " + std::to_string(id_) + " aborted because " +
+                                                          Describe(*offender) + " broke the protocol: " +
+                                                          error.message()),
+                        seq, ranks);
+    } else {
+      members_[r]->Fail(error, seq, ranks);
+    }
+  }
+  active_.reset();
+  registry_.Remove(this);
+}
+
+}  // namespace sparsereduce::aggregator

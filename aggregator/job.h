@@ -1,0 +1,79 @@
+// One job on the aggregator: its members (one Session per rank), formation, the current collective's spec check
+// and ColumnEngine, and the abort path. Every method runs on the job's strand.
+#pragma once
+
+#include <boost/asio/any_io_executor.hpp>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/byte_buffer.h"
+#include "core/status.h"
+#include "proto/control.pb.h"
+#include "protocol/column_engine.h"
+#include "protocol/frame.h"
+#include "protocol/layout.h"
+
+namespace sparsereduce::aggregator {
+
+class Session;
+class JobRegistry;
+
+class Job : public std::enable_shared_from_this<Job> {
+ public:
+  Job(uint64_t id, boost::asio::any_io_executor strand, JobRegistry& registry);
+
+  uint64_t id() const { return id_; }
+  const boost::asio::any_io_executor& strand() const { return strand_; }
+
+  enum class JoinOutcome { kJoined, kRejected, kRetryWithNewJob };
+  // Adds the session as its Hello's rank. Sends JobReady to everyone when the last rank arrives. On rejection the
+  // session has been sent an Error and closed.
+  JoinOutcome Join(const std::shared_ptr<Session>& session);
+
+  // The largest payload a CONTRIBUTION with this header may have, or the violation.
+  Result<uint64_t> CheckContribution(uint32_t rank, const FrameHeader& header) const;
+  void OnContribution(uint32_t rank, const FrameHeader& header, ByteBuffer payload);
+  void OnControl(uint32_t rank, const proto::ControlMessage& message);
+  // The rank's connection ended (or broke the protocol: `reason` is a kProtocolViolation).
+  void OnDisconnect(uint32_t rank, const Session* session, const Status& reason);
+
+  // Fails the job: every member gets an Error (`offender`, if any, gets `error` itself, the others a PEER_LEFT or
+  // the same error) and is disconnected; the job leaves the registry.
+  void Abort(const Status& error, const std::vector<uint32_t>& ranks, std::optional<uint32_t> offender = {});
+
+  bool dead() const { return dead_; }
+
+ private:
+  struct Collective {
+    uint64_t seq = 0;
+    CollectiveSpec spec;
+    uint32_t first_rank = 0;
+    std::vector<bool> begun;
+    uint32_t begun_count = 0;
+    std::unique_ptr<ColumnEngine> engine;
+  };
+
+  void OnCollectiveBegin(uint32_t rank, const proto::CollectiveBegin& begin);
+  void MaybeCompleteCollective();
+  void Violation(uint32_t rank, const Status& error);
+  std::string Describe(uint32_t rank) const;  // "job J rank R (peer P)"
+  void ReleaseIfEmpty();
+
+  const uint64_t id_;
+  boost::asio::any_io_executor strand_;
+  JobRegistry& registry_;
+  JobShape shape_;
+  uint32_t aggregator_index_ = 0;
+  std::vector<std::shared_ptr<Session>> members_;  // by rank; empty until the first Hello fixes the shape
+  uint32_t joined_ = 0;
+  bool formed_ = false;
+  bool dead_ = false;
+  std::vector<uint32_t> departed_;  // ranks that left after formation
+  std::optional<Collective> active_;
+  uint64_t last_completed_seq_ = 0;
+};
+
+}  // namespace sparsereduce::aggregator

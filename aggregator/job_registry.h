@@ -1,0 +1,40 @@
+// The jobs an aggregator serves, by job id. Thread-safe; a job's own state is guarded by its strand instead.
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "aggregator/server_options.h"
+#include "core/status.h"
+
+namespace sparsereduce::aggregator {
+
+class Job;
+
+class JobRegistry {
+ public:
+  JobRegistry(boost::asio::io_context& io, const ServerOptions& options) : io_(io), options_(options) {}
+
+  // The live job with this id, created if there is none. RESOURCE_EXHAUSTED when max_jobs are live.
+  Result<std::shared_ptr<Job>> FindOrCreate(uint64_t id);
+  // Replaces `stale` (dead or superseded) by a fresh job with the same id and returns the live one.
+  std::shared_ptr<Job> Replace(uint64_t id, const std::shared_ptr<Job>& stale);
+  // Forgets `job` if it is still the one registered under its id.
+  void Remove(const Job* job);
+  std::vector<std::shared_ptr<Job>> Snapshot() const;
+  size_t size() const;
+
+ private:
+  std::shared_ptr<Job> MakeJob(uint64_t id);
+
+  boost::asio::io_context& io_;
+  const ServerOptions& options_;
+  mutable std::mutex mutex_;
+  std::map<uint64_t, std::shared_ptr<Job>> jobs_;
+};
+
+}  // namespace sparsereduce::aggregator

@@ -1,0 +1,21 @@
+// Configuration of the aggregator daemon (sparsereduce-aggregator --help lists the flags).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace sparsereduce::aggregator {
+
+struct ServerOptions {
+  std::vector<std::string> listen = {"0.0.0.0:19875"};  // HOST:PORT or [IPV6]:PORT; port 0 picks a free port
+  uint32_t io_threads = 0;                              // 0: one per hardware thread
+  std::chrono::milliseconds handshake_timeout{10000};  // a connection must say Hello within this
+  uint32_t max_jobs = 1024;
+  uint32_t max_world_size = 4096;
+  uint32_t max_slots = 1024;
+  uint32_t max_blocks_per_message = 4096;
+};
+
+}  // namespace sparsereduce::aggregator

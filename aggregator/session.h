@@ -1,0 +1,53 @@
+// One worker connection on the aggregator: handshake, then a read loop that feeds the worker's job. Everything
+// after the handshake runs on the job's strand.
+#pragma once
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/strand.hpp>
+#include <memory>
+#include <string>
+
+#include "aggregator/server_options.h"
+#include "core/status.h"
+#include "proto/control.pb.h"
+#include "transport/tcp/frame_stream.h"
+
+namespace sparsereduce::aggregator {
+
+class Job;
+class JobRegistry;
+
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::Socket socket, JobRegistry& registry, const ServerOptions& options);
+
+  // Runs the session to completion; call through co_spawn on the session's own strand.
+  void Start();
+
+  const std::string& peer() const { return peer_; }
+  uint32_t rank() const { return hello_.rank(); }
+  const proto::Hello& hello() const { return hello_; }
+
+  // On the job strand, once joined:
+  void Send(std::shared_ptr<const ByteBuffer> frame) { writer_->Send(std::move(frame)); }
+  void SendControl(const proto::ControlMessage& message);
+  // Sends `error` as an Error message, then closes the connection.
+  void Fail(const Status& error, uint64_t seq, const std::vector<uint32_t>& ranks);
+  void Close();
+
+ private:
+  boost::asio::awaitable<void> Handshake();
+  boost::asio::awaitable<void> ReadLoop(std::shared_ptr<Job> job);
+  void RejectBeforeJoin(const Status& error);
+
+  tcp::Socket socket_;
+  JobRegistry& registry_;
+  const ServerOptions& options_;
+  std::string peer_;
+  proto::Hello hello_;
+  std::unique_ptr<tcp::FrameWriter> writer_;
+  bool closed_ = false;
+};
+
+}  // namespace sparsereduce::aggregator

@@ -1,0 +1,138 @@
+#include "tools/common/subprocess.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+extern char** environ;
+
+namespace sparsereduce::tools {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int RemainingMs(Clock::time_point deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return left < 0 ? 0 : static_cast<int>(left);
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Subprocess>> Subprocess::Spawn(const std::vector<std::string>& argv, bool capture_stdout) {
+  int pipe_fds[2] = {-1, -1};
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  if (capture_stdout) {
+    if (pipe2(pipe_fds, O_CLOEXEC) != 0) {
+      return Status(StatusCode::kInternal, std::string("pipe: ") + std::strerror(errno));
+    }
+    posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDOUT_FILENO);
+  }
+  std::vector<char*> args;
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  if (capture_stdout) close(pipe_fds[1]);
+  if (rc != 0) {
+    if (capture_stdout) close(pipe_fds[0]);
+    return Status(StatusCode::kUnavailable, "cannot start " + argv[0] + ": " + std::strerror(rc));
+  }
+  return std::unique_ptr<Subprocess>(new Subprocess(pid, capture_stdout ? pipe_fds[0] : -1));
+}
+
+Subprocess::~Subprocess() {
+  if (!exit_status_) {
+    kill(pid_, SIGKILL);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+  }
+  if (stdout_fd_ >= 0) close(stdout_fd_);
+}
+
+void Subprocess::Signal(int signal) {
+  if (!exit_status_) kill(pid_, signal);
+}
+
+Result<std::string> Subprocess::ReadStdout(std::chrono::milliseconds timeout) {
+  if (stdout_fd_ < 0) return InvalidArgument("stdout was not captured");
+  const auto deadline = Clock::now() + timeout;
+  std::string out;
+  char buf[4096];
+  while (true) {
+    pollfd pfd{stdout_fd_, POLLIN, 0};
+    const int ready = poll(&pfd, 1, RemainingMs(deadline));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) {
+      return Status(StatusCode::kDeadlineExceeded, "process " + std::to_string(pid_) +
+                                                       " did not close its output within " +
+                                                       std::to_string(timeout.count()) + " ms");
+    }
+    const ssize_t n = read(stdout_fd_, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return out;
+    out.append(buf, static_cast<size_t>(n));
+  }
+}
+
+Result<int> Subprocess::Wait(std::chrono::milliseconds timeout) {
+  if (exit_status_) return *exit_status_;
+  const auto deadline = Clock::now() + timeout;
+  // pidfd: poll on the child's exit instead of sleeping in a loop.
+  const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid_, 0));
+  while (true) {
+    int status = 0;
+    const pid_t r = waitpid(pid_, &status, WNOHANG);
+    if (r == pid_) {
+      if (pidfd >= 0) close(pidfd);
+      exit_status_ = status;
+      return status;
+    }
+    if (Clock::now() >= deadline) break;
+    if (pidfd >= 0) {
+      pollfd pfd{pidfd, POLLIN, 0};
+      poll(&pfd, 1, RemainingMs(deadline));
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));  // kernels without pidfd
+    }
+  }
+  if (pidfd >= 0) close(pidfd);
+  return Status(StatusCode::kDeadlineExceeded, "process " + std::to_string(pid_) + " did not exit within " +
+                                                   std::to_string(timeout.count()) + " ms");
+}
+
+std::string DescribeExit(int status) {
+  if (WIFEXITED(status)) return "exit code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
+  return "status " + std::to_string(status);
+}
+
+Result<std::string> WaitForFileLine(const std::string& path, std::chrono::milliseconds timeout,
+                                    const Subprocess* must_stay_alive) {
+  const auto deadline = Clock::now() + timeout;
+  while (Clock::now() < deadline) {
+    std::ifstream in(path);
+    std::string line;
+    if (in && std::getline(in, line) && !line.empty()) return line;
+    if (must_stay_alive && kill(must_stay_alive->pid(), 0) != 0) {
+      return Status(StatusCode::kUnavailable, "process " + std::to_string(must_stay_alive->pid()) +
+                                                  " exited before writing " + path);
+    }
+    // The daemon renames the file into place once it listens; there is no event to wait on portably.
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return Status(StatusCode::kDeadlineExceeded, path + " did not appear within " + std::to_string(timeout.count()) +
+                                                   " ms");
+}
+
+}  // namespace sparsereduce::tools

@@ -1,0 +1,46 @@
+// Child processes for the demo, the perf tools and the multi-process tests: spawn, read stdout, wait with a
+// deadline, kill. A Subprocess still running when destroyed is killed (SIGKILL) and reaped.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
+
+namespace sparsereduce::tools {
+
+class Subprocess {
+ public:
+  // Starts argv[0] (a path) with `argv`. With `capture_stdout`, the child's stdout is a pipe read by ReadStdout.
+  static Result<std::unique_ptr<Subprocess>> Spawn(const std::vector<std::string>& argv, bool capture_stdout);
+
+  ~Subprocess();
+  Subprocess(const Subprocess&) = delete;
+  Subprocess& operator=(const Subprocess&) = delete;
+
+  int pid() const { return pid_; }
+  // Reads the child's stdout until EOF or the deadline.
+  Result<std::string> ReadStdout(std::chrono::milliseconds timeout);
+  // Waits for the exit; returns the exit status as from waitpid (use WIFEXITED etc.), or DEADLINE_EXCEEDED.
+  Result<int> Wait(std::chrono::milliseconds timeout);
+  void Signal(int signal);
+
+ private:
+  Subprocess(int pid, int stdout_fd) : pid_(pid), stdout_fd_(stdout_fd) {}
+
+  int pid_;
+  int stdout_fd_;
+  std::optional<int> exit_status_;
+};
+
+// Describes a waitpid status: "exit code 3", "killed by signal 9".
+std::string DescribeExit(int status);
+
+// Waits until `path` exists and holds a line, or the deadline passes. Returns the line.
+Result<std::string> WaitForFileLine(const std::string& path, std::chrono::milliseconds timeout,
+                                    const Subprocess* must_stay_alive = nullptr);
+
+}  // namespace sparsereduce::tools

@@ -1,0 +1,92 @@
+// sparsereduce worker API: a training process creates one Worker per job and calls allreduce() on its tensors.
+//
+//   sparsereduce::WorkerOptions options;
+//   options.aggregators = {"10.0.0.5:19875"};
+//   options.job = 7; options.rank = rank; options.world_size = 4;
+//   sparsereduce::Worker worker(options);      // connects and waits until all ranks joined
+//   worker.allreduce(std::span<float>(grad));   // in place, blocking; throws sparsereduce::Error
+//
+// Threading: a Worker owns one I/O thread. allreduce()/allreduce_async() may be called from any thread; collectives
+// run one at a time in call order (every rank must call them in the same order with the same specs).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace sparsereduce {
+
+struct WorkerOptions {
+  // Aggregators of the job, as HOST:PORT or [IPV6]:PORT; every rank must list them in the same order.
+  std::vector<std::string> aggregators;
+  uint64_t job = 0;          // job id shared by all ranks
+  uint32_t rank = 0;         // 0 .. world_size-1
+  uint32_t world_size = 1;
+  uint32_t block_size = 256;         // elements per block
+  uint32_t slots = 8;                // messages in flight per aggregator connection
+  uint32_t blocks_per_message = 32;  // blocks fused into one message
+  // Connecting keeps retrying (the aggregator may not be up yet) until this passes.
+  std::chrono::milliseconds connect_timeout{30'000};
+  // After connecting: how long to wait for the other ranks to join.
+  std::chrono::milliseconds join_timeout{60'000};
+  // One allreduce, from its start on the I/O thread to its last result.
+  std::chrono::milliseconds collective_timeout{60'000};
+};
+
+// Every failure of the library. what() names the job, the rank and, where one is involved, the aggregator.
+class Error : public std::runtime_error {
+ public:
+  Error(std::string code, const std::string& message) : std::runtime_error(message), code_(std::move(code)) {}
+  // A stable name: "PEER_LEFT", "SPEC_MISMATCH", "DEADLINE_EXCEEDED", "UNAVAILABLE", "PROTOCOL_VIOLATION", ...
+  const std::string& code() const { return code_; }
+
+ private:
+  std::string code_;
+};
+
+// What one allreduce did, seen from this worker.
+struct CollectiveStats {
+  uint64_t seq = 0;
+  uint64_t element_count = 0;
+  uint64_t blocks = 0;
+  uint64_t nonzero_blocks = 0;  // this rank's
+  uint64_t bytes_sent = 0;      // on the wire, headers included
+  uint64_t bytes_received = 0;
+  double seconds = 0;           // from the start on the I/O thread to completion
+};
+
+class Worker {
+ public:
+  // Connects to every aggregator and joins the job; returns when all ranks have joined. Throws Error.
+  explicit Worker(WorkerOptions options);
+  // Says goodbye to the aggregators. Do not destroy a Worker while a collective is in flight.
+  ~Worker();
+
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  // Sums `tensor` element-wise over all ranks, in place. Throws Error; after an error the Worker is unusable
+  // (every later call throws) and a new Worker must be created.
+  void allreduce(std::span<float> tensor);
+  void allreduce(std::span<int32_t> tensor);
+
+  // Starts an allreduce and returns at once. The tensor must stay alive and untouched until the future is ready.
+  std::future<void> allreduce_async(std::span<float> tensor);
+  std::future<void> allreduce_async(std::span<int32_t> tensor);
+
+  // Statistics of the most recent completed allreduce.
+  CollectiveStats last_stats() const;
+
+  const WorkerOptions& options() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace sparsereduce

@@ -1,0 +1,134 @@
+#include "worker/src/aggregator_link.h"
+
+#include <algorithm>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/connect.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include "protocol/control.h"
+#include "transport/tcp/endpoint.h"
+
+namespace sparsereduce::worker {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+
+AggregatorLink::AggregatorLink(asio::io_context& io, uint32_t index, std::string address, Handler& handler)
+    : io_(io),
+      index_(index),
+      address_(std::move(address)),
+      handler_(handler),
+      socket_(io),
+      writer_(socket_, io.get_executor()) {
+  writer_.set_error_handler([this](const Status& st) {
+    if (!closing_) handler_.OnFailure(*this, st);
+  });
+}
+
+std::string AggregatorLink::Name() const { return "aggregator " + std::to_string(index_) + " (" + address_ + ")"; }
+
+void AggregatorLink::Close() {
+  closing_ = true;
+  if (connected_) {
+    writer_.CloseAfterFlush();
+  } else {
+    boost::system::error_code ignored;
+    socket_.close(ignored);
+  }
+}
+
+asio::awaitable<Status> AggregatorLink::Connect(std::chrono::steady_clock::time_point deadline) {
+  Result<sparsereduce::tcp::HostPort> hp = sparsereduce::tcp::ParseHostPort(address_);
+  if (!hp.ok()) co_return hp.status();
+  tcp::resolver resolver(io_);
+  asio::steady_timer backoff_timer(io_);
+  auto backoff = std::chrono::milliseconds(20);
+  std::string last_error;
+  while (!closing_) {
+    auto [rec, endpoints] = co_await resolver.async_resolve(hp->host, std::to_string(hp->port),
+                                                            asio::as_tuple(asio::use_awaitable));
+    if (rec) {
+      last_error = "cannot resolve " + hp->host + ": " + rec.message();
+    } else {
+      // Bound each attempt by the deadline: a SYN to a silent host would otherwise wait for the kernel's timeout.
+      asio::steady_timer attempt_timer(io_, deadline);
+      attempt_timer.async_wait([this](const boost::system::error_code& ec) {
+        if (!ec) {
+          boost::system::error_code ignored;
+          socket_.close(ignored);
+        }
+      });
+      auto [cec, endpoint] = co_await asio::async_connect(socket_, endpoints, asio::as_tuple(asio::use_awaitable));
+      attempt_timer.cancel();
+      if (!cec) {
+        boost::system::error_code ignored;
+        socket_.set_option(tcp::no_delay(true), ignored);
+        co_return Status::Ok();
+      }
+      last_error = cec.message();
+      boost::system::error_code ignored;
+      socket_.close(ignored);
+    }
+    if (std::chrono::steady_clock::now() + backoff >= deadline) break;
+    backoff_timer.expires_after(backoff);
+    co_await backoff_timer.async_wait(asio::as_tuple(asio::use_awaitable));
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+  }
+  co_return Status(StatusCode::kUnavailable, "cannot connect: " + last_error);
+}
+
+asio::awaitable<void> AggregatorLink::Run(proto::Hello hello, std::chrono::steady_clock::time_point deadline) {
+  if (Status st = co_await Connect(deadline); !st.ok()) {
+    if (!closing_) handler_.OnFailure(*this, st);
+    co_return;
+  }
+  connected_ = true;
+  proto::ControlMessage message;
+  *message.mutable_hello() = std::move(hello);
+  Send(EncodeControl(message));
+
+  while (true) {
+    Result<FrameHeader> header = co_await sparsereduce::tcp::ReadFrameHeader(socket_);
+    if (!header.ok()) {
+      if (!closing_) handler_.OnFailure(*this, header.status());
+      co_return;
+    }
+    uint64_t limit = kMaxControlPayload;
+    if (header->type == FrameType::kResult) {
+      Result<uint64_t> result_limit = handler_.ResultLimit(*this, *header);
+      if (!result_limit.ok()) {
+        handler_.OnFailure(*this, result_limit.status());
+        co_return;
+      }
+      limit = *result_limit;
+    } else if (header->type != FrameType::kControl) {
+      handler_.OnFailure(*this, ProtocolError("aggregators may not send CONTRIBUTION frames"));
+      co_return;
+    }
+    if (header->payload_length > limit) {
+      handler_.OnFailure(*this, ProtocolError("frame payload of " + std::to_string(header->payload_length) +
+                                              " bytes exceeds the limit of " + std::to_string(limit)));
+      co_return;
+    }
+    Result<ByteBuffer> payload = co_await sparsereduce::tcp::ReadPayload(socket_, header->payload_length);
+    if (!payload.ok()) {
+      if (!closing_) handler_.OnFailure(*this, payload.status());
+      co_return;
+    }
+    bytes_received_ += kFrameHeaderSize + header->payload_length;
+    if (header->type == FrameType::kControl) {
+      Result<proto::ControlMessage> control = DecodeControl(payload->span());
+      if (!control.ok()) {
+        handler_.OnFailure(*this, control.status());
+        co_return;
+      }
+      handler_.OnControl(*this, *control);
+    } else {
+      handler_.OnResult(*this, *header, std::move(*payload));
+    }
+    if (closing_) co_return;
+  }
+}
+
+}  // namespace sparsereduce::worker

@@ -1,0 +1,67 @@
+// The worker's connection to one aggregator: connect with retries, Hello, then a read loop that hands control
+// messages and RESULT frames to its owner. Runs on the worker's single I/O thread.
+#pragma once
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "core/status.h"
+#include "proto/control.pb.h"
+#include "protocol/frame.h"
+#include "transport/tcp/frame_stream.h"
+
+namespace sparsereduce::worker {
+
+class AggregatorLink {
+ public:
+  struct Handler {
+    virtual ~Handler() = default;
+    virtual void OnControl(AggregatorLink& link, const proto::ControlMessage& message) = 0;
+    // Largest RESULT payload acceptable now, or the reason none is.
+    virtual Result<uint64_t> ResultLimit(AggregatorLink& link, const FrameHeader& header) = 0;
+    virtual void OnResult(AggregatorLink& link, const FrameHeader& header, ByteBuffer payload) = 0;
+    virtual void OnFailure(AggregatorLink& link, const Status& status) = 0;
+  };
+
+  AggregatorLink(boost::asio::io_context& io, uint32_t index, std::string address, Handler& handler);
+
+  // Connects (retrying until `deadline`), sends `hello`, then reads until the connection ends.
+  boost::asio::awaitable<void> Run(proto::Hello hello, std::chrono::steady_clock::time_point deadline);
+
+  void Send(ByteBuffer frame) { Count(frame.size()); writer_.Send(std::move(frame)); }
+  void Send(std::vector<boost::asio::const_buffer> buffers, std::shared_ptr<const void> owner, uint64_t bytes) {
+    Count(bytes);
+    writer_.Send(std::move(buffers), std::move(owner));
+  }
+  void Close();  // flushes queued frames, then shuts the socket down
+
+  uint32_t index() const { return index_; }
+  const std::string& address() const { return address_; }  // as configured
+  // "aggregator 1 (10.0.0.5:19875)"
+  std::string Name() const;
+  bool connected() const { return connected_; }
+  uint64_t bytes_sent() const { return bytes_sent_; }
+  uint64_t bytes_received() const { return bytes_received_; }
+
+ private:
+  boost::asio::awaitable<Status> Connect(std::chrono::steady_clock::time_point deadline);
+  void Count(uint64_t bytes) { bytes_sent_ += bytes; }
+
+  boost::asio::io_context& io_;
+  uint32_t index_;
+  std::string address_;
+  Handler& handler_;
+  tcp::Socket socket_;
+  tcp::FrameWriter writer_;
+  bool connected_ = false;
+  bool closing_ = false;
+  uint64_t bytes_sent_ = 0;
+  uint64_t bytes_received_ = 0;
+};
+
+}  // namespace sparsereduce::worker

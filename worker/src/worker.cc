@@ -1,0 +1,354 @@
+#include "sparsereduce/worker.h"
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "core/dtype.h"
+#include "protocol/control.h"
+#include "protocol/worker_collective.h"
+#include "worker/src/aggregator_link.h"
+
+namespace sparsereduce {
+
+namespace asio = boost::asio;
+using worker::AggregatorLink;
+
+class Worker::Impl : public AggregatorLink::Handler {
+ public:
+  explicit Impl(WorkerOptions options);
+  ~Impl() override;
+
+  std::future<void> Submit(std::span<std::byte> tensor, uint64_t count, DType dtype);
+  CollectiveStats last_stats() const {
+    std::lock_guard lock(stats_mutex_);
+    return last_stats_;
+  }
+  const WorkerOptions& options() const { return options_; }
+
+  // AggregatorLink::Handler (I/O thread)
+  void OnControl(AggregatorLink& link, const proto::ControlMessage& message) override;
+  Result<uint64_t> ResultLimit(AggregatorLink& link, const FrameHeader& header) override;
+  void OnResult(AggregatorLink& link, const FrameHeader& header, ByteBuffer payload) override;
+  void OnFailure(AggregatorLink& link, const Status& status) override;
+
+ private:
+  struct Request {
+    std::span<std::byte> tensor;
+    CollectiveSpec spec;
+    std::promise<void> promise;
+  };
+  struct Active {
+    Request request;
+    std::unique_ptr<WorkerCollective> collective;
+    std::vector<bool> accepted;
+    uint32_t accepted_count = 0;
+    std::chrono::steady_clock::time_point start;
+    uint64_t sent_before = 0, received_before = 0;
+  };
+
+  std::string Prefix() const {
+    return "sparsereduce: job " + std::to_string(options_.job) + " rank " + std::to_string(options_.rank);
+  }
+  Error MakeError(const Status& st) const { return Error(StatusCodeName(st.code()), Prefix() + ": " + st.message()); }
+  void Fail(const Status& status);  // I/O thread: the worker becomes unusable
+  void StartNext();
+  void SendFrame(AggregatorLink& link, const OutgoingFrame& frame);
+  void MaybeComplete();
+
+  WorkerOptions options_;
+  JobShape shape_;
+  asio::io_context io_;
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  std::vector<std::unique_ptr<AggregatorLink>> links_;
+  asio::steady_timer deadline_;
+  std::thread thread_;
+
+  // I/O thread only:
+  std::optional<Status> broken_;
+  uint32_t ready_links_ = 0;
+  std::promise<void> joined_;
+  bool join_pending_ = true;
+  std::deque<Request> queue_;
+  std::optional<Active> active_;
+  uint64_t seq_ = 0;
+
+  mutable std::mutex stats_mutex_;
+  CollectiveStats last_stats_;
+};
+
+Worker::Impl::Impl(WorkerOptions options)
+    : options_(std::move(options)),
+      shape_{options_.world_size, static_cast<uint32_t>(options_.aggregators.size()), options_.slots,
+             options_.blocks_per_message},
+      work_(io_.get_executor()),
+      deadline_(io_) {
+  if (options_.aggregators.empty()) throw MakeError(InvalidArgument("no aggregators given"));
+  if (Status st = ValidateShape(shape_); !st.ok()) throw MakeError(st);
+  if (options_.rank >= options_.world_size) {
+    throw MakeError(InvalidArgument("rank " + std::to_string(options_.rank) + " is out of range for world_size " +
+                                    std::to_string(options_.world_size)));
+  }
+  if (Status st = ValidateSpec({0, DType::kFloat32, ReduceOp::kSum, options_.block_size}); !st.ok()) {
+    throw MakeError(st);
+  }
+  for (uint32_t a = 0; a < options_.aggregators.size(); ++a) {
+    links_.push_back(std::make_unique<AggregatorLink>(io_, a, options_.aggregators[a], *this));
+  }
+  std::future<void> joined = joined_.get_future();
+  const auto connect_deadline = std::chrono::steady_clock::now() + options_.connect_timeout;
+  asio::post(io_, [this, connect_deadline] {
+    for (auto& link : links_) {
+      proto::Hello hello;
+      hello.set_protocol_version(kProtocolVersion);
+      hello.set_job_id(options_.job);
+      hello.set_rank(options_.rank);
+      hello.set_world_size(options_.world_size);
+      hello.set_aggregator_index(link->index());
+      hello.set_num_aggregators(shape_.num_aggregators);
+      hello.set_slots(options_.slots);
+      hello.set_blocks_per_message(options_.blocks_per_message);
+      asio::co_spawn(io_, link->Run(hello, connect_deadline), asio::detached);
+    }
+    deadline_.expires_at(connect_deadline + options_.join_timeout);
+    deadline_.async_wait([this](const boost::system::error_code& ec) {
+      if (ec || !join_pending_) return;
+      std::string waiting;
+      for (auto& link : links_) {
+        waiting += (waiting.empty() ? "" : ", ") + link->Name() + (link->connected() ? "" : " (not connected)");
+      }
+      Fail(Status(StatusCode::kDeadlineExceeded,
+                  "the job did not form within the connect and join timeouts (" +
+                      std::to_string(options_.connect_timeout.count()) + " + " +
+                      std::to_string(options_.join_timeout.count()) + " ms); still waiting on " + waiting));
+    });
+  });
+  thread_ = std::thread([this] { io_.run(); });
+  try {
+    joined.get();
+  } catch (...) {
+    asio::post(io_, [this] {
+      for (auto& link : links_) link->Close();
+      deadline_.cancel();
+    });
+    work_.reset();
+    thread_.join();
+    throw;
+  }
+}
+
+Worker::Impl::~Impl() {
+  asio::post(io_, [this] {
+    if (!broken_) {
+      proto::ControlMessage goodbye;
+      goodbye.mutable_goodbye();
+      for (auto& link : links_) link->Send(EncodeControl(goodbye));
+      broken_ = Status(StatusCode::kAborted, "the Worker is being destroyed");
+    }
+    for (auto& link : links_) link->Close();
+    deadline_.cancel();
+  });
+  work_.reset();
+  thread_.join();
+}
+
+std::future<void> Worker::Impl::Submit(std::span<std::byte> tensor, uint64_t count, DType dtype) {
+  Request request{tensor, CollectiveSpec{count, dtype, ReduceOp::kSum, options_.block_size}, {}};
+  std::future<void> future = request.promise.get_future();
+  asio::post(io_, [this, request = std::move(request)]() mutable {
+    if (broken_) {
+      request.promise.set_exception(std::make_exception_ptr(
+          MakeError(broken_->WithContext("the Worker failed earlier and cannot run collectives"))));
+      return;
+    }
+    queue_.push_back(std::move(request));
+    if (!active_) StartNext();
+  });
+  return future;
+}
+
+void Worker::Impl::StartNext() {
+  if (queue_.empty() || broken_) return;
+  active_.emplace();
+  Active& a = *active_;
+  a.request = std::move(queue_.front());
+  queue_.pop_front();
+  a.start = std::chrono::steady_clock::now();
+  a.accepted.assign(links_.size(), false);
+  for (auto& link : links_) {
+    a.sent_before += link->bytes_sent();
+    a.received_before += link->bytes_received();
+  }
+  const uint64_t seq = ++seq_;
+  a.collective = std::make_unique<WorkerCollective>(shape_, options_.job, seq, a.request.spec, a.request.tensor);
+
+  proto::ControlMessage begin;
+  begin.mutable_collective_begin()->set_seq(seq);
+  *begin.mutable_collective_begin()->mutable_spec() = SpecToProto(a.request.spec);
+  const ByteBuffer begin_frame = EncodeControl(begin);
+  for (auto& link : links_) {
+    ByteBuffer copy(begin_frame.size());
+    std::memcpy(copy.data(), begin_frame.data(), begin_frame.size());
+    link->Send(std::move(copy));
+    for (const OutgoingFrame& frame : a.collective->Start(link->index())) SendFrame(*link, frame);
+  }
+  deadline_.expires_after(options_.collective_timeout);
+  deadline_.async_wait([this, seq](const boost::system::error_code& ec) {
+    if (ec || !active_ || active_->collective->seq() != seq) return;
+    std::string waiting;
+    for (auto& link : links_) {
+      if (!active_->collective->AggregatorDone(link->index()) || !active_->accepted[link->index()]) {
+        waiting += (waiting.empty() ? "" : ", ") + link->Name();
+      }
+    }
+    Fail(Status(StatusCode::kDeadlineExceeded, "collective " + std::to_string(seq) + " did not complete within " +
+                                                   std::to_string(options_.collective_timeout.count()) +
+                                                   " ms; still waiting on " + waiting));
+  });
+  MaybeComplete();  // an empty tensor may already be done once accepted
+}
+
+void Worker::Impl::SendFrame(AggregatorLink& link, const OutgoingFrame& frame) {
+  auto prefix = std::make_shared<const ByteBuffer>(active_->collective->EncodePrefix(frame));
+  std::vector<asio::const_buffer> buffers;
+  buffers.reserve(1 + 2 * frame.entries.size());
+  buffers.push_back(asio::buffer(prefix->data(), prefix->size()));
+  uint64_t bytes = prefix->size();
+  for (const Entry& e : frame.entries) {
+    if (e.data_bytes == 0) continue;
+    auto data = active_->collective->BlockData(e.block);
+    buffers.push_back(asio::buffer(data.data(), data.size()));
+    auto pad = WorkerCollective::PaddingFor(e.data_bytes);
+    if (!pad.empty()) buffers.push_back(asio::buffer(pad.data(), pad.size()));
+    bytes += data.size() + pad.size();
+  }
+  link.Send(std::move(buffers), std::move(prefix), bytes);
+}
+
+void Worker::Impl::OnControl(AggregatorLink& link, const proto::ControlMessage& message) {
+  if (broken_) return;
+  switch (message.body_case()) {
+    case proto::ControlMessage::kJobReady:
+      if (!join_pending_) return Fail(ProtocolError(link.Name() + " sent JobReady twice"));
+      if (++ready_links_ == links_.size()) {
+        join_pending_ = false;
+        deadline_.cancel();
+        joined_.set_value();
+      }
+      return;
+    case proto::ControlMessage::kCollectiveAccepted:
+      if (!active_ || message.collective_accepted().seq() != active_->collective->seq() ||
+          active_->accepted[link.index()]) {
+        return Fail(ProtocolError(link.Name() + " accepted collective " +
+                                  std::to_string(message.collective_accepted().seq()) + " unexpectedly"));
+      }
+      active_->accepted[link.index()] = true;
+      ++active_->accepted_count;
+      MaybeComplete();
+      return;
+    case proto::ControlMessage::kError: {
+      const proto::Error& e = message.error();
+      return Fail(Status(FromProtoCode(e.code()), link.Name() + ": " + e.message()));
+    }
+    default:
+      return Fail(ProtocolError(link.Name() + " sent an unexpected control message"));
+  }
+}
+
+Result<uint64_t> Worker::Impl::ResultLimit(AggregatorLink& link, const FrameHeader& header) {
+  if (!active_) {
+    return ProtocolError(link.Name() + " sent a RESULT for collective " + std::to_string(header.seq) +
+                         " while none is in progress");
+  }
+  return active_->collective->MaxResultPayload();
+}
+
+void Worker::Impl::OnResult(AggregatorLink& link, const FrameHeader& header, ByteBuffer payload) {
+  if (broken_ || !active_) return;
+  OutgoingFrame next;
+  bool has_next = false;
+  Status st = active_->collective->OnResult(link.index(), header, payload.span(), &next, &has_next);
+  if (!st.ok()) return Fail(st.WithContext(link.Name()));
+  if (has_next) SendFrame(link, next);
+  MaybeComplete();
+}
+
+void Worker::Impl::MaybeComplete() {
+  if (!active_ || active_->accepted_count != links_.size() || !active_->collective->done()) return;
+  Active& a = *active_;
+  a.collective->Finish();
+  deadline_.cancel();
+  CollectiveStats stats;
+  stats.seq = a.collective->seq();
+  stats.element_count = a.request.spec.element_count;
+  stats.blocks = a.collective->num_blocks();
+  stats.nonzero_blocks = a.collective->nonzero_blocks();
+  for (auto& link : links_) {
+    stats.bytes_sent += link->bytes_sent();
+    stats.bytes_received += link->bytes_received();
+  }
+  stats.bytes_sent -= a.sent_before;
+  stats.bytes_received -= a.received_before;
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - a.start).count();
+  {
+    std::lock_guard lock(stats_mutex_);
+    last_stats_ = stats;
+  }
+  std::promise<void> promise = std::move(a.request.promise);
+  active_.reset();
+  promise.set_value();
+  StartNext();
+}
+
+void Worker::Impl::OnFailure(AggregatorLink& link, const Status& status) {
+  if (broken_) return;
+  if (status.code() == StatusCode::kUnavailable && link.connected()) {
+    return Fail(Status(StatusCode::kUnavailable, link.Name() + ": " + status.message()));
+  }
+  Fail(status.WithContext(link.Name()));
+}
+
+void Worker::Impl::Fail(const Status& status) {
+  if (broken_) return;
+  broken_ = status;
+  deadline_.cancel();
+  for (auto& link : links_) link->Close();
+  const auto error = std::make_exception_ptr(MakeError(status));
+  if (join_pending_) {
+    join_pending_ = false;
+    joined_.set_exception(error);
+  }
+  if (active_) {
+    active_->request.promise.set_exception(error);
+    active_.reset();
+  }
+  for (Request& r : queue_) r.promise.set_exception(error);
+  queue_.clear();
+}
+
+// --- public API ---
+
+Worker::Worker(WorkerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+Worker::~Worker() = default;
+
+void Worker::allreduce(std::span<float> tensor) { allreduce_async(tensor).get(); }
+void Worker::allreduce(std::span<int32_t> tensor) { allreduce_async(tensor).get(); }
+
+std::future<void> Worker::allreduce_async(std::span<float> tensor) {
+  return impl_->Submit(std::as_writable_bytes(tensor), tensor.size(), DType::kFloat32);
+}
+std::future<void> Worker::allreduce_async(std::span<int32_t> tensor) {
+  return impl_->Submit(std::as_writable_bytes(tensor), tensor.size(), DType::kInt32);
+}
+
+CollectiveStats Worker::last_stats() const { return impl_->last_stats(); }
+const WorkerOptions& Worker::options() const { return impl_->options(); }
+
+}  // namespace sparsereduce
