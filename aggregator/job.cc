@@ -158,6 +158,7 @@ void Job::OnCollectiveBegin(uint32_t rank, const proto::CollectiveBegin& begin) 
   }
   Result<CollectiveSpec> spec = SpecFromProto(begin.spec());
   Status valid = spec.ok() ? ValidateSpec(*spec) : spec.status();
+  if (valid.ok()) valid = ValidateFrameSize(shape_, *spec);
   if (!valid.ok()) {
     Abort(valid.WithContext(Describe(rank) + ", collective " + std::to_string(begin.seq())), {rank});
     return;

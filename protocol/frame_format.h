@@ -10,6 +10,7 @@ inline constexpr uint8_t kProtocolVersion = 1;
 inline constexpr uint32_t kFrameHeaderSize = 40;
 inline constexpr uint32_t kEntrySize = 24;
 inline constexpr uint32_t kMaxControlPayload = 64 * 1024;
+inline constexpr uint64_t kMaxDataPayload = 256ull * 1024 * 1024;  // keeps payload_length far below 2^32
 inline constexpr uint64_t kEndOfColumn = ~uint64_t{0};
 
 enum class FrameType : uint8_t {

@@ -47,6 +47,17 @@ Status ValidateShape(const JobShape& s) {
   return Status::Ok();
 }
 
+Status ValidateFrameSize(const JobShape& shape, const CollectiveSpec& spec) {
+  const uint64_t block_bytes = uint64_t{spec.block_size} * FindDType(spec.dtype)->size;
+  const uint64_t largest = uint64_t{shape.blocks_per_message} * (kEntrySize + Pad8(block_bytes));
+  if (largest > kMaxDataPayload) {
+    return InvalidArgument("blocks_per_message " + std::to_string(shape.blocks_per_message) + " x block of " +
+                           std::to_string(block_bytes) + " bytes makes frames of " + std::to_string(largest) +
+                           " bytes, above the limit of " + std::to_string(kMaxDataPayload));
+  }
+  return Status::Ok();
+}
+
 ColumnLayout::ColumnLayout(const JobShape& shape, uint64_t element_count, uint32_t block_size,
                            uint32_t element_size)
     : shape_(shape),

@@ -35,6 +35,8 @@ struct CollectiveSpec {
 // size fits the wire's 32-bit length).
 Status ValidateSpec(const CollectiveSpec& spec);
 Status ValidateShape(const JobShape& shape);
+// Checks that the largest data frame of this job and spec, K·(24 + pad8(B·elem_size)), fits kMaxDataPayload.
+Status ValidateFrameSize(const JobShape& shape, const CollectiveSpec& spec);
 
 class ColumnLayout {
  public:

@@ -96,8 +96,11 @@ Worker::Impl::Impl(WorkerOptions options)
     throw MakeError(InvalidArgument("rank " + std::to_string(options_.rank) + " is out of range for world_size " +
                                     std::to_string(options_.world_size)));
   }
-  if (Status st = ValidateSpec({0, DType::kFloat32, ReduceOp::kSum, options_.block_size}); !st.ok()) {
-    throw MakeError(st);
+  for (DType dtype : {DType::kFloat32, DType::kInt32}) {
+    const CollectiveSpec spec{0, dtype, ReduceOp::kSum, options_.block_size};
+    Status st = ValidateSpec(spec);
+    if (st.ok()) st = ValidateFrameSize(shape_, spec);
+    if (!st.ok()) throw MakeError(st);
   }
   for (uint32_t a = 0; a < options_.aggregators.size(); ++a) {
     links_.push_back(std::make_unique<AggregatorLink>(io_, a, options_.aggregators[a], *this));
@@ -150,10 +153,9 @@ Worker::Impl::~Impl() {
       proto::ControlMessage goodbye;
       goodbye.mutable_goodbye();
       for (auto& link : links_) link->Send(EncodeControl(goodbye));
-      broken_ = Status(StatusCode::kAborted, "the Worker is being destroyed");
+      // Fails anything still queued or in flight; the goodbye is flushed before the sockets close.
+      Fail(Status(StatusCode::kAborted, "the Worker was destroyed"));
     }
-    for (auto& link : links_) link->Close();
-    deadline_.cancel();
   });
   work_.reset();
   thread_.join();

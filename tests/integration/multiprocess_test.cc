@@ -1,0 +1,191 @@
+// Multi-process tests: the real sparsereduce-aggregator binary and real worker processes on 127.0.0.1.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <sstream>
+
+#include "tools/common/subprocess.h"
+
+namespace sparsereduce::testing {
+namespace {
+
+using tools::Subprocess;
+using namespace std::chrono_literals;
+
+// A running aggregator daemon on an ephemeral port.
+class Aggregator {
+ public:
+  Aggregator() {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("sr-it-" + std::to_string(getpid()) + "-" + std::to_string(counter_++));
+    std::filesystem::create_directories(dir_);
+    auto p = Subprocess::Spawn({SPARSEREDUCE_AGGREGATOR_BIN, "--listen", "127.0.0.1:0", "--port-file",
+                                dir_ + "/port", "--io-threads", "2", "--handshake-timeout-ms", "2000"},
+                               false);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    process_ = std::move(*p);
+    auto port = tools::WaitForFileLine(dir_ + "/port", 10s, process_.get());
+    EXPECT_TRUE(port.ok()) << port.status().ToString();
+    address_ = "127.0.0.1:" + (port.ok() ? *port : std::string("0"));
+  }
+  ~Aggregator() { std::filesystem::remove_all(dir_); }
+
+  const std::string& address() const { return address_; }
+  uint16_t port() const { return static_cast<uint16_t>(std::stoi(address_.substr(address_.rfind(':') + 1))); }
+  Subprocess& process() { return *process_; }
+
+  // SIGTERM and wait; returns the waitpid status.
+  int Stop() {
+    process_->Signal(SIGTERM);
+    auto status = process_->Wait(10s);
+    EXPECT_TRUE(status.ok()) << "aggregator did not stop within 10 s";
+    return status.ok() ? *status : -1;
+  }
+
+ private:
+  static inline int counter_ = 0;
+  std::string dir_;
+  std::string address_;
+  std::unique_ptr<Subprocess> process_;
+};
+
+struct WorkerResult {
+  int exit_code = -1;
+  std::vector<std::string> lines;
+};
+
+// Starts `world_size` test workers of one job with the given extra flags (per rank, optional).
+std::vector<std::unique_ptr<Subprocess>> StartJob(const std::string& aggregators, uint64_t job,
+                                                  uint32_t world_size, const std::vector<std::string>& flags,
+                                                  const std::map<uint32_t, std::vector<std::string>>& per_rank = {}) {
+  std::vector<std::unique_ptr<Subprocess>> workers;
+  for (uint32_t r = 0; r < world_size; ++r) {
+    std::vector<std::string> argv = {SPARSEREDUCE_TEST_WORKER_BIN, "--aggregators", aggregators, "--job",
+                                     std::to_string(job), "--rank", std::to_string(r), "--world-size",
+                                     std::to_string(world_size)};
+    argv.insert(argv.end(), flags.begin(), flags.end());
+    if (auto it = per_rank.find(r); it != per_rank.end()) argv.insert(argv.end(), it->second.begin(), it->second.end());
+    auto p = Subprocess::Spawn(argv, true);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    workers.push_back(std::move(*p));
+  }
+  return workers;
+}
+
+std::vector<WorkerResult> Finish(std::vector<std::unique_ptr<Subprocess>>& workers) {
+  std::vector<WorkerResult> results;
+  for (auto& w : workers) {
+    WorkerResult r;
+    auto out = w->ReadStdout(60s);
+    EXPECT_TRUE(out.ok()) << out.status().ToString();
+    auto status = w->Wait(10s);
+    EXPECT_TRUE(status.ok()) << status.status().ToString();
+    if (status.ok() && WIFEXITED(*status)) r.exit_code = WEXITSTATUS(*status);
+    std::istringstream lines(out.ok() ? *out : "");
+    for (std::string line; std::getline(lines, line);) r.lines.push_back(line);
+    results.push_back(std::move(r));
+  }
+  return results;
+}
+
+void ExpectAllOk(const std::vector<WorkerResult>& results, size_t collectives) {
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << (results[r].lines.empty() ? "" : results[r].lines.back());
+    EXPECT_EQ(results[r].lines.size(), collectives) << "rank " << r;
+    for (const auto& line : results[r].lines) EXPECT_EQ(line.rfind("OK ", 0), 0u) << line;
+  }
+}
+
+TEST(MultiProcess, FourWorkersConsecutiveCollectives) {
+  Aggregator aggregator;
+  auto workers = StartJob(aggregator.address(), 1, 4,
+                          {"--elements", "200003", "--density", "0.3", "--collectives", "6", "--slots", "4",
+                           "--blocks-per-message", "8"});
+  ExpectAllOk(Finish(workers), 6);
+  const int status = aggregator.Stop();
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << tools::DescribeExit(status);
+}
+
+TEST(MultiProcess, Int32AndSmallBlocks) {
+  Aggregator aggregator;
+  auto workers = StartJob(aggregator.address(), 9, 3,
+                          {"--dtype", "int32", "--elements", "1001", "--block-size", "7", "--density", "0.5",
+                           "--collectives", "4", "--overlap", "disjoint"});
+  ExpectAllOk(Finish(workers), 4);
+}
+
+TEST(MultiProcess, TwoJobsOnOneDaemonAtOnce) {
+  Aggregator aggregator;
+  auto job_a = StartJob(aggregator.address(), 100, 3, {"--elements", "150000", "--density", "0.2", "--collectives", "5"});
+  auto job_b = StartJob(aggregator.address(), 200, 2,
+                        {"--elements", "70000", "--density", "0.9", "--collectives", "5", "--overlap", "full"});
+  ExpectAllOk(Finish(job_a), 5);
+  ExpectAllOk(Finish(job_b), 5);
+}
+
+TEST(MultiProcess, TwoAggregators) {
+  Aggregator first, second;
+  auto workers = StartJob(first.address() + "," + second.address(), 5, 3,
+                          {"--elements", "300000", "--density", "0.25", "--collectives", "4"});
+  ExpectAllOk(Finish(workers), 4);
+}
+
+TEST(MultiProcess, SpecMismatchFailsEveryRankNamingTheRanks) {
+  Aggregator aggregator;
+  auto workers = StartJob(aggregator.address(), 3, 3, {"--elements", "5000", "--timeout-ms", "5000"},
+                          {{2, {"--elements", "4999"}}});
+  auto results = Finish(workers);
+  for (size_t r = 0; r < results.size(); ++r) {
+    EXPECT_EQ(results[r].exit_code, 3) << "rank " << r;
+    ASSERT_FALSE(results[r].lines.empty());
+    const std::string& line = results[r].lines.back();
+    EXPECT_NE(line.find("ERROR SPEC_MISMATCH"), std::string::npos) << line;
+    EXPECT_NE(line.find("count=4999"), std::string::npos) << line;
+    EXPECT_NE(line.find("count=5000"), std::string::npos) << line;
+    EXPECT_NE(line.find("rank " + std::to_string(r)), std::string::npos) << "error names the reporting rank: " << line;
+  }
+}
+
+// Garbage on one connection drops that connection only; a job on the same daemon completes.
+TEST(MultiProcess, GarbageClientDoesNotDisturbOtherJobs) {
+  Aggregator aggregator;
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(aggregator.port());
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  // Exactly one header's worth, so the daemon has read everything when it closes (no RST).
+  const char garbage[40] = "GET / HTTP/1.1\r\nHost: example\r\n\r\n";
+  ASSERT_EQ(write(fd, garbage, sizeof garbage), static_cast<ssize_t>(sizeof garbage));
+  auto workers = StartJob(aggregator.address(), 11, 2, {"--elements", "40000", "--collectives", "3"});
+  ExpectAllOk(Finish(workers), 3);
+  // The daemon answered the garbage with an Error frame and closed: reading reaches EOF.
+  char buf[4096];
+  ssize_t n;
+  size_t total = 0;
+  while ((n = read(fd, buf, sizeof buf)) > 0) total += static_cast<size_t>(n);
+  EXPECT_EQ(n, 0);
+  EXPECT_GT(total, 40u) << "expected an Error frame before the close";
+  close(fd);
+}
+
+TEST(MultiProcess, WorkerFailsWhenNoAggregatorListens) {
+  Aggregator aggregator;
+  const std::string address = aggregator.address();
+  aggregator.Stop();
+  auto workers = StartJob(address, 1, 1, {"--timeout-ms", "500"});
+  auto results = Finish(workers);
+  EXPECT_EQ(results[0].exit_code, 3);
+  ASSERT_FALSE(results[0].lines.empty());
+  EXPECT_NE(results[0].lines[0].find("aggregator 0 (" + address + ")"), std::string::npos) << results[0].lines[0];
+}
+
+}  // namespace
+}  // namespace sparsereduce::testing

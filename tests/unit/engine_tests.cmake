@@ -1,0 +1,7 @@
+add_executable(protocol_simulation_test protocol_simulation_test.cc)
+target_link_libraries(protocol_simulation_test PRIVATE sparsereduce_protocol GTest::gtest_main)
+gtest_discover_tests(protocol_simulation_test DISCOVERY_TIMEOUT 60)
+
+add_executable(engine_violation_test engine_violation_test.cc)
+target_link_libraries(engine_violation_test PRIVATE sparsereduce_protocol GTest::gtest_main)
+gtest_discover_tests(engine_violation_test DISCOVERY_TIMEOUT 60)

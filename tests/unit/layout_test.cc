@@ -1,0 +1,320 @@
+// Block layout arithmetic (protocol/layout.h, docs/PROTOCOL.md §2).
+#include "protocol/layout.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "protocol/frame_format.h"
+
+namespace sparsereduce {
+namespace {
+
+struct Combo {
+  JobShape shape;
+  uint64_t n;
+  uint32_t b;
+};
+
+std::string Describe(const Combo& c) {
+  return "A=" + std::to_string(c.shape.num_aggregators) + " S=" + std::to_string(c.shape.slots) +
+         " K=" + std::to_string(c.shape.blocks_per_message) + " N=" + std::to_string(c.n) + " B=" + std::to_string(c.b);
+}
+
+std::vector<Combo> AllCombos() {
+  std::vector<Combo> out;
+  for (uint32_t a = 1; a <= 4; ++a) {
+    for (uint32_t s = 1; s <= 3; ++s) {
+      for (uint32_t k = 1; k <= 4; ++k) {
+        for (uint32_t b : {1u, 2u, 3u, 7u, 256u}) {
+          for (uint64_t n : {uint64_t{0}, uint64_t{1}, uint64_t{b - 1}, uint64_t{b}, uint64_t{b + 1}, uint64_t{1000}}) {
+            JobShape shape;
+            shape.world_size = 2;
+            shape.num_aggregators = a;
+            shape.slots = s;
+            shape.blocks_per_message = k;
+            out.push_back(Combo{shape, n, b});
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+TEST(LayoutTest, EveryBlockHasExactlyOneHome) {
+  for (const Combo& c : AllCombos()) {
+    SCOPED_TRACE(Describe(c));
+    const uint32_t A = c.shape.num_aggregators, S = c.shape.slots, K = c.shape.blocks_per_message;
+    ColumnLayout layout(c.shape, c.n, c.b, 4);
+    const uint64_t C = uint64_t{A} * S * K;
+    ASSERT_EQ(layout.num_columns(), C);
+    ASSERT_EQ(layout.num_blocks(), (c.n + c.b - 1) / c.b);
+    EXPECT_EQ(layout.slots(), S);
+    EXPECT_EQ(layout.lanes_per_slot(), K);
+
+    // (a, s, k) -> column is a bijection onto [0, C), and agrees with §2: a = c mod A, l = c div A, s = l mod S,
+    // k = l div S.
+    std::vector<int> hits(C, 0);
+    for (uint32_t a = 0; a < A; ++a) {
+      for (uint32_t s = 0; s < S; ++s) {
+        for (uint32_t k = 0; k < K; ++k) {
+          const uint64_t col = layout.Column(a, s, k);
+          ASSERT_LT(col, C);
+          ++hits[col];
+          EXPECT_EQ(layout.AggregatorOf(col), a);
+          EXPECT_EQ(col % A, a);
+          EXPECT_EQ((col / A) % S, s);
+          EXPECT_EQ((col / A) / S, k);
+        }
+      }
+    }
+    for (uint64_t col = 0; col < C; ++col) EXPECT_EQ(hits[col], 1) << "column " << col;
+
+    // Every block: exactly one (a, s, k) whose column is b % C.
+    for (uint64_t block = 0; block < layout.num_blocks(); ++block) {
+      EXPECT_EQ(layout.ColumnOf(block), block % C);
+      int homes = 0;
+      for (uint32_t a = 0; a < A; ++a)
+        for (uint32_t s = 0; s < S; ++s)
+          for (uint32_t k = 0; k < K; ++k) homes += layout.Column(a, s, k) == block % C;
+      EXPECT_EQ(homes, 1) << "block " << block;
+    }
+  }
+}
+
+TEST(LayoutTest, NonEmptyLanesFormAPrefix) {
+  for (const Combo& c : AllCombos()) {
+    SCOPED_TRACE(Describe(c));
+    const uint32_t A = c.shape.num_aggregators, S = c.shape.slots, K = c.shape.blocks_per_message;
+    ColumnLayout layout(c.shape, c.n, c.b, 4);
+    uint64_t total_nonempty = 0;
+    for (uint32_t a = 0; a < A; ++a) {
+      for (uint32_t s = 0; s < S; ++s) {
+        uint32_t brute = 0;
+        bool prefix = true;
+        bool seen_empty = false;
+        for (uint32_t k = 0; k < K; ++k) {
+          const bool nonempty = layout.Column(a, s, k) < layout.num_blocks();
+          if (nonempty) {
+            ++brute;
+            if (seen_empty) prefix = false;
+          } else {
+            seen_empty = true;
+          }
+        }
+        EXPECT_TRUE(prefix) << "a=" << a << " s=" << s;
+        EXPECT_EQ(layout.NonEmptyLanes(a, s), brute) << "a=" << a << " s=" << s;
+        total_nonempty += brute;
+      }
+    }
+    EXPECT_EQ(total_nonempty, std::min<uint64_t>(layout.num_blocks(), layout.num_columns()));
+  }
+}
+
+TEST(LayoutTest, BlockElementsSumToN) {
+  for (const Combo& c : AllCombos()) {
+    SCOPED_TRACE(Describe(c));
+    for (uint32_t elem : {1u, 2u, 4u, 8u}) {
+      ColumnLayout layout(c.shape, c.n, c.b, elem);
+      uint64_t sum = 0;
+      uint64_t bytes = 0;
+      for (uint64_t block = 0; block < layout.num_blocks(); ++block) {
+        const uint64_t e = layout.BlockElements(block);
+        EXPECT_GE(e, 1u);
+        EXPECT_LE(e, c.b);
+        if (block + 1 < layout.num_blocks()) {
+          EXPECT_EQ(e, c.b);
+        }
+        EXPECT_EQ(layout.BlockBytes(block), e * elem);
+        EXPECT_EQ(layout.BlockByteOffset(block), bytes);
+        sum += e;
+        bytes += e * elem;
+      }
+      EXPECT_EQ(sum, c.n);
+      EXPECT_EQ(layout.MaxBlockBytes(), c.b * elem);
+    }
+  }
+}
+
+TEST(LayoutTest, IsValidNext) {
+  for (const Combo& c : AllCombos()) {
+    SCOPED_TRACE(Describe(c));
+    ColumnLayout layout(c.shape, c.n, c.b, 4);
+    const uint64_t C = layout.num_columns();
+    const uint64_t NB = layout.num_blocks();
+    for (uint64_t col = 0; col < C; ++col) {
+      for (bool inclusive : {false, true}) {
+        // END is always acceptable.
+        EXPECT_TRUE(layout.IsValidNext(kEndOfColumn, col, col, inclusive));
+        EXPECT_TRUE(layout.IsValidNext(kEndOfColumn, col, kEndOfColumn - 1, inclusive));
+        // The first index past the column's range, and far beyond.
+        uint64_t past = col;
+        while (past < NB) past += C;
+        EXPECT_FALSE(layout.IsValidNext(past, col, col, inclusive)) << past;
+        EXPECT_FALSE(layout.IsValidNext(past + 1000 * C, col, col, inclusive));
+        EXPECT_FALSE(layout.IsValidNext(kEndOfColumn - 1, col, col, inclusive));
+
+        for (uint64_t after = col; after < NB; after += C) {
+          // Later blocks of the same column: the next few, and the column's last block.
+          for (uint64_t index = after + C; index < NB && index <= after + 8 * C; index += C) {
+            EXPECT_TRUE(layout.IsValidNext(index, col, after, inclusive)) << index << " after " << after;
+          }
+          if (past - C > after) {
+            EXPECT_TRUE(layout.IsValidNext(past - C, col, after, inclusive)) << past - C;
+          }
+          // Equal index: only when inclusive.
+          EXPECT_EQ(layout.IsValidNext(after, col, after, inclusive), inclusive) << after;
+          // Earlier blocks of the same column.
+          for (uint64_t index = (after >= 8 * C ? after - 8 * C : col); index < after; index += C) {
+            EXPECT_FALSE(layout.IsValidNext(index, col, after, inclusive)) << index << " after " << after;
+          }
+          // Blocks of other columns, both sides of `after`.
+          if (C > 1) {
+            for (uint64_t index = (after >= C ? after - C + 1 : 0); index < NB && index < after + 2 * C; ++index) {
+              if (index % C == col) continue;
+              EXPECT_FALSE(layout.IsValidNext(index, col, after, inclusive)) << index << " after " << after;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(LayoutTest, SixtyFourBitBlockIndices) {
+  JobShape shape;
+  const uint64_t n = 5'000'000'000;
+  ColumnLayout layout(shape, n, 256, 4);
+  EXPECT_EQ(layout.num_blocks(), 19'531'250u);  // 5e9 / 256, exactly
+  const uint64_t last = layout.num_blocks() - 1;
+  EXPECT_EQ(layout.BlockElements(last), 256u);
+  EXPECT_EQ(layout.BlockByteOffset(last), uint64_t{19'531'249} * 256 * 4);
+  EXPECT_EQ(layout.BlockByteOffset(last), 19'999'998'976u);  // > 2^32
+  EXPECT_EQ(layout.BlockByteOffset(last) + layout.BlockBytes(last), n * 4);
+
+  ColumnLayout partial(shape, n + 3, 256, 4);
+  EXPECT_EQ(partial.num_blocks(), 19'531'251u);
+  EXPECT_EQ(partial.BlockElements(partial.num_blocks() - 1), 3u);
+  EXPECT_EQ(partial.BlockByteOffset(partial.num_blocks() - 1), n * 4);
+  EXPECT_EQ(partial.BlockBytes(partial.num_blocks() - 1), 12u);
+
+  // Block indices beyond 2^32, with B = 1.
+  ColumnLayout fine(shape, n, 1, 8);
+  EXPECT_EQ(fine.num_blocks(), n);
+  EXPECT_EQ(fine.BlockByteOffset(n - 1), (n - 1) * 8);
+  EXPECT_EQ(fine.BlockElements(n - 1), 1u);
+
+  JobShape wide;
+  wide.num_aggregators = 3;
+  wide.slots = 2;
+  wide.blocks_per_message = 4;
+  ColumnLayout cols(wide, n, 1, 4);
+  EXPECT_EQ(cols.ColumnOf(n - 1), (n - 1) % 24);
+  EXPECT_EQ(cols.NonEmptyLanes(2, 1), 4u);
+  EXPECT_TRUE(cols.IsValidNext(n - 1, (n - 1) % 24, (n - 1) - 24, false));
+  EXPECT_FALSE(cols.IsValidNext(n - 1 + 24, (n - 1) % 24, (n - 1) - 24, false));
+}
+
+TEST(LayoutTest, WorkedExampleFromProtocolDoc) {
+  // §4: A = 1, S = 1, K = 2, N = 10, B = 2 -> NB = 5, C = 2; column 0 = {0, 2, 4}, column 1 = {1, 3}.
+  JobShape shape;
+  shape.world_size = 2;
+  shape.blocks_per_message = 2;
+  ColumnLayout layout(shape, 10, 2, 4);
+  EXPECT_EQ(layout.num_blocks(), 5u);
+  EXPECT_EQ(layout.num_columns(), 2u);
+  EXPECT_EQ(layout.Column(0, 0, 0), 0u);
+  EXPECT_EQ(layout.Column(0, 0, 1), 1u);
+  EXPECT_EQ(layout.NonEmptyLanes(0, 0), 2u);
+  EXPECT_TRUE(layout.IsValidNext(2, 0, 0, false));
+  EXPECT_TRUE(layout.IsValidNext(4, 0, 2, false));
+  EXPECT_FALSE(layout.IsValidNext(5, 1, 3, false));
+  EXPECT_TRUE(layout.IsValidNext(3, 1, 1, false));
+}
+
+TEST(ValidateSpecTest, AcceptsSupportedSpecs) {
+  for (DType dtype : {DType::kFloat32, DType::kInt32}) {
+    for (uint64_t n : {uint64_t{0}, uint64_t{1}, uint64_t{5'000'000'000}}) {
+      for (uint32_t b : {1u, 256u, uint32_t{1} << 22}) {
+        CollectiveSpec spec;
+        spec.dtype = dtype;
+        spec.op = ReduceOp::kSum;
+        spec.element_count = n;
+        spec.block_size = b;
+        Status s = ValidateSpec(spec);
+        EXPECT_TRUE(s.ok()) << spec.ToString() << ": " << s.ToString();
+      }
+    }
+  }
+}
+
+TEST(ValidateSpecTest, RejectsBadSpecs) {
+  CollectiveSpec good;
+  good.element_count = 1000;
+
+  CollectiveSpec zero_block = good;
+  zero_block.block_size = 0;
+  Status s = ValidateSpec(zero_block);
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.ToString();
+
+  CollectiveSpec unknown_dtype = good;
+  unknown_dtype.dtype = static_cast<DType>(99);
+  s = ValidateSpec(unknown_dtype);
+  EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.ToString();
+  EXPECT_NE(s.message().find("99"), std::string::npos) << s.message();
+  EXPECT_NE(unknown_dtype.ToString().find("#99"), std::string::npos) << unknown_dtype.ToString();
+
+  CollectiveSpec zero_dtype = good;
+  zero_dtype.dtype = static_cast<DType>(0);
+  EXPECT_EQ(ValidateSpec(zero_dtype).code(), StatusCode::kUnsupported);
+
+  for (ReduceOp op : {ReduceOp::kMax, ReduceOp::kMin, ReduceOp::kAvg, static_cast<ReduceOp>(0),
+                      static_cast<ReduceOp>(77)}) {
+    CollectiveSpec bad_op = good;
+    bad_op.op = op;
+    s = ValidateSpec(bad_op);
+    EXPECT_EQ(s.code(), StatusCode::kUnsupported) << static_cast<uint32_t>(op) << ": " << s.ToString();
+  }
+
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16, DType::kInt64, DType::kFloat64}) {
+    CollectiveSpec no_kernels = good;
+    no_kernels.dtype = dtype;
+    s = ValidateSpec(no_kernels);
+    EXPECT_EQ(s.code(), StatusCode::kUnsupported) << s.ToString();
+  }
+
+  // A block must fit the 16 MiB limit.
+  CollectiveSpec huge_block = good;
+  huge_block.block_size = (uint32_t{1} << 22) + 1;
+  EXPECT_EQ(ValidateSpec(huge_block).code(), StatusCode::kInvalidArgument);
+  huge_block.block_size = 0xFFFFFFFF;
+  EXPECT_EQ(ValidateSpec(huge_block).code(), StatusCode::kInvalidArgument);
+
+  CollectiveSpec huge_count = good;
+  huge_count.element_count = ~uint64_t{0};
+  EXPECT_EQ(ValidateSpec(huge_count).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(ValidateShapeTest, RejectsZeros) {
+  JobShape good;
+  EXPECT_TRUE(ValidateShape(good).ok());
+  JobShape s = good;
+  s.world_size = 0;
+  EXPECT_EQ(ValidateShape(s).code(), StatusCode::kInvalidArgument);
+  s = good;
+  s.num_aggregators = 0;
+  EXPECT_EQ(ValidateShape(s).code(), StatusCode::kInvalidArgument);
+  s = good;
+  s.slots = 0;
+  EXPECT_EQ(ValidateShape(s).code(), StatusCode::kInvalidArgument);
+  s = good;
+  s.blocks_per_message = 0;
+  EXPECT_EQ(ValidateShape(s).code(), StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace sparsereduce

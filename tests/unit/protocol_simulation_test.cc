@@ -1,0 +1,245 @@
+// Property tests of the whole data plane (ColumnEngine + WorkerCollective) against a reference sum, bit-exact.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <set>
+
+#include "simulation.h"
+
+namespace sparsereduce::testing {
+namespace {
+
+enum class Overlap { kRandom, kIdentical, kDisjoint };
+
+const char* OverlapName(Overlap o) {
+  switch (o) {
+    case Overlap::kRandom: return "random";
+    case Overlap::kIdentical: return "identical";
+    case Overlap::kDisjoint: return "disjoint";
+  }
+  return "?";
+}
+
+// Which blocks are nonzero on which rank. density < 0 means "exactly one block".
+std::vector<std::vector<bool>> MakePattern(uint32_t W, uint64_t blocks, double density, Overlap overlap,
+                                           uint32_t zero_workers, std::mt19937_64& rng) {
+  std::vector<std::vector<bool>> nz(W, std::vector<bool>(blocks, false));
+  std::uniform_real_distribution<double> u(0, 1);
+  std::vector<bool> common(blocks, false);
+  if (density < 0) {
+    if (blocks) common[rng() % blocks] = true;
+  } else {
+    for (uint64_t b = 0; b < blocks; ++b) common[b] = u(rng) < density;
+  }
+  for (uint32_t w = 0; w < W; ++w) {
+    for (uint64_t b = 0; b < blocks; ++b) {
+      switch (overlap) {
+        case Overlap::kIdentical: nz[w][b] = common[b]; break;
+        case Overlap::kDisjoint: nz[w][b] = common[b] && b % W == w; break;
+        case Overlap::kRandom: nz[w][b] = density < 0 ? common[b] && w == 0 : u(rng) < density; break;
+      }
+    }
+  }
+  for (uint32_t w = 0; w < zero_workers && w < W; ++w) nz[W - 1 - w].assign(blocks, false);
+  return nz;
+}
+
+template <typename T>
+T RandomValue(std::mt19937_64& rng) {
+  if constexpr (std::is_same_v<T, float>) {
+    switch (rng() % 16) {
+      case 0: return 0.0f;
+      case 1: return -0.0f;
+      case 2: return std::ldexp(static_cast<float>(rng() % 1000) - 500.0f, -140);  // denormal range
+      default: return std::uniform_real_distribution<float>(-1000, 1000)(rng);
+    }
+  } else {
+    return static_cast<T>(static_cast<uint32_t>(rng()));  // wraps on purpose
+  }
+}
+
+template <typename T>
+std::vector<std::vector<std::byte>> MakeTensors(const std::vector<std::vector<bool>>& nz, uint64_t n, uint32_t B,
+                                                std::mt19937_64& rng) {
+  std::vector<std::vector<std::byte>> tensors(nz.size(), std::vector<std::byte>(n * sizeof(T)));
+  for (size_t w = 0; w < nz.size(); ++w) {
+    T* data = reinterpret_cast<T*>(tensors[w].data());
+    for (uint64_t i = 0; i < n; ++i) {
+      const uint64_t b = i / B;
+      if (nz[w][b]) {
+        data[i] = RandomValue<T>(rng);
+      } else if constexpr (std::is_same_v<T, float>) {
+        data[i] = rng() % 7 == 0 ? -0.0f : 0.0f;  // zero blocks may hold -0.0
+      }
+    }
+    // A block chosen nonzero must really be nonzero.
+    for (uint64_t b = 0; b < nz[w].size(); ++b) {
+      if (nz[w][b]) data[b * B] = static_cast<T>(1 + rng() % 100);
+    }
+  }
+  return tensors;
+}
+
+// Dense reference: ((0 + x0) + x1) + ... in rank order.
+template <typename T>
+std::vector<std::byte> ReferenceSum(const std::vector<std::vector<std::byte>>& tensors, uint64_t n) {
+  std::vector<std::byte> out(n * sizeof(T));
+  T* acc = reinterpret_cast<T*>(out.data());
+  for (uint64_t i = 0; i < n; ++i) {
+    if constexpr (std::is_same_v<T, float>) {
+      float s = 0.0f;
+      for (const auto& t : tensors) s += reinterpret_cast<const float*>(t.data())[i];
+      acc[i] = s;
+    } else {
+      uint32_t s = 0;
+      for (const auto& t : tensors) s += static_cast<uint32_t>(reinterpret_cast<const T*>(t.data())[i]);
+      acc[i] = static_cast<T>(s);
+    }
+  }
+  return out;
+}
+
+struct Case {
+  JobShape shape;
+  uint64_t n;
+  uint32_t block_size;
+  DType dtype;
+  double density;
+  Overlap overlap;
+  uint32_t zero_workers;
+  uint64_t seed;
+};
+
+std::string Describe(const Case& c) {
+  return c.shape.ToString() + " n=" + std::to_string(c.n) + " B=" + std::to_string(c.block_size) +
+         " dtype=" + FindDType(c.dtype)->name + " density=" + std::to_string(c.density) +
+         " overlap=" + OverlapName(c.overlap) + " zero_workers=" + std::to_string(c.zero_workers) +
+         " seed=" + std::to_string(c.seed);
+}
+
+template <typename T>
+void RunCase(const Case& c) {
+  SCOPED_TRACE(Describe(c));
+  std::mt19937_64 rng(c.seed);
+  const uint64_t blocks = (c.n + c.block_size - 1) / c.block_size;
+  auto nz = MakePattern(c.shape.world_size, blocks, c.density, c.overlap, c.zero_workers, rng);
+  auto tensors = MakeTensors<T>(nz, c.n, c.block_size, rng);
+  const auto reference = ReferenceSum<T>(tensors, c.n);
+
+  CollectiveSpec spec{c.n, c.dtype, ReduceOp::kSum, c.block_size};
+  ASSERT_TRUE(ValidateSpec(spec).ok());
+  SimulationOutcome out = Simulate(c.shape, spec, tensors, c.seed * 31 + 1);
+  ASSERT_TRUE(out.status.ok()) << out.status.ToString();
+
+  uint64_t union_blocks = 0;
+  for (uint64_t b = 0; b < blocks; ++b) {
+    bool any = false;
+    for (const auto& row : nz) any = any || row[b];
+    union_blocks += any;
+  }
+  for (uint32_t w = 0; w < c.shape.world_size; ++w) {
+    ASSERT_EQ(0, std::memcmp(tensors[w].data(), reference.data(), reference.size())) << "rank " << w;
+    // Zero blocks never travel: each rank uploads exactly its nonzero blocks and downloads the union.
+    uint64_t own = 0;
+    for (bool b : nz[w]) own += b;
+    EXPECT_EQ(out.data_entries_sent[w], own) << "rank " << w;
+    EXPECT_EQ(out.data_entries_received[w], union_blocks) << "rank " << w;
+  }
+}
+
+void RunCase(const Case& c) {
+  if (c.dtype == DType::kFloat32) {
+    RunCase<float>(c);
+  } else {
+    RunCase<int32_t>(c);
+  }
+}
+
+// Every nonzero pattern of 3 blocks over up to 3 ranks, for several shapes.
+TEST(ProtocolSimulation, ExhaustiveSmallPatterns) {
+  const uint32_t B = 2;
+  const std::vector<JobShape> shapes = {
+      {1, 1, 1, 1}, {2, 1, 1, 1}, {3, 1, 1, 1}, {2, 1, 1, 2}, {3, 2, 1, 1}, {2, 1, 2, 1}, {3, 1, 2, 2}, {2, 3, 1, 1},
+  };
+  for (const JobShape& shape : shapes) {
+    for (uint64_t n : {uint64_t{5}, uint64_t{6}}) {  // last block partial / full
+      const uint64_t blocks = (n + B - 1) / B;
+      const uint32_t bits = shape.world_size * static_cast<uint32_t>(blocks);
+      for (uint32_t pattern = 0; pattern < (1u << bits); ++pattern) {
+        std::vector<std::vector<bool>> nz(shape.world_size, std::vector<bool>(blocks));
+        for (uint32_t w = 0; w < shape.world_size; ++w) {
+          for (uint64_t b = 0; b < blocks; ++b) nz[w][b] = (pattern >> (w * blocks + b)) & 1;
+        }
+        SCOPED_TRACE(shape.ToString() + " n=" + std::to_string(n) + " pattern=" + std::to_string(pattern));
+        std::mt19937_64 rng(pattern);
+        auto tensors = MakeTensors<float>(nz, n, B, rng);
+        const auto reference = ReferenceSum<float>(tensors, n);
+        SimulationOutcome out = Simulate(shape, {n, DType::kFloat32, ReduceOp::kSum, B}, tensors, pattern);
+        ASSERT_TRUE(out.status.ok()) << out.status.ToString();
+        for (uint32_t w = 0; w < shape.world_size; ++w) {
+          ASSERT_EQ(0, std::memcmp(tensors[w].data(), reference.data(), reference.size())) << "rank " << w;
+        }
+      }
+    }
+  }
+}
+
+class RandomizedSimulation : public ::testing::TestWithParam<uint64_t> {};
+
+// Randomized grid: sizes 0, 1, B-1, B, B+1, large; densities 0, one block, 50 %, 100 %; all overlaps; some all-zero
+// workers; W = 1..8; A = 1..4; several S and K; both dtypes.
+TEST_P(RandomizedSimulation, MatchesReferenceSum) {
+  std::mt19937_64 rng(GetParam());
+  const uint32_t B = std::vector<uint32_t>{1, 3, 4, 16, 256}[rng() % 5];
+  const std::vector<uint64_t> sizes = {0, 1, B - 1, B, B + 1, 37ull * B + 5, 300ull * B};
+  const std::vector<double> densities = {0.0, -1.0, 0.5, 1.0, 0.05};
+  for (int i = 0; i < 12; ++i) {
+    Case c;
+    c.shape.world_size = 1 + static_cast<uint32_t>(rng() % 8);
+    c.shape.num_aggregators = 1 + static_cast<uint32_t>(rng() % 4);
+    c.shape.slots = 1 + static_cast<uint32_t>(rng() % 4);
+    c.shape.blocks_per_message = 1 + static_cast<uint32_t>(rng() % 8);
+    c.n = sizes[rng() % sizes.size()];
+    c.block_size = B;
+    c.dtype = rng() % 2 ? DType::kFloat32 : DType::kInt32;
+    c.density = densities[rng() % densities.size()];
+    c.overlap = static_cast<Overlap>(rng() % 3);
+    c.zero_workers = static_cast<uint32_t>(rng() % 3);
+    c.seed = rng();
+    RunCase(c);
+    if (::testing::Test::HasFatalFailure()) return;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Seeds, RandomizedSimulation, ::testing::Range<uint64_t>(1, 41));
+
+// A larger tensor with realistic parameters (the defaults of the library).
+TEST(ProtocolSimulation, LargeTensorDefaults) {
+  for (double density : {1.0, 0.1, 0.01}) {
+    for (Overlap overlap : {Overlap::kRandom, Overlap::kIdentical}) {
+      RunCase(Case{{4, 2, 4, 16}, 1'000'003, 256, DType::kFloat32, density, overlap, 0, 99});
+    }
+  }
+}
+
+// Contributions summed in rank order: the result does not depend on the delivery interleaving.
+TEST(ProtocolSimulation, DeterministicAcrossInterleavings) {
+  const JobShape shape{5, 2, 2, 3};
+  const uint64_t n = 3000;
+  std::mt19937_64 rng(5);
+  auto nz = MakePattern(5, (n + 15) / 16, 0.6, Overlap::kRandom, 0, rng);
+  auto inputs = MakeTensors<float>(nz, n, 16, rng);
+  std::vector<std::byte> first;
+  for (uint64_t seed = 0; seed < 20; ++seed) {
+    auto tensors = inputs;
+    SimulationOutcome out = Simulate(shape, {n, DType::kFloat32, ReduceOp::kSum, 16}, tensors, seed);
+    ASSERT_TRUE(out.status.ok()) << out.status.ToString();
+    if (seed == 0) first = tensors[0];
+    for (const auto& t : tensors) ASSERT_EQ(t, first);
+  }
+}
+
+}  // namespace
+}  // namespace sparsereduce::testing

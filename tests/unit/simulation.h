@@ -1,0 +1,118 @@
+// In-memory simulation of a whole job: W WorkerCollectives and A ColumnEngines exchanging encoded frames over
+// per-connection FIFO queues, delivered in a random interleaving. Used by the property tests.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "core/block_scan.h"
+#include "protocol/column_engine.h"
+#include "protocol/worker_collective.h"
+
+namespace sparsereduce::testing {
+
+struct SimulationOutcome {
+  Status status;                               // first protocol error, if any
+  std::vector<uint64_t> data_entries_sent;     // per worker: CONTRIBUTION entries that carried data
+  std::vector<uint64_t> data_entries_received; // per worker: RESULT entries that carried data
+  std::vector<uint64_t> bytes_sent;            // per worker
+};
+
+// Runs one collective over `tensors` (one byte buffer per rank, reduced in place).
+inline SimulationOutcome Simulate(const JobShape& shape, const CollectiveSpec& spec,
+                                  std::vector<std::vector<std::byte>>& tensors, uint64_t seed) {
+  const uint32_t W = shape.world_size, A = shape.num_aggregators;
+  const uint64_t job = 42, seq = 7;
+  SimulationOutcome outcome;
+  outcome.data_entries_sent.assign(W, 0);
+  outcome.data_entries_received.assign(W, 0);
+  outcome.bytes_sent.assign(W, 0);
+
+  std::vector<std::unique_ptr<ColumnEngine>> engines;
+  for (uint32_t a = 0; a < A; ++a) engines.push_back(std::make_unique<ColumnEngine>(shape, a, job, seq, spec));
+  std::vector<std::unique_ptr<WorkerCollective>> workers;
+  for (uint32_t w = 0; w < W; ++w) {
+    workers.push_back(std::make_unique<WorkerCollective>(shape, job, seq, spec, tensors[w]));
+  }
+
+  // Channel (w, a, to_aggregator) -> FIFO of frames, like one TCP connection per direction.
+  std::map<std::tuple<uint32_t, uint32_t, bool>, std::deque<std::shared_ptr<const ByteBuffer>>> channels;
+  auto send_contribution = [&](uint32_t w, uint32_t a, const OutgoingFrame& frame) {
+    auto bytes = std::make_shared<const ByteBuffer>(workers[w]->EncodeFrame(frame));
+    for (const Entry& e : frame.entries) outcome.data_entries_sent[w] += e.data_bytes ? 1 : 0;
+    outcome.bytes_sent[w] += bytes->size();
+    channels[{w, a, true}].push_back(std::move(bytes));
+  };
+  for (uint32_t w = 0; w < W; ++w) {
+    for (uint32_t a = 0; a < A; ++a) {
+      for (const OutgoingFrame& f : workers[w]->Start(a)) send_contribution(w, a, f);
+    }
+  }
+
+  std::mt19937_64 rng(seed);
+  std::vector<ColumnEngine::Broadcast> broadcasts;
+  std::vector<EntryView> entries;
+  while (true) {
+    std::vector<std::tuple<uint32_t, uint32_t, bool>> ready;
+    for (auto& [key, queue] : channels) {
+      if (!queue.empty()) ready.push_back(key);
+    }
+    if (ready.empty()) break;
+    const auto key = ready[rng() % ready.size()];
+    auto [w, a, to_aggregator] = key;
+    auto frame = channels[key].front();
+    channels[key].pop_front();
+    Result<FrameHeader> header = DecodeFrameHeader(frame->span());
+    if (!header.ok()) {
+      outcome.status = header.status();
+      return outcome;
+    }
+    std::span<const std::byte> payload = frame->span().subspan(kFrameHeaderSize);
+    if (to_aggregator) {
+      ByteBuffer copy(payload.size());
+      if (!payload.empty()) std::memcpy(copy.data(), payload.data(), payload.size());
+      broadcasts.clear();
+      Status st = engines[a]->OnContribution(w, *header, std::move(copy), &broadcasts);
+      if (!st.ok()) {
+        outcome.status = st;
+        return outcome;
+      }
+      for (const auto& b : broadcasts) {
+        for (uint32_t r = 0; r < W; ++r) channels[{r, a, false}].push_back(b.frame);
+      }
+    } else {
+      if (Status st = DecodeDataPayload(*header, payload, &entries); st.ok()) {
+        for (const EntryView& e : entries) outcome.data_entries_received[w] += e.data.empty() ? 0 : 1;
+      }
+      OutgoingFrame next;
+      bool has_next = false;
+      Status st = workers[w]->OnResult(a, *header, payload, &next, &has_next);
+      if (!st.ok()) {
+        outcome.status = st;
+        return outcome;
+      }
+      if (has_next) send_contribution(w, a, next);
+    }
+  }
+  for (uint32_t a = 0; a < A; ++a) {
+    if (!engines[a]->done()) {
+      outcome.status = Status(StatusCode::kInternal, "aggregator " + std::to_string(a) + " not done");
+      return outcome;
+    }
+  }
+  for (uint32_t w = 0; w < W; ++w) {
+    if (!workers[w]->done()) {
+      outcome.status = Status(StatusCode::kInternal, "worker " + std::to_string(w) + " not done");
+      return outcome;
+    }
+    workers[w]->Finish();
+  }
+  return outcome;
+}
+
+}  // namespace sparsereduce::testing
