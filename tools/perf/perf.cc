@@ -1,0 +1,292 @@
+// sparsereduce-perf: allreduce performance in the style of nccl-tests' all_reduce_perf, plus sparsity columns.
+//
+//   sparsereduce-perf --spawn 4,1 -b 4K -e 64M -f 4 --density 0.1      # one command, everything on 127.0.0.1
+//   sparsereduce-perf --aggregators h1:19875,h2:19875 --job 7 --rank R --world-size 4 -b 64M -e 64M
+//
+// Every rank runs the same sweep; rank 0 prints the table. Per size: warm-up iterations, then timed iterations,
+// each started together (a one-element allreduce serves as barrier); an iteration's time is the slowest rank's,
+// and the table shows the median over iterations.
+#include <sys/wait.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "sparsereduce/worker.h"
+#include "tools/common/local_cluster.h"
+#include "tools/common/size_parse.h"
+#include "tools/common/subprocess.h"
+#include "tools/common/synthetic_tensor.h"
+
+namespace {
+
+namespace tools = sparsereduce::tools;
+using Clock = std::chrono::steady_clock;
+
+struct Config {
+  std::string min_bytes = "32M", max_bytes = "32M";
+  double step_factor = 2;
+  uint32_t iters = 20, warmup = 5;
+  int check = 1;
+  std::string dtype = "float";
+  double density = 1.0;
+  std::string overlap = "random";
+  uint32_t block_size = 256, slots = 8, blocks_per_message = 32;
+  std::vector<std::string> aggregators;
+  uint64_t job = 1;
+  uint32_t rank = 0, world_size = 1;
+  std::string spawn;
+  std::string json;
+  std::string aggregator_bin;
+  uint64_t seed = 1;
+  uint64_t timeout_ms = 120000;
+};
+
+struct Row {
+  uint64_t size, count;
+  double time_us_median, time_us_min, time_us_max;
+  double algbw, busbw;
+  uint64_t wrong;
+  double density, union_density;
+  uint64_t sent, received;
+};
+
+tools::Overlap ParseOverlap(const std::string& s) {
+  if (s == "full") return tools::Overlap::kFull;
+  if (s == "disjoint") return tools::Overlap::kDisjoint;
+  return tools::Overlap::kRandom;
+}
+
+template <typename T>
+Row RunSize(sparsereduce::Worker& worker, const Config& c, uint64_t bytes) {
+  const uint64_t count = bytes / sizeof(T);
+  tools::SyntheticSpec spec{count, c.block_size, c.density, ParseOverlap(c.overlap), c.world_size, c.seed + bytes};
+  std::vector<T> input(count), work(count), reference;
+  tools::FillTensor(spec, c.rank, std::span<T>(input));
+  if (c.check) {
+    if constexpr (std::is_same_v<T, float>) {
+      reference = tools::ReferenceSumFloat(spec);
+    } else {
+      reference = tools::ReferenceSumInt32(spec);
+    }
+  }
+  std::vector<float> token(1);
+  std::vector<float> times(size_t{c.world_size} * c.iters, 0.0f);
+  uint64_t wrong = 0, sent = 0, received = 0;
+  for (uint32_t it = 0; it < c.warmup + c.iters; ++it) {
+    std::memcpy(work.data(), input.data(), count * sizeof(T));
+    worker.allreduce(std::span(token));
+    const auto start = Clock::now();
+    worker.allreduce(std::span<T>(work));
+    const double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
+    if (it < c.warmup) continue;
+    const auto stats = worker.last_stats();
+    sent = stats.bytes_sent;
+    received = stats.bytes_received;
+    times[size_t{c.rank} * c.iters + (it - c.warmup)] = static_cast<float>(us);
+    if (c.check) {
+      uint64_t w = 0;
+      for (uint64_t i = 0; i < count; ++i) w += std::memcmp(&work[i], &reference[i], sizeof(T)) != 0;
+      wrong = std::max(wrong, w);
+    }
+  }
+  // Everyone learns every rank's times (each rank fills its own row) and the total #wrong.
+  worker.allreduce(std::span(times));
+  std::vector<int32_t> wrong_sum{static_cast<int32_t>(std::min<uint64_t>(wrong, INT32_MAX / 4096))};
+  worker.allreduce(std::span(wrong_sum));
+  std::vector<double> per_iter(c.iters, 0);
+  for (uint32_t it = 0; it < c.iters; ++it) {
+    for (uint32_t r = 0; r < c.world_size; ++r) per_iter[it] = std::max<double>(per_iter[it], times[r * c.iters + it]);
+  }
+  std::sort(per_iter.begin(), per_iter.end());
+  Row row{};
+  row.size = bytes;
+  row.count = count;
+  row.time_us_median = per_iter[per_iter.size() / 2];
+  row.time_us_min = per_iter.front();
+  row.time_us_max = per_iter.back();
+  row.algbw = row.time_us_median > 0 ? static_cast<double>(bytes) / 1e9 / (row.time_us_median / 1e6) : 0;
+  row.busbw = row.algbw * 2.0 * (c.world_size - 1) / c.world_size;
+  row.wrong = static_cast<uint64_t>(wrong_sum[0]);
+  row.density = c.density;
+  row.union_density = tools::UnionDensity(spec);
+  row.sent = sent;
+  row.received = received;
+  return row;
+}
+
+void PrintHeader(const Config& c) {
+  std::printf("# sparsereduce-perf: %u ranks, %zu aggregators, %s, density %g, overlap %s, block %u, slots %u, "
+              "blocks/message %u\n", c.world_size, c.aggregators.size(), c.dtype.c_str(), c.density,
+              c.overlap.c_str(), c.block_size, c.slots, c.blocks_per_message);
+  std::printf("# time: median over %u iterations of the slowest rank; GB = 1e9 B; busbw = algbw*2(n-1)/n; "
+              "sent/recv: bytes on the wire per rank 0\n", c.iters);
+  std::printf("#%11s %12s %6s %6s %11s %12s %12s %7s %8s %7s %12s %12s\n", "size", "count", "type", "redop",
+              "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "density", "union", "sent(B)", "recv(B)");
+  std::fflush(stdout);
+}
+
+void PrintRow(const Config& c, const Row& r) {
+  const std::string wrong = c.check ? std::to_string(r.wrong) : "N/A";
+  std::printf(" %11llu %12llu %6s %6s %11.1f %12.2f %12.2f %7s %8.4f %7.4f %12llu %12llu\n",
+              static_cast<unsigned long long>(r.size), static_cast<unsigned long long>(r.count), c.dtype.c_str(),
+              "sum", r.time_us_median, r.algbw, r.busbw, wrong.c_str(), r.density, r.union_density,
+              static_cast<unsigned long long>(r.sent), static_cast<unsigned long long>(r.received));
+  std::fflush(stdout);
+}
+
+void WriteJson(const Config& c, const std::vector<Row>& rows) {
+  std::ofstream out(c.json);
+  out << "{\"tool\":\"sparsereduce\",\"world_size\":" << c.world_size << ",\"aggregators\":" << c.aggregators.size()
+      << ",\"dtype\":\"" << c.dtype << "\",\"density\":" << c.density << ",\"overlap\":\"" << c.overlap
+      << "\",\"block_size\":" << c.block_size << ",\"slots\":" << c.slots
+      << ",\"blocks_per_message\":" << c.blocks_per_message << ",\"results\":[";
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    out << (i ? "," : "") << "{\"size\":" << r.size << ",\"count\":" << r.count
+        << ",\"time_us_median\":" << r.time_us_median << ",\"time_us_min\":" << r.time_us_min
+        << ",\"time_us_max\":" << r.time_us_max << ",\"algbw\":" << r.algbw << ",\"busbw\":" << r.busbw
+        << ",\"wrong\":" << (c.check ? std::to_string(r.wrong) : "null") << ",\"density\":" << r.density
+        << ",\"union_density\":" << r.union_density << ",\"bytes_sent\":" << r.sent
+        << ",\"bytes_received\":" << r.received << "}";
+  }
+  out << "]}\n";
+}
+
+int RunRank(const Config& c) {
+  auto min_bytes = tools::ParseByteSize(c.min_bytes);
+  auto max_bytes = tools::ParseByteSize(c.max_bytes);
+  if (!min_bytes.ok() || !max_bytes.ok() || *min_bytes > *max_bytes || c.step_factor <= 1) {
+    std::fprintf(stderr, "sparsereduce-perf: need -b <= -e and -f > 1\n");
+    return 2;
+  }
+  sparsereduce::WorkerOptions options;
+  options.aggregators = c.aggregators;
+  options.job = c.job;
+  options.rank = c.rank;
+  options.world_size = c.world_size;
+  options.block_size = c.block_size;
+  options.slots = c.slots;
+  options.blocks_per_message = c.blocks_per_message;
+  options.connect_timeout = options.join_timeout = options.collective_timeout =
+      std::chrono::milliseconds(c.timeout_ms);
+  std::vector<Row> rows;
+  bool any_wrong = false;
+  try {
+    sparsereduce::Worker worker(options);
+    if (c.rank == 0) PrintHeader(c);
+    for (double size = static_cast<double>(*min_bytes); size <= static_cast<double>(*max_bytes) * 1.0000001;
+         size *= c.step_factor) {
+      const uint64_t elem = c.dtype == "int32" ? sizeof(int32_t) : sizeof(float);
+      const uint64_t bytes = static_cast<uint64_t>(size) / elem * elem;
+      Row row = c.dtype == "int32" ? RunSize<int32_t>(worker, c, bytes) : RunSize<float>(worker, c, bytes);
+      any_wrong = any_wrong || (c.check && row.wrong != 0);
+      if (c.rank == 0) PrintRow(c, row);
+      rows.push_back(row);
+    }
+  } catch (const sparsereduce::Error& e) {
+    std::fprintf(stderr, "sparsereduce-perf: %s\n", e.what());
+    return 1;
+  }
+  if (c.rank == 0 && !c.json.empty()) WriteJson(c, rows);
+  return any_wrong ? 3 : 0;
+}
+
+int Spawn(Config c, char** argv, int argc) {
+  uint32_t workers = 0, aggregators = 1;
+  if (std::sscanf(c.spawn.c_str(), "%u,%u", &workers, &aggregators) < 1 || workers == 0 || aggregators == 0) {
+    std::fprintf(stderr, "sparsereduce-perf: --spawn takes W or W,A\n");
+    return 2;
+  }
+  const std::string agg_bin =
+      c.aggregator_bin.empty() ? tools::FindToolBinary("sparsereduce-aggregator", "aggregator") : c.aggregator_bin;
+  auto cluster = tools::LocalAggregators::Start(agg_bin, aggregators);
+  if (!cluster.ok()) {
+    std::fprintf(stderr, "sparsereduce-perf: %s\n", cluster.status().ToString().c_str());
+    return 1;
+  }
+  // The same command line minus --spawn, plus the rank's identity.
+  std::vector<std::string> base = {std::filesystem::canonical("/proc/self/exe").string()};
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--spawn") {
+      ++i;
+      continue;
+    }
+    if (a.rfind("--spawn=", 0) == 0) continue;
+    base.push_back(a);
+  }
+  std::vector<std::unique_ptr<tools::Subprocess>> ranks;
+  for (uint32_t r = 0; r < workers; ++r) {
+    auto args = base;
+    for (const std::string& extra : {std::string("--aggregators"), (*cluster)->AddressList(), std::string("--rank"),
+                                     std::to_string(r), std::string("--world-size"), std::to_string(workers)}) {
+      args.push_back(extra);
+    }
+    auto p = tools::Subprocess::Spawn(args, r == 0);
+    if (!p.ok()) {
+      std::fprintf(stderr, "sparsereduce-perf: %s\n", p.status().ToString().c_str());
+      return 1;
+    }
+    ranks.push_back(std::move(*p));
+  }
+  // Rank 0's table streams through as it is printed.
+  int rc = 0;
+  auto out = ranks[0]->ReadStdout(std::chrono::milliseconds(c.timeout_ms * 20));
+  if (out.ok()) std::fputs(out->c_str(), stdout);
+  for (uint32_t r = 0; r < workers; ++r) {
+    auto status = ranks[r]->Wait(std::chrono::milliseconds(c.timeout_ms));
+    if (!status.ok() || !WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
+      std::fprintf(stderr, "sparsereduce-perf: rank %u failed: %s\n", r,
+                   status.ok() ? tools::DescribeExit(*status).c_str() : status.status().ToString().c_str());
+      rc = status.ok() && WIFEXITED(*status) ? WEXITSTATUS(*status) : 1;
+    }
+  }
+  if (!(*cluster)->Stop()) {
+    std::fprintf(stderr, "sparsereduce-perf: an aggregator did not stop cleanly\n");
+    rc = rc ? rc : 1;
+  }
+  return rc;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Config c;
+  CLI::App app{"sparsereduce-perf: allreduce bandwidth and latency, nccl-tests style"};
+  app.add_option("-b,--minbytes", c.min_bytes, "Smallest size (K/M/G suffixes)")->capture_default_str();
+  app.add_option("-e,--maxbytes", c.max_bytes, "Largest size")->capture_default_str();
+  app.add_option("-f,--stepfactor", c.step_factor, "Size multiplier between rows")->capture_default_str();
+  app.add_option("-n,--iters", c.iters, "Timed iterations per size")->capture_default_str();
+  app.add_option("-w,--warmup_iters", c.warmup, "Warm-up iterations per size")->capture_default_str();
+  app.add_option("-c,--check", c.check, "Check results bit-exactly against a local reference (0/1)")
+      ->capture_default_str();
+  app.add_option("-d,--datatype", c.dtype, "float or int32")
+      ->check(CLI::IsMember({"float", "int32"}))->capture_default_str();
+  app.add_option("--density", c.density, "Fraction of nonzero blocks per rank")->capture_default_str();
+  app.add_option("--overlap", c.overlap, "Placement of nonzero blocks across ranks")
+      ->check(CLI::IsMember({"random", "full", "disjoint"}))->capture_default_str();
+  app.add_option("--block-size", c.block_size, "Elements per block")->capture_default_str();
+  app.add_option("--slots", c.slots, "Messages in flight per aggregator connection")->capture_default_str();
+  app.add_option("--blocks-per-message", c.blocks_per_message, "Blocks fused per message")->capture_default_str();
+  app.add_option("--aggregators", c.aggregators, "HOST:PORT,... of the job's aggregators")->delimiter(',');
+  app.add_option("--job", c.job, "Job id")->capture_default_str();
+  app.add_option("--rank", c.rank, "This process's rank")->capture_default_str();
+  app.add_option("--world-size", c.world_size, "Number of ranks")->capture_default_str();
+  app.add_option("--spawn", c.spawn, "W[,A]: launch W ranks and A aggregators on 127.0.0.1");
+  app.add_option("--aggregator-bin", c.aggregator_bin, "sparsereduce-aggregator to use with --spawn");
+  app.add_option("--json", c.json, "Also write the results as JSON to this file");
+  app.add_option("--seed", c.seed, "Seed of the synthetic tensors")->capture_default_str();
+  app.add_option("--timeout-ms", c.timeout_ms, "Connect/join/collective timeout")->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  if (!c.spawn.empty()) return Spawn(c, argv, argc);
+  if (c.aggregators.empty()) {
+    std::fprintf(stderr, "sparsereduce-perf: give --aggregators (or --spawn W[,A])\n");
+    return 2;
+  }
+  return RunRank(c);
+}
