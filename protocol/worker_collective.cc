@@ -23,6 +23,8 @@ WorkerCollective::WorkerCollective(const JobShape& shape, uint64_t job, uint64_t
       layout_(shape, spec.element_count, spec.block_size, FindDType(spec.dtype)->size) {
   flags_.resize(layout_.num_blocks());
   nonzero_blocks_ = ScanBlocks(tensor.data(), spec.element_count, spec.block_size, *FindDType(spec.dtype), flags_);
+  backup_capacity_blocks_ = nonzero_blocks_;
+  for (uint8_t f : flags_) backup_capacity_blocks_ += (f & kBlockHasNegativeZero) ? 1 : 0;
   const uint32_t element_size = FindDType(spec.dtype)->size;
   schedules_.reserve(shape.num_aggregators);
   for (uint32_t a = 0; a < shape.num_aggregators; ++a) {
@@ -60,10 +62,32 @@ Status WorkerCollective::OnResult(uint32_t aggregator, const FrameHeader& header
   }
   for (const EntryView& e : scratch_entries_) {
     if (e.data.empty()) continue;
-    std::memcpy(tensor_.data() + layout_.BlockByteOffset(e.block), e.data.data(), e.data.size());
+    std::byte* block = tensor_.data() + layout_.BlockByteOffset(e.block);
+    if (flags_[e.block] & (kBlockNonzero | kBlockHasNegativeZero)) {
+      // Only the first time: every block is carried by at most one RESULT.
+      if (backup_data_.size() == 0) backup_data_ = ByteBuffer(backup_capacity_blocks_ * layout_.MaxBlockBytes());
+      std::memcpy(backup_data_.data() + backup_blocks_.size() * layout_.MaxBlockBytes(), block, e.data.size());
+      backup_blocks_.push_back(e.block);
+    }
+    std::memcpy(block, e.data.data(), e.data.size());
     flags_[e.block] |= kBlockReceived;
   }
   return Status::Ok();
+}
+
+void WorkerCollective::Restore() {
+  for (uint64_t b = 0; b < flags_.size(); ++b) {
+    if (flags_[b] & kBlockReceived) {
+      std::memset(tensor_.data() + layout_.BlockByteOffset(b), 0, layout_.BlockBytes(b));  // was all-zero bits
+      flags_[b] &= static_cast<uint8_t>(~kBlockReceived);
+    }
+  }
+  for (size_t i = 0; i < backup_blocks_.size(); ++i) {
+    const uint64_t b = backup_blocks_[i];
+    std::memcpy(tensor_.data() + layout_.BlockByteOffset(b), backup_data_.data() + i * layout_.MaxBlockBytes(),
+                layout_.BlockBytes(b));
+  }
+  backup_blocks_.clear();
 }
 
 void WorkerCollective::Finish() {

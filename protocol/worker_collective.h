@@ -41,6 +41,10 @@ class WorkerCollective {
   bool done() const;
   // Call once when done(): blocks that no RESULT carried are zero on every worker; write them as +0.
   void Finish();
+  // After a failure (instead of Finish): puts back every block a RESULT overwrote, so the tensor holds exactly
+  // the caller's input again. Costs a copy of each overwritten block that was not all-zero bits, kept from the
+  // moment it is overwritten (at most the tensor's nonzero blocks).
+  void Restore();
 
   // Largest RESULT payload this collective allows.
   uint64_t MaxResultPayload() const;
@@ -64,6 +68,10 @@ class WorkerCollective {
   std::vector<uint8_t> flags_;  // ScanBlocks flags plus kBlockReceived
   uint64_t nonzero_blocks_ = 0;
   std::vector<WorkerSchedule> schedules_;
+  // Original bytes of overwritten blocks that were not all-zero bits, in overwrite order (see Restore).
+  std::vector<uint64_t> backup_blocks_;
+  ByteBuffer backup_data_;  // allocated at the first overwrite; pages are touched only as blocks are saved
+  uint64_t backup_capacity_blocks_ = 0;
   std::vector<EntryView> scratch_entries_;
 };
 

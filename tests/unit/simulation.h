@@ -23,9 +23,11 @@ struct SimulationOutcome {
   std::vector<uint64_t> bytes_sent;            // per worker
 };
 
-// Runs one collective over `tensors` (one byte buffer per rank, reduced in place).
+// Runs one collective over `tensors` (one byte buffer per rank, reduced in place). With `max_deliveries`, the run
+// is cut off after that many frame deliveries (a failure): the workers then Restore() and the status is kAborted.
 inline SimulationOutcome Simulate(const JobShape& shape, const CollectiveSpec& spec,
-                                  std::vector<std::vector<std::byte>>& tensors, uint64_t seed) {
+                                  std::vector<std::vector<std::byte>>& tensors, uint64_t seed,
+                                  uint64_t max_deliveries = ~uint64_t{0}) {
   const uint32_t W = shape.world_size, A = shape.num_aggregators;
   const uint64_t job = 42, seq = 7;
   SimulationOutcome outcome;
@@ -63,6 +65,11 @@ inline SimulationOutcome Simulate(const JobShape& shape, const CollectiveSpec& s
       if (!queue.empty()) ready.push_back(key);
     }
     if (ready.empty()) break;
+    if (max_deliveries-- == 0) {
+      for (auto& w : workers) w->Restore();
+      outcome.status = Status(StatusCode::kAborted, "cut off");
+      return outcome;
+    }
     const auto key = ready[rng() % ready.size()];
     auto [w, a, to_aggregator] = key;
     auto frame = channels[key].front();

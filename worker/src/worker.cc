@@ -328,6 +328,7 @@ void Worker::Impl::Fail(const Status& status) {
     joined_.set_exception(error);
   }
   if (active_) {
+    active_->collective->Restore();  // the caller gets its input back, so the step can be retried
     active_->request.promise.set_exception(error);
     active_.reset();
   }
