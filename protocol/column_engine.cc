@@ -100,19 +100,21 @@ Status ColumnEngine::ValidateRound(uint32_t rank, Slot& slot, uint32_t s,
   for (uint32_t lane = 0; lane < slot.lanes; ++lane) {
     const uint64_t cur = slot.cur[lane];
     if (cur == kEndOfColumn || slot.next[size_t{lane} * W + rank] != cur) continue;
-    const std::string where = Where(rank, s) + ", round " + std::to_string(slot.round) + ", block " +
-                              std::to_string(cur);
-    if (i >= entries.size()) return ProtocolError(where + ": missing entry for the block being aggregated");
+    // The context string is built only on the error path: this loop runs for every block aggregated.
+    auto where = [&] {
+      return Where(rank, s) + ", round " + std::to_string(slot.round) + ", block " + std::to_string(cur);
+    };
+    if (i >= entries.size()) return ProtocolError(where() + ": missing entry for the block being aggregated");
     const EntryView& e = entries[i++];
     if (e.block != cur) {
-      return ProtocolError(where + ": entry names block " + std::to_string(e.block) + " instead");
+      return ProtocolError(where() + ": entry names block " + std::to_string(e.block) + " instead");
     }
     if (e.data.size() != layout_.BlockBytes(cur)) {
-      return ProtocolError(where + ": " + std::to_string(e.data.size()) + " data bytes, block has " +
+      return ProtocolError(where() + ": " + std::to_string(e.data.size()) + " data bytes, block has " +
                            std::to_string(layout_.BlockBytes(cur)));
     }
     if (!layout_.IsValidNext(e.next, layout_.ColumnOf(cur), cur, /*inclusive=*/false)) {
-      return ProtocolError(where + ": next index " + std::to_string(e.next) + " is not a later block of the column");
+      return ProtocolError(where() + ": next index " + std::to_string(e.next) + " is not a later block of the column");
     }
   }
   if (i != entries.size()) {

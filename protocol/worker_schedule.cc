@@ -49,32 +49,34 @@ Status WorkerSchedule::OnResult(uint32_t s, std::span<const EntryView> entries, 
   *has_next = false;
   if (s >= slots_.size()) return ProtocolError("RESULT for slot " + std::to_string(s) + " out of range");
   Slot& slot = slots_[s];
-  const std::string where = "slot " + std::to_string(s) + ", round " + std::to_string(slot.round);
-  if (!slot.awaiting_result) return ProtocolError(where + ": RESULT when none is due");
+  auto where = [&] { return "slot " + std::to_string(s) + ", round " + std::to_string(slot.round); };
+  if (!slot.awaiting_result) return ProtocolError(where() + ": RESULT when none is due");
 
   // Validate everything before changing any state.
   size_t i = 0;
   for (uint32_t k = 0; k < slot.lanes; ++k) {
     const Lane& lane = slot.lane[k];
     if (lane.cur == kEndOfColumn) continue;
-    if (i >= entries.size()) return ProtocolError(where + ": RESULT misses the entry for block " + std::to_string(lane.cur));
+    if (i >= entries.size()) {
+      return ProtocolError(where() + ": RESULT misses the entry for block " + std::to_string(lane.cur));
+    }
     const EntryView& e = entries[i++];
-    const std::string what = where + ", block " + std::to_string(lane.cur);
-    if (e.block != lane.cur) return ProtocolError(what + ": RESULT entry names block " + std::to_string(e.block));
+    auto what = [&] { return where() + ", block " + std::to_string(lane.cur); };
+    if (e.block != lane.cur) return ProtocolError(what() + ": RESULT entry names block " + std::to_string(e.block));
     const uint32_t want_bytes = slot.round == 0 ? 0 : layout_.BlockBytes(lane.cur);
     if (e.data.size() != want_bytes) {
-      return ProtocolError(what + ": RESULT carries " + std::to_string(e.data.size()) + " data bytes, expected " +
+      return ProtocolError(what() + ": RESULT carries " + std::to_string(e.data.size()) + " data bytes, expected " +
                            std::to_string(want_bytes));
     }
     const uint64_t column = layout_.ColumnOf(lane.cur);
     if (!layout_.IsValidNext(e.next, column, lane.cur, /*inclusive=*/slot.round == 0) || e.next > lane.my_next) {
-      return ProtocolError(what + ": RESULT next index " + std::to_string(e.next) +
+      return ProtocolError(what() + ": RESULT next index " + std::to_string(e.next) +
                            " is not a block of the column between the current one and this worker's own next (" +
                            std::to_string(lane.my_next) + ")");
     }
   }
   if (i != entries.size()) {
-    return ProtocolError(where + ": RESULT has " + std::to_string(entries.size() - i) + " surplus entries");
+    return ProtocolError(where() + ": RESULT has " + std::to_string(entries.size() - i) + " surplus entries");
   }
 
   i = 0;

@@ -31,7 +31,7 @@ Sent Contribution(uint32_t slot, std::vector<Entry> entries, uint64_t job = 1, u
   Result<FrameHeader> header = DecodeFrameHeader(frame.span());
   EXPECT_TRUE(header.ok());
   ByteBuffer payload(frame.size() - kFrameHeaderSize);
-  std::memcpy(payload.data(), frame.data() + kFrameHeaderSize, payload.size());
+  if (payload.size()) std::memcpy(payload.data(), frame.data() + kFrameHeaderSize, payload.size());
   return {*header, std::move(payload)};
 }
 
