@@ -21,18 +21,20 @@ using namespace std::chrono_literals;
 // A running aggregator daemon on an ephemeral port.
 class Aggregator {
  public:
-  Aggregator() {
+  explicit Aggregator(const std::string& host = "127.0.0.1") {
     dir_ = std::filesystem::temp_directory_path() /
            ("sr-it-" + std::to_string(getpid()) + "-" + std::to_string(counter_++));
     std::filesystem::create_directories(dir_);
-    auto p = Subprocess::Spawn({SPARSEREDUCE_AGGREGATOR_BIN, "--listen", "127.0.0.1:0", "--port-file",
+    const bool v6 = host.find(':') != std::string::npos;
+    const std::string bracketed = v6 ? "[" + host + "]" : host;
+    auto p = Subprocess::Spawn({SPARSEREDUCE_AGGREGATOR_BIN, "--listen", bracketed + ":0", "--port-file",
                                 dir_ + "/port", "--io-threads", "2", "--handshake-timeout-ms", "2000"},
                                false);
     EXPECT_TRUE(p.ok()) << p.status().ToString();
     process_ = std::move(*p);
     auto port = tools::WaitForFileLine(dir_ + "/port", 10s, process_.get());
     EXPECT_TRUE(port.ok()) << port.status().ToString();
-    address_ = "127.0.0.1:" + (port.ok() ? *port : std::string("0"));
+    address_ = bracketed + ":" + (port.ok() ? *port : std::string("0"));
   }
   ~Aggregator() { std::filesystem::remove_all(dir_); }
 
@@ -127,6 +129,12 @@ TEST(MultiProcess, TwoJobsOnOneDaemonAtOnce) {
                         {"--elements", "70000", "--density", "0.9", "--collectives", "5", "--overlap", "full"});
   ExpectAllOk(Finish(job_a), 5);
   ExpectAllOk(Finish(job_b), 5);
+}
+
+TEST(MultiProcess, Ipv6Loopback) {
+  Aggregator aggregator("::1");
+  auto workers = StartJob(aggregator.address(), 6, 2, {"--elements", "30000", "--collectives", "2"});
+  ExpectAllOk(Finish(workers), 2);
 }
 
 TEST(MultiProcess, TwoAggregators) {
