@@ -1,0 +1,456 @@
+// sparsereduce-gloo-bench: dense Gloo allreduce (TCP, new API, RING or BCUBE) measured and printed the way
+// our own perf tool prints sparsereduce, so both can sit in one table in BENCHMARKS.md.
+//
+// One process per rank. Manual mode (--rank/--world-size/--store-dir) runs one rank; --spawn W starts W
+// copies of this binary on one host with a fresh FileStore directory and waits for them. Per size: warm-up
+// iterations, then per iteration a gloo::barrier and one timed in-place allreduce; the per-iteration times
+// are reduced with max over ranks (the collective ends when its slowest rank ends) and the median over
+// iterations is reported.
+//
+// The buffer is refilled from a pristine copy before every iteration (outside the timed region), so every
+// allreduce sums the same inputs and can be checked exactly: rank r's element i is ((7i + 13r) mod 1024) / 8,
+// small multiples of 1/8, whose sums are exact in float in any order.
+
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/file_store.h>
+#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/transport/tcp/device.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <chrono>
+#include <cinttypes>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Options {
+  std::string min_bytes = "1M";
+  std::string max_bytes = "64M";
+  uint64_t step_factor = 2;
+  int iters = 20;
+  int warmup_iters = 5;
+  int check = 1;
+  std::string datatype = "float";
+  std::string algorithm = "ring";
+  std::string json_path;
+  // Manual mode.
+  int rank = -1;
+  int world_size = 0;
+  std::string store_dir;
+  std::string prefix = "sparsereduce-gloo-bench";
+  std::string hostname = "127.0.0.1";
+  int timeout_s = 120;  // every Gloo operation (rendezvous, barrier, allreduce)
+  // Spawn mode.
+  int spawn = 0;
+  int run_timeout_s = 3600;  // the whole spawned run
+};
+
+// "64M" -> 67108864. Suffixes K, M, G are powers of 1024.
+uint64_t ParseBytes(const std::string& text) {
+  size_t used = 0;
+  unsigned long long value = 0;
+  try {
+    value = std::stoull(text, &used);
+  } catch (const std::exception&) {
+    throw std::invalid_argument("bad byte count '" + text + "'");
+  }
+  const std::string suffix = text.substr(used);
+  uint64_t scale = 1;
+  if (suffix == "K" || suffix == "k") {
+    scale = 1ull << 10;
+  } else if (suffix == "M" || suffix == "m") {
+    scale = 1ull << 20;
+  } else if (suffix == "G" || suffix == "g") {
+    scale = 1ull << 30;
+  } else if (!suffix.empty()) {
+    throw std::invalid_argument("bad byte count '" + text + "' (suffixes: K, M, G)");
+  }
+  return value * scale;
+}
+
+// The value of rank `rank`'s element i depends only on i mod 1024.
+constexpr size_t kPattern = 1024;
+
+float InputValue(size_t i, int rank) {
+  return static_cast<float>((i * 7 + static_cast<size_t>(rank) * 13) % kPattern) / 8.0f;
+}
+
+std::array<float, kPattern> ExpectedSums(int world_size) {
+  std::array<float, kPattern> sums{};
+  for (size_t i = 0; i < kPattern; ++i) {
+    for (int r = 0; r < world_size; ++r) sums[i] += InputValue(i, r);
+  }
+  return sums;
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
+struct Row {
+  uint64_t size = 0;
+  uint64_t count = 0;
+  double median_us = 0, min_us = 0, max_us = 0;
+  double algbw = 0, busbw = 0;
+  std::optional<uint64_t> wrong;  // empty with --check 0
+  uint64_t sent = 0, recv = 0;
+};
+
+class GlooRank {
+ public:
+  explicit GlooRank(const Options& options)
+      : options_(options), timeout_(std::chrono::seconds(options.timeout_s)) {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = options.hostname;
+    std::shared_ptr<gloo::transport::Device> device = gloo::transport::tcp::CreateDevice(attr);
+    gloo::rendezvous::FileStore file_store(options.store_dir);
+    gloo::rendezvous::PrefixStore store(options.prefix, file_store);
+    auto context = std::make_shared<gloo::rendezvous::Context>(options.rank, options.world_size);
+    context->setTimeout(timeout_);
+    context->connectFullMesh(store, device);
+    context_ = context;
+    algorithm_ = options.algorithm == "bcube" ? gloo::AllreduceOptions::Algorithm::BCUBE
+                                              : gloo::AllreduceOptions::Algorithm::RING;
+  }
+
+  Row Measure(uint64_t count) {
+    const int world = options_.world_size;
+    std::vector<float> pristine(count);
+    for (size_t i = 0; i < count; ++i) pristine[i] = InputValue(i, options_.rank);
+    std::vector<float> buffer(count);
+    const auto expected = ExpectedSums(world);
+
+    std::vector<double> times_us;
+    uint64_t worst_wrong = 0;
+    for (int it = 0; it < options_.warmup_iters + options_.iters; ++it) {
+      std::copy(pristine.begin(), pristine.end(), buffer.begin());
+      gloo::AllreduceOptions opts(context_);
+      opts.setAlgorithm(algorithm_);
+      opts.setOutput(buffer.data(), count);
+      opts.setReduceFunction(
+          static_cast<void (*)(void*, const void*, const void*, size_t)>(&gloo::sum<float>));
+      opts.setTag(NextTag());
+      opts.setTimeout(timeout_);
+      Barrier();
+      const auto start = Clock::now();
+      gloo::allreduce(opts);
+      const auto end = Clock::now();
+      if (it >= options_.warmup_iters) {
+        times_us.push_back(std::chrono::duration<double, std::micro>(end - start).count());
+      }
+      if (options_.check != 0) {
+        uint64_t wrong = 0;
+        for (size_t i = 0; i < count; ++i) wrong += buffer[i] != expected[i % kPattern];
+        worst_wrong = std::max(worst_wrong, wrong);
+      }
+    }
+
+    // The collective takes as long as its slowest rank: max over ranks, per iteration.
+    AllreduceDoubles(times_us, &gloo::max<double>);
+    std::vector<double> wrong{static_cast<double>(worst_wrong)};
+    AllreduceDoubles(wrong, &gloo::sum<double>);
+
+    Row row;
+    row.count = count;
+    row.size = count * sizeof(float);
+    row.median_us = Median(times_us);
+    row.min_us = *std::min_element(times_us.begin(), times_us.end());
+    row.max_us = *std::max_element(times_us.begin(), times_us.end());
+    row.algbw = static_cast<double>(row.size) / 1e9 / (row.median_us / 1e6);
+    row.busbw = row.algbw * 2.0 * (world - 1) / world;
+    if (options_.check != 0) row.wrong = static_cast<uint64_t>(wrong[0]);
+    // Ring: reduce-scatter and allgather each move (n-1)/n of the buffer per rank, each way. BCUBE's steps
+    // with group sizes g_k (product n) move (1 - 1/n) of it per phase too, so the same formula holds.
+    row.sent = row.recv = row.size * 2 * static_cast<uint64_t>(world - 1) / static_cast<uint64_t>(world);
+    return row;
+  }
+
+ private:
+  uint32_t NextTag() { return next_tag_++; }
+
+  void Barrier() {
+    gloo::BarrierOptions opts(context_);
+    opts.setTag(NextTag());
+    opts.setTimeout(timeout_);
+    gloo::barrier(opts);
+  }
+
+  void AllreduceDoubles(std::vector<double>& values, void (*fn)(void*, const void*, const void*, size_t)) {
+    gloo::AllreduceOptions opts(context_);
+    opts.setOutput(values.data(), values.size());
+    opts.setReduceFunction(fn);
+    opts.setTag(NextTag());
+    opts.setTimeout(timeout_);
+    gloo::allreduce(opts);
+  }
+
+  const Options& options_;
+  std::chrono::milliseconds timeout_;
+  std::shared_ptr<gloo::Context> context_;
+  gloo::AllreduceOptions::Algorithm algorithm_;
+  uint32_t next_tag_ = 0;
+};
+
+void PrintHeader(const Options& o) {
+  std::printf("# sparsereduce-gloo-bench: %d ranks, algorithm %s, %s\n", o.world_size, o.algorithm.c_str(),
+              o.datatype.c_str());
+  std::printf(
+      "# time: median over %d iterations of the slowest rank's allreduce (in place, after a barrier)\n",
+      o.iters);
+  if (o.algorithm == "bcube") {
+    std::printf("# sent/recv: ring formula 2(n-1)/n*size per rank; bcube moves the same total per rank\n");
+  } else {
+    std::printf("# sent/recv: analytic per-rank bytes, 2(n-1)/n*size\n");
+  }
+  std::printf("#%11s %12s %6s %6s %11s %12s %12s %7s %8s %7s %12s %12s\n", "size", "count", "type", "redop",
+              "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "density", "union", "sent(B)", "recv(B)");
+  std::fflush(stdout);
+}
+
+void PrintRow(const Row& r) {
+  const std::string wrong = r.wrong ? std::to_string(*r.wrong) : "N/A";
+  std::printf("%12" PRIu64 " %12" PRIu64 " %6s %6s %11.1f %12.2f %12.2f %7s %8.3f %7.3f %12" PRIu64
+              " %12" PRIu64 "\n",
+              r.size, r.count, "float", "sum", r.median_us, r.algbw, r.busbw, wrong.c_str(), 1.0, 1.0, r.sent,
+              r.recv);
+  std::fflush(stdout);
+}
+
+void WriteJson(const Options& o, const std::vector<Row>& rows) {
+  std::ofstream out(o.json_path);
+  if (!out) throw std::runtime_error("cannot write " + o.json_path);
+  char buf[512];
+  std::snprintf(buf, sizeof buf, "{\"tool\":\"gloo\",\"algorithm\":\"%s\",\"world_size\":%d,\"results\":[",
+                o.algorithm.c_str(), o.world_size);
+  out << buf;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Row& r = rows[i];
+    const std::string wrong = r.wrong ? std::to_string(*r.wrong) : "null";
+    std::snprintf(buf, sizeof buf,
+                  "%s\n{\"size\":%" PRIu64 ",\"count\":%" PRIu64
+                  ",\"time_us_median\":%.3f,\"time_us_min\":%.3f,\"time_us_max\":%.3f,"
+                  "\"algbw\":%.6f,\"busbw\":%.6f,\"wrong\":%s}",
+                  i == 0 ? "" : ",", r.size, r.count, r.median_us, r.min_us, r.max_us, r.algbw, r.busbw,
+                  wrong.c_str());
+    out << buf;
+  }
+  out << "\n]}\n";
+  if (!out.flush()) throw std::runtime_error("cannot write " + o.json_path);
+}
+
+int RunRank(const Options& o) {
+  const uint64_t min_bytes = ParseBytes(o.min_bytes);
+  const uint64_t max_bytes = ParseBytes(o.max_bytes);
+  GlooRank rank(o);
+  if (o.rank == 0) PrintHeader(o);
+  std::vector<Row> rows;
+  for (uint64_t size = min_bytes; size <= max_bytes; size *= o.step_factor) {
+    rows.push_back(rank.Measure(size / sizeof(float)));
+    if (o.rank == 0) PrintRow(rows.back());
+  }
+  if (o.rank == 0 && !o.json_path.empty()) WriteJson(o, rows);
+  bool ok = true;
+  for (const Row& r : rows) ok = ok && r.wrong.value_or(0) == 0;
+  return ok ? 0 : 1;
+}
+
+std::string DescribeStatus(int status) {
+  if (WIFEXITED(status)) return "exit code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return std::string("killed by signal ") + strsignal(WTERMSIG(status));
+  return "status " + std::to_string(status);
+}
+
+// Starts o.spawn ranks of this binary on this host and waits for all of them (bounded by --run-timeout). The
+// first failure kills the others. Returns the exit code for this process.
+int RunSpawn(const Options& o) {
+  char dir_template[] = "/tmp/sparsereduce-gloo-bench-XXXXXX";
+  if (mkdtemp(dir_template) == nullptr) {
+    std::fprintf(stderr, "sparsereduce-gloo-bench: mkdtemp: %s\n", std::strerror(errno));
+    return 1;
+  }
+  const std::string store_dir = dir_template;
+
+  std::vector<pid_t> pids(o.spawn, -1);
+  int result = 0;
+  for (int r = 0; r < o.spawn && result == 0; ++r) {
+    std::vector<std::string> args = {"sparsereduce-gloo-bench",
+                                     "--rank",
+                                     std::to_string(r),
+                                     "--world-size",
+                                     std::to_string(o.spawn),
+                                     "--store-dir",
+                                     store_dir,
+                                     "--hostname",
+                                     o.hostname,
+                                     "--timeout",
+                                     std::to_string(o.timeout_s),
+                                     "-b",
+                                     o.min_bytes,
+                                     "-e",
+                                     o.max_bytes,
+                                     "-f",
+                                     std::to_string(o.step_factor),
+                                     "-n",
+                                     std::to_string(o.iters),
+                                     "-w",
+                                     std::to_string(o.warmup_iters),
+                                     "-c",
+                                     std::to_string(o.check),
+                                     "-d",
+                                     o.datatype,
+                                     "--algorithm",
+                                     o.algorithm};
+    if (r == 0 && !o.json_path.empty()) {
+      args.push_back("--json");
+      args.push_back(o.json_path);
+    }
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const int err = posix_spawn(&pids[r], "/proc/self/exe", nullptr, nullptr, argv.data(), environ);
+    if (err != 0) {
+      std::fprintf(stderr, "sparsereduce-gloo-bench: spawning rank %d: %s\n", r, std::strerror(err));
+      pids[r] = -1;
+      result = 1;
+    }
+  }
+
+  const auto deadline = Clock::now() + std::chrono::seconds(o.run_timeout_s);
+  int running = 0;
+  for (pid_t pid : pids) running += pid > 0;
+  while (running > 0) {
+    bool reaped = false;
+    for (int r = 0; r < o.spawn; ++r) {
+      if (pids[r] <= 0) continue;
+      int status = 0;
+      const pid_t got = waitpid(pids[r], &status, WNOHANG);
+      if (got != pids[r]) continue;
+      reaped = true;
+      pids[r] = -1;
+      --running;
+      if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+        std::fprintf(stderr, "sparsereduce-gloo-bench: rank %d failed (%s)\n", r,
+                     DescribeStatus(status).c_str());
+        result = 1;
+      }
+    }
+    if (result != 0 || Clock::now() > deadline) {
+      if (result == 0) {
+        std::fprintf(stderr, "sparsereduce-gloo-bench: run exceeded --run-timeout %d s\n", o.run_timeout_s);
+        result = 1;
+      }
+      for (pid_t& pid : pids) {
+        if (pid <= 0) continue;
+        kill(pid, SIGKILL);
+        waitpid(pid, nullptr, 0);
+        pid = -1;
+      }
+      break;
+    }
+    if (!reaped) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+
+  std::error_code ec;
+  std::filesystem::remove_all(store_dir, ec);
+  return result;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{"Dense Gloo allreduce baseline, printed like sparsereduce's perf tool"};
+  app.add_option("-b,--minbytes", o.min_bytes, "smallest size in bytes (K/M/G = 2^10/2^20/2^30)")
+      ->capture_default_str();
+  app.add_option("-e,--maxbytes", o.max_bytes, "largest size in bytes")->capture_default_str();
+  app.add_option("-f,--stepfactor", o.step_factor, "size multiplier between rows")
+      ->check(CLI::Range(2, 1 << 20))
+      ->capture_default_str();
+  app.add_option("-n,--iters", o.iters, "timed iterations per size")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  app.add_option("-w,--warmup_iters", o.warmup_iters, "untimed iterations per size")
+      ->check(CLI::Range(0, 1 << 20))
+      ->capture_default_str();
+  app.add_option("-c,--check", o.check, "check every result against the expected sum")
+      ->check(CLI::IsMember({0, 1}))
+      ->capture_default_str();
+  app.add_option("-d,--datatype", o.datatype, "element type")
+      ->check(CLI::IsMember({"float"}))
+      ->capture_default_str();
+  app.add_option("--algorithm", o.algorithm, "Gloo allreduce algorithm")
+      ->check(CLI::IsMember({"ring", "bcube"}))
+      ->capture_default_str();
+  app.add_option("--json", o.json_path, "also write the results as JSON (rank 0)");
+  app.add_option("--rank", o.rank, "this process's rank (manual mode)");
+  app.add_option("--world-size", o.world_size, "number of ranks (manual mode)");
+  app.add_option(
+      "--store-dir", o.store_dir,
+      "FileStore directory shared by all ranks (manual mode); fresh per run, or use a new --prefix");
+  app.add_option("--prefix", o.prefix, "key prefix in the store")->capture_default_str();
+  app.add_option("--hostname", o.hostname, "address the TCP device binds and announces")
+      ->capture_default_str();
+  app.add_option("--timeout", o.timeout_s, "seconds allowed for each Gloo operation")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--spawn", o.spawn, "start this many ranks on this host and wait for them")
+      ->check(CLI::Range(1, 1024));
+  app.add_option("--run-timeout", o.run_timeout_s, "seconds allowed for the whole --spawn run")
+      ->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  try {
+    const uint64_t min_bytes = ParseBytes(o.min_bytes);
+    const uint64_t max_bytes = ParseBytes(o.max_bytes);
+    if (min_bytes < sizeof(float) || max_bytes < min_bytes) {
+      throw std::invalid_argument("need 4 <= --minbytes <= --maxbytes");
+    }
+    if (o.spawn > 0) {
+      if (o.rank >= 0 || o.world_size > 0 || !o.store_dir.empty()) {
+        throw std::invalid_argument("--spawn excludes --rank, --world-size and --store-dir");
+      }
+      return RunSpawn(o);
+    }
+    if (o.world_size < 1 || o.rank < 0 || o.rank >= o.world_size || o.store_dir.empty()) {
+      throw std::invalid_argument(
+          "need --spawn W, or --rank R --world-size W --store-dir DIR with 0 <= R < W");
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "sparsereduce-gloo-bench: %s\n", e.what());
+    return 2;
+  }
+
+  try {
+    return RunRank(o);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "sparsereduce-gloo-bench: rank %d of %d: %s\n", o.rank, o.world_size, e.what());
+    return 1;
+  }
+}

@@ -1,0 +1,277 @@
+#!/usr/bin/python3
+"""Sparse baseline for sparsereduce: PyTorch's gloo all_reduce of a sparse COO tensor.
+
+torch.distributed (gloo backend) reduces a sparse tensor by allgathering every rank's indices and values and
+summing them locally, so each rank receives the nonzeros of every other rank. This script measures that on the same
+synthetic tensors as our perf tool (blocks of --block-size elements, a --density fraction of them nonzero per rank,
+placed at random per rank or identically on all ranks) and prints one row per density in the same table format as
+sparsereduce-gloo-bench (sent/recv as "-": torch does not report them).
+
+Run it with Debian's interpreter, which has python3-torch (scripts/install-bench-deps.sh):
+
+    /usr/bin/python3 bench/torch_sparse_baseline.py --spawn 4 --size 64M --density 0.01,0.1 -n 5 -w 2
+
+or one process per rank: --rank R --world-size W and either --init-file PATH (shared file, absent or empty before
+the run) or --master-addr/--master-port (rank 0 listens there).
+
+Timing: per iteration a barrier, then one timed all_reduce of a fresh copy of the sparse input; per-iteration times
+are reduced with max over ranks and the median over iterations is reported. Every result is coalesced, made dense
+and compared with the dense sum of all ranks' inputs (each rank regenerates them from the seed); #wrong counts
+elements failing allclose(rtol=1e-5), summed over ranks (the worst iteration on each rank).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+
+def parse_bytes(text):
+    """'64M' -> 67108864; K, M, G are powers of 1024."""
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    suffix = text[-1:].upper()
+    try:
+        if suffix in scale:
+            return int(text[:-1]) * scale[suffix]
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad byte count '{text}' (suffixes: K, M, G)")
+
+
+def parse_densities(text):
+    try:
+        values = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad density list '{text}'")
+    if not values or any(not 0.0 <= v <= 1.0 for v in values):
+        raise argparse.ArgumentTypeError("densities must be in [0, 1]")
+    return values
+
+
+def build_parser():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--world-size", type=int, help="number of ranks (manual mode)")
+    p.add_argument("--rank", type=int, help="this process's rank (manual mode; default: $RANK)")
+    p.add_argument("--spawn", type=int, metavar="W", help="start W ranks on this host and wait for them")
+    p.add_argument("--size", type=parse_bytes, default=parse_bytes("64M"), help="bytes per tensor (K/M/G)")
+    p.add_argument("--density", type=parse_densities, default=[0.01],
+                   help="fraction of nonzero blocks per rank; a comma-separated list gives one row each")
+    p.add_argument("--block-size", type=int, default=256, help="elements per block")
+    p.add_argument("--overlap", choices=["random", "full"], default="random",
+                   help="random: each rank picks its own blocks; full: all ranks pick the same blocks")
+    p.add_argument("-n", "--iters", type=int, default=10, help="timed iterations per density")
+    p.add_argument("-w", "--warmup", type=int, default=3, help="untimed iterations per density")
+    p.add_argument("-c", "--check", type=int, choices=[0, 1], default=1, help="check every result")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    p.add_argument("--master-addr", help="rendezvous over TCP: rank 0's address")
+    p.add_argument("--master-port", type=int, help="rendezvous over TCP: rank 0's port")
+    p.add_argument("--init-file", help="rendezvous through this shared file")
+    p.add_argument("--timeout", type=int, default=300, help="seconds allowed for each collective")
+    p.add_argument("--run-timeout", type=int, default=3600, help="seconds allowed for the whole --spawn run")
+    p.add_argument("--json", help="also write the results as JSON (rank 0)")
+    return p
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Synthetic tensors
+
+
+def nonzero_blocks(args, rank, density, torch):
+    """Sorted indices of rank's nonzero blocks."""
+    elements = args.size // 4
+    num_blocks = (elements + args.block_size - 1) // args.block_size
+    k = min(num_blocks, round(density * num_blocks))
+    if density > 0:
+        k = max(k, 1)
+    g = torch.Generator().manual_seed(args.seed * 1_000_003 + (0 if args.overlap == "full" else rank + 1))
+    return torch.sort(torch.randperm(num_blocks, generator=g)[:k]).values
+
+
+def make_dense(args, rank, density, torch):
+    """rank's float32 tensor: nonzero blocks hold values in [0.5, 1.5) (no zeros, so to_sparse keeps them all)."""
+    elements = args.size // 4
+    out = torch.zeros(elements, dtype=torch.float32)
+    blocks = nonzero_blocks(args, rank, density, torch)
+    g = torch.Generator().manual_seed(args.seed * 7_000_003 + rank)
+    index = (blocks.unsqueeze(1) * args.block_size + torch.arange(args.block_size)).reshape(-1)
+    index = index[index < elements]
+    out[index] = torch.rand(index.numel(), generator=g) + 0.5
+    return out
+
+
+def union_density(args, world, density, torch):
+    num_blocks = (args.size // 4 + args.block_size - 1) // args.block_size
+    seen = torch.zeros(num_blocks, dtype=torch.bool)
+    for r in range(world):
+        seen[nonzero_blocks(args, r, density, torch)] = True
+    return seen.sum().item() / num_blocks
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# One rank
+
+
+def run_rank(args):
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(args.threads)
+    world, rank = args.world_size, args.rank
+    if args.init_file:
+        init = "file://" + os.path.abspath(args.init_file)
+    else:
+        init = f"tcp://{args.master_addr}:{args.master_port}"
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=args.timeout))
+
+    elements = args.size // 4
+    size = elements * 4
+    if rank == 0:
+        print(f"# torch_sparse_baseline: {world} ranks, torch {torch.__version__} gloo all_reduce of a sparse COO "
+              f"tensor (allgather-based), float, block {args.block_size}, overlap {args.overlap}")
+        print(f"# time: median over {args.iters} iterations of the slowest rank's all_reduce (after a barrier); "
+              "busbw uses the dense formula algbw*2(n-1)/n")
+        print("#%11s %12s %6s %6s %11s %12s %12s %7s %8s %7s %12s %12s" % (
+            "size", "count", "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "density",
+            "union", "sent(B)", "recv(B)"), flush=True)
+
+    results = []
+    for density in args.density:
+        dense = make_dense(args, rank, density, torch)
+        sparse = dense.to_sparse()
+        expected = None
+        if args.check:
+            expected = torch.zeros(elements, dtype=torch.float32)
+            for r in range(world):
+                expected += dense if r == rank else make_dense(args, r, density, torch)
+        del dense
+
+        times, worst_wrong = [], 0
+        for it in range(args.warmup + args.iters):
+            tensor = sparse.clone()
+            dist.barrier()
+            start = time.perf_counter()
+            dist.all_reduce(tensor)
+            elapsed = time.perf_counter() - start
+            if it >= args.warmup:
+                times.append(elapsed * 1e6)
+            if args.check:
+                got = tensor.coalesce().to_dense()
+                wrong = (~torch.isclose(got, expected, rtol=1e-5, atol=1e-6)).sum().item()
+                worst_wrong = max(worst_wrong, wrong)
+
+        # The collective takes as long as its slowest rank: max over ranks, per iteration.
+        t = torch.tensor(times, dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        w = torch.tensor([worst_wrong], dtype=torch.int64)
+        dist.all_reduce(w)
+        per_iter = t.tolist()
+        median = statistics.median(per_iter)
+        algbw = size / 1e9 / (median / 1e6)
+        busbw = algbw * 2 * (world - 1) / world
+        num_blocks = (elements + args.block_size - 1) // args.block_size
+        actual_density = nonzero_blocks(args, rank, density, torch).numel() / num_blocks
+        row = {"size": size, "count": elements, "density": actual_density, "requested_density": density,
+               "union": union_density(args, world, density, torch), "time_us_median": median,
+               "time_us_min": min(per_iter), "time_us_max": max(per_iter), "algbw": algbw, "busbw": busbw,
+               "wrong": int(w.item()) if args.check else None, "nnz_per_rank": sparse._nnz()}
+        results.append(row)
+        if rank == 0:
+            print("%12d %12d %6s %6s %11.1f %12.2f %12.2f %7s %8.3f %7.3f %12s %12s" % (
+                size, elements, "float", "sum", median, algbw, busbw,
+                "N/A" if row["wrong"] is None else str(row["wrong"]), row["density"], row["union"], "-", "-"),
+                flush=True)
+
+    if rank == 0 and args.json:
+        with open(args.json, "w") as f:
+            json.dump({"tool": "torch-sparse", "torch": torch.__version__, "world_size": world,
+                       "block_size": args.block_size, "overlap": args.overlap, "results": results}, f, indent=1)
+    dist.destroy_process_group()
+    return 0 if all((r["wrong"] or 0) == 0 for r in results) else 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# --spawn: W ranks on this host
+
+
+def run_spawn(args, argv):
+    # Forward everything except the spawn-mode options; each rank gets its identity and a fresh rendezvous file.
+    forwarded, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in ("--spawn", "--json"):
+            skip = True
+            continue
+        if a.startswith("--spawn=") or a.startswith("--json="):
+            continue
+        forwarded.append(a)
+    with tempfile.TemporaryDirectory(prefix="sparsereduce-torch-") as tmp:
+        init_file = os.path.join(tmp, "rendezvous")
+        procs = []
+        for r in range(args.spawn):
+            cmd = [sys.executable, os.path.abspath(__file__), *forwarded, "--rank", str(r),
+                   "--world-size", str(args.spawn), "--init-file", init_file]
+            if r == 0 and args.json:
+                cmd += ["--json", args.json]
+            procs.append(subprocess.Popen(cmd, stdout=None if r == 0 else subprocess.DEVNULL))
+        deadline = time.monotonic() + args.run_timeout
+        result = 0
+        while any(p.poll() is None for p in procs):
+            failed = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode not in (None, 0)]
+            if failed or time.monotonic() > deadline:
+                for r, code in failed:
+                    print(f"torch_sparse_baseline: rank {r} failed (exit status {code})", file=sys.stderr)
+                if not failed:
+                    print(f"torch_sparse_baseline: run exceeded --run-timeout {args.run_timeout} s",
+                          file=sys.stderr)
+                for p in procs:
+                    if p.poll() is None:
+                        p.kill()
+                for p in procs:
+                    p.wait()
+                return 1
+            time.sleep(0.05)
+        for r, p in enumerate(procs):
+            if p.returncode != 0:
+                print(f"torch_sparse_baseline: rank {r} failed (exit status {p.returncode})", file=sys.stderr)
+                result = 1
+        return result
+
+
+def main():
+    parser = build_parser()
+    args = parser.parse_args()
+    if args.size < 4 or args.block_size < 1 or args.iters < 1 or args.warmup < 0:
+        parser.error("need --size >= 4, --block-size >= 1, -n >= 1, -w >= 0")
+    if args.spawn is not None:
+        if args.spawn < 1 or args.rank is not None or args.world_size is not None or args.init_file \
+                or args.master_addr:
+            parser.error("--spawn W (W >= 1) excludes --rank, --world-size, --init-file and --master-addr")
+        return run_spawn(args, sys.argv[1:])
+    if args.rank is None and "RANK" in os.environ:
+        args.rank = int(os.environ["RANK"])
+    if args.world_size is None and "WORLD_SIZE" in os.environ:
+        args.world_size = int(os.environ["WORLD_SIZE"])
+    if args.world_size is None or args.rank is None or not 0 <= args.rank < args.world_size:
+        parser.error("need --spawn W, or --rank R --world-size W with 0 <= R < W")
+    if not args.init_file and (args.master_addr is None or args.master_port is None):
+        parser.error("need --init-file PATH or --master-addr ADDR --master-port PORT")
+    try:
+        return run_rank(args)
+    except Exception as e:  # report which rank failed, then exit non-zero
+        print(f"torch_sparse_baseline: rank {args.rank} of {args.world_size}: {type(e).__name__}: {e}",
+              file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
