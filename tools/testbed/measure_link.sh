@@ -76,12 +76,12 @@ gbps() { awk -v b="$1" -v ns="$2" 'BEGIN { printf "%.3f", b * 8 / ns }'; }
 
 run_iperf3() {
   ip netns exec "$hdst" timeout $((seconds + 20)) iperf3 -s -1 -B "$dst" -p "$port" >"$tmp/server" 2>&1 &
-  pids+=($!)
+  pids+=("$!")
   wait_listen "$hdst" "$port" || return 1
   ip netns exec "$hsrc" timeout $((seconds + 15)) iperf3 -c "$dst" -B "$src" -p "$port" -t "$seconds" -J \
     --connect-timeout 3000 >"$tmp/client.json" 2>"$tmp/client.err" &
   local c=$!
-  pids+=($c)
+  pids+=("$c")
   if ! wait $c; then
     echo "measure_link: iperf3 client failed: $(cat "$tmp/client.err" "$tmp/server" 2>/dev/null | head -5)" >&2
     return 1
@@ -97,6 +97,7 @@ run_iperf3() {
 
 run_tcp() {
   local bytes=$((mib * 1048576)) t0 t1 got
+  # shellcheck disable=SC2016  # Perl code
   ip netns exec "$hdst" timeout $((seconds + 20)) perl -MIO::Socket::INET -e '
     my $s = IO::Socket::INET->new(LocalAddr => $ARGV[0], LocalPort => $ARGV[1], Listen => 1, ReuseAddr => 1)
       or die "listen: $!\n";
@@ -105,13 +106,14 @@ run_tcp() {
     $n += $r while ($r = sysread($c, $buf, 1 << 20));
     print "$n\n";' "$dst" "$port" >"$tmp/sink" 2>"$tmp/sink.err" &
   local sink=$!
-  pids+=($sink)
+  pids+=("$sink")
   wait_listen "$hdst" "$port" || return 1
   t0=$(date +%s%N)
+  # shellcheck disable=SC2016  # $1..$3 expand in the inner bash
   ip netns exec "$hsrc" timeout $((seconds + 15)) bash -c \
     'dd if=/dev/zero bs=1M count="$1" status=none > "/dev/tcp/$2/$3"' _ "$mib" "$dst" "$port" 2>"$tmp/client.err" &
   local c=$!
-  pids+=($c)
+  pids+=("$c")
   if ! wait $c; then
     echo "measure_link: sender failed: $(head -3 "$tmp/client.err")" >&2
     return 1

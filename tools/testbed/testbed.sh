@@ -49,7 +49,7 @@ _tb_namespaces() {
       hosts+=("${BASH_REMATCH[1]}")
     fi
   done < <(ip netns list 2>/dev/null)
-  if ((${#hosts[@]})); then printf "$name-h%s\n" $(printf '%s\n' "${hosts[@]}" | sort -n); fi
+  if ((${#hosts[@]})); then printf '%s\n' "${hosts[@]}" | sort -n | sed "s/^/$name-h/"; fi
   if [[ -n $br ]]; then echo "$br"; fi
 }
 
@@ -131,18 +131,28 @@ _tb_parse_subnet() {
 
 _TB_MADE=()
 
+# IPv6 off in namespace NS (all + default, so interfaces created later inherit it): no link-local addresses,
+# router solicitations or MLD noise; the only addresses are the 10.99.X.I ones. Ignored without IPv6 support.
+_tb_no_ipv6() {
+  local f
+  for f in all default; do
+    # shellcheck disable=SC2016  # $1 expands in the inner shell
+    ip netns exec "$1" sh -c '[ -e "$1" ] && echo 1 > "$1"; true' _ "/proc/sys/net/ipv6/conf/$f/disable_ipv6"
+  done
+}
+
 _tb_up_steps() {
   local name=$1 n=$2 rate=$3 burst=$4 latency=$5 prefix=$6 br="$1-br" h i
   _tb_do ip netns add "$br" && _TB_MADE+=("$br") || return 1
   # IPv6 off everywhere: no link-local addresses, router solicitations or MLD noise; only 10.99.X.I exists.
-  ip netns exec "$br" sh -c 'for f in /proc/sys/net/ipv6/conf/all/disable_ipv6 /proc/sys/net/ipv6/conf/default/disable_ipv6; do [ -e $f ] && echo 1 > $f; done; true'
+  _tb_no_ipv6 "$br"
   _tb_do ip -n "$br" link set lo up || return 1
   _tb_do ip -n "$br" link add br0 type bridge || return 1
   _tb_do ip -n "$br" link set br0 up || return 1
   for ((i = 1; i <= n; i++)); do
     h="$name-h$i"
     _tb_do ip netns add "$h" && _TB_MADE+=("$h") || return 1
-    ip netns exec "$h" sh -c 'for f in /proc/sys/net/ipv6/conf/all/disable_ipv6 /proc/sys/net/ipv6/conf/default/disable_ipv6; do [ -e $f ] && echo 1 > $f; done; true'
+    _tb_no_ipv6 "$h"
     _tb_do ip -n "$h" link set lo up || return 1
     _tb_do ip -n "$h" link add eth0 type veth peer name "p$i" || return 1
     _tb_do ip -n "$h" link set "p$i" netns "$br" || return 1
@@ -156,6 +166,20 @@ _tb_up_steps() {
       _tb_do ip netns exec "$br" tc qdisc add dev "p$i" root tbf rate "$rate" burst "$burst" latency "$latency" || return 1
     fi
   done
+}
+
+# Signal during testbed_up: delete what was made, restore the caller's traps, re-raise the signal so the caller's
+# handler (or the default action: terminate) runs.
+_TB_SAVED_INT="" _TB_SAVED_TERM=""
+_tb_up_abort() {
+  local sig=$1
+  _tb_err "interrupted (SIG$sig) while setting up; removing what was made: ${_TB_MADE[*]}"
+  _tb_del_ns "${_TB_MADE[@]}"
+  _TB_MADE=()
+  trap - INT TERM
+  eval "$_TB_SAVED_INT"
+  eval "$_TB_SAVED_TERM"
+  kill -s "$sig" "$BASHPID"
 }
 
 # testbed_up NAME N [--rate R] [--burst B] [--latency L] [--subnet 10.99.X.0/24] [--force]
@@ -208,17 +232,17 @@ testbed_up() {
     if ((force)); then
       testbed_down "$name" || return 1
     else
-      _tb_err "namespaces of '$name' already exist: $(echo $existing); run 'testbed.sh down $name' or pass --force"
+      _tb_err "namespaces of '$name' already exist: ${existing//$'\n'/ }; run 'testbed.sh down $name' or pass --force"
       return 1
     fi
   fi
 
   # While setting up, SIGINT/SIGTERM remove what was made, then the caller's own handling (or the default) runs.
-  local saved_int saved_term rc=0
-  saved_int=$(trap -p INT) saved_term=$(trap -p TERM)
+  local rc=0
+  _TB_SAVED_INT=$(trap -p INT) _TB_SAVED_TERM=$(trap -p TERM)
   _TB_MADE=()
-  trap '_tb_del_ns "${_TB_MADE[@]}"; _TB_MADE=(); trap - INT; '"$saved_int"'; kill -INT $BASHPID' INT
-  trap '_tb_del_ns "${_TB_MADE[@]}"; _TB_MADE=(); trap - TERM; '"$saved_term"'; kill -TERM $BASHPID' TERM
+  trap '_tb_up_abort INT' INT
+  trap '_tb_up_abort TERM' TERM
   _tb_up_steps "$name" "$n" "$rate" "$burst" "$latency" "$prefix" || rc=1
   if ((rc)); then
     _tb_err "setting up '$name' failed; removing what was made: ${_TB_MADE[*]}"
@@ -226,8 +250,8 @@ testbed_up() {
   fi
   _TB_MADE=()
   trap - INT TERM
-  eval "$saved_int"
-  eval "$saved_term"
+  eval "$_TB_SAVED_INT"
+  eval "$_TB_SAVED_TERM"
   ((rc == 0)) || return 1
   echo "testbed $name: $n hosts $prefix.1-$prefix.$n/24, $( [[ -n $rate ]] && echo "tbf rate $rate burst $burst latency $latency both directions" || echo unshaped)"
 }
