@@ -4,7 +4,7 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build demo test clean
+.PHONY: all deps configure build demo test test-asan test-tsan clean
 
 all: build
 
@@ -22,6 +22,16 @@ demo: build
 
 test: build
 	ctest --test-dir $(BUILD_DIR) --output-on-failure --timeout 300 -j$(JOBS)
+
+# The whole suite under AddressSanitizer + UndefinedBehaviorSanitizer.
+test-asan:
+	$(MAKE) test BUILD_DIR=build-asan CMAKE_FLAGS="-DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPARSEREDUCE_SANITIZE=address,undefined"
+
+# The threaded parts (daemon with several I/O threads, workers, several Workers per process) under ThreadSanitizer.
+test-tsan: deps
+	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPARSEREDUCE_SANITIZE=thread
+	cmake --build build-tsan -j$(JOBS)
+	TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan -L integration --output-on-failure --timeout 300 -j$(JOBS)
 
 clean:
 	rm -rf $(BUILD_DIR)

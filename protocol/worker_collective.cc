@@ -14,13 +14,14 @@ constexpr std::byte kZeros[8] = {};
 }  // namespace
 
 WorkerCollective::WorkerCollective(const JobShape& shape, uint64_t job, uint64_t seq, const CollectiveSpec& spec,
-                                   std::span<std::byte> tensor)
+                                   std::span<std::byte> tensor, ByteBuffer backup_storage)
     : shape_(shape),
       job_(job),
       seq_(seq),
       spec_(spec),
       tensor_(tensor),
-      layout_(shape, spec.element_count, spec.block_size, FindDType(spec.dtype)->size) {
+      layout_(shape, spec.element_count, spec.block_size, FindDType(spec.dtype)->size),
+      backup_data_(std::move(backup_storage)) {
   flags_.resize(layout_.num_blocks());
   nonzero_blocks_ = ScanBlocks(tensor.data(), spec.element_count, spec.block_size, *FindDType(spec.dtype), flags_);
   backup_capacity_blocks_ = nonzero_blocks_;
@@ -65,7 +66,9 @@ Status WorkerCollective::OnResult(uint32_t aggregator, const FrameHeader& header
     std::byte* block = tensor_.data() + layout_.BlockByteOffset(e.block);
     if (flags_[e.block] & (kBlockNonzero | kBlockHasNegativeZero)) {
       // Only the first time: every block is carried by at most one RESULT.
-      if (backup_data_.size() == 0) backup_data_ = ByteBuffer(backup_capacity_blocks_ * layout_.MaxBlockBytes());
+      if (backup_blocks_.empty() && backup_data_.size() < backup_capacity_blocks_ * layout_.MaxBlockBytes()) {
+        backup_data_ = ByteBuffer(backup_capacity_blocks_ * layout_.MaxBlockBytes());
+      }
       std::memcpy(backup_data_.data() + backup_blocks_.size() * layout_.MaxBlockBytes(), block, e.data.size());
       backup_blocks_.push_back(e.block);
     }

@@ -20,8 +20,10 @@ class WorkerCollective {
  public:
   // `tensor` holds spec.element_count elements of spec.dtype and is reduced in place; it must stay valid and
   // untouched by the caller until the collective is done. `spec` must have passed ValidateSpec.
+  // `backup_storage` is memory for Restore()'s copies that the caller recycles across collectives (see
+  // ReleaseBackupStorage), so that a steady training loop does not fault in fresh pages every step.
   WorkerCollective(const JobShape& shape, uint64_t job, uint64_t seq, const CollectiveSpec& spec,
-                   std::span<std::byte> tensor);
+                   std::span<std::byte> tensor, ByteBuffer backup_storage = {});
 
   WorkerCollective(const WorkerCollective&) = delete;
   WorkerCollective& operator=(const WorkerCollective&) = delete;
@@ -45,6 +47,8 @@ class WorkerCollective {
   // the caller's input again. Costs a copy of each overwritten block that was not all-zero bits, kept from the
   // moment it is overwritten (at most the tensor's nonzero blocks).
   void Restore();
+  // Hands the backup memory back for the next collective.
+  ByteBuffer ReleaseBackupStorage() { return std::move(backup_data_); }
 
   // Largest RESULT payload this collective allows.
   uint64_t MaxResultPayload() const;
@@ -70,7 +74,7 @@ class WorkerCollective {
   std::vector<WorkerSchedule> schedules_;
   // Original bytes of overwritten blocks that were not all-zero bits, in overwrite order (see Restore).
   std::vector<uint64_t> backup_blocks_;
-  ByteBuffer backup_data_;  // allocated at the first overwrite; pages are touched only as blocks are saved
+  ByteBuffer backup_data_;  // grown at the first overwrite if too small; pages are touched only as blocks are saved
   uint64_t backup_capacity_blocks_ = 0;
   std::vector<EntryView> scratch_entries_;
 };

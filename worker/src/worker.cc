@@ -79,6 +79,7 @@ class Worker::Impl : public AggregatorLink::Handler {
   std::deque<Request> queue_;
   std::optional<Active> active_;
   uint64_t seq_ = 0;
+  ByteBuffer backup_storage_;  // recycled between collectives (WorkerCollective::Restore's copies)
 
   mutable std::mutex stats_mutex_;
   CollectiveStats last_stats_;
@@ -189,7 +190,8 @@ void Worker::Impl::StartNext() {
     a.received_before += link->bytes_received();
   }
   const uint64_t seq = ++seq_;
-  a.collective = std::make_unique<WorkerCollective>(shape_, options_.job, seq, a.request.spec, a.request.tensor);
+  a.collective = std::make_unique<WorkerCollective>(shape_, options_.job, seq, a.request.spec, a.request.tensor,
+                                                    std::move(backup_storage_));
 
   proto::ControlMessage begin;
   begin.mutable_collective_begin()->set_seq(seq);
@@ -304,6 +306,7 @@ void Worker::Impl::MaybeComplete() {
     last_stats_ = stats;
   }
   std::promise<void> promise = std::move(a.request.promise);
+  backup_storage_ = a.collective->ReleaseBackupStorage();
   active_.reset();
   promise.set_value();
   StartNext();
