@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# Reproduces the tables of BENCHMARKS.md: sparsereduce against Gloo measured in the same run, on a testbed of
+# network namespaces with 1 Gbit/s tbf-shaped links, plus loopback and kernel micro-benchmarks. Needs root and a
+# Release build (make build) and the baselines (bash scripts/install-bench-deps.sh; cmake re-run picks up Gloo).
+#
+#   tools/bench/run_benchmarks.sh [all|density|colocated|sizes|loopback|kernels]...
+#
+# Environment: BUILD_DIR (default build), OUT (results folder), ITERS (default 5), WARMUP (2), RATE (1gbit),
+# SIZE (64M), SR_FLAGS (extra sparsereduce-perf flags, e.g. "--slots 16"). Results: $OUT/*.json and $OUT/tables.md. Every namespace is deleted on exit, also on failure/Ctrl-C.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+BUILD=$(cd "${BUILD_DIR:-$ROOT/build}" && pwd)
+OUT=${OUT:-$ROOT/bench-results/$(date +%Y%m%d-%H%M%S)}
+ITERS=${ITERS:-5}
+WARMUP=${WARMUP:-2}
+RATE=${RATE:-1gbit}
+SIZE=${SIZE:-64M}
+AGG=$BUILD/aggregator/sparsereduce-aggregator
+PERF=$BUILD/tools/sparsereduce-perf
+GLOO=$BUILD/bench/gloo/sparsereduce-gloo-bench
+KERNELS=$BUILD/bench/sparsereduce-kernels-bench
+DENSITIES=${DENSITIES:-"1 0.5 0.2 0.1 0.05 0.02 0.01 0.001"}
+PORT=19875
+mkdir -p "$OUT"
+for bin in "$AGG" "$PERF" "$GLOO"; do
+  [[ -x $bin ]] || { echo "missing $bin (make build; bash scripts/install-bench-deps.sh)" >&2; exit 2; }
+done
+
+# shellcheck source=../testbed/testbed.sh
+source "$ROOT/tools/testbed/testbed.sh"
+NAME=srb$$
+testbed_trap_cleanup "$NAME"
+JOB=100
+
+log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
+
+# start_aggregators HOST... : one daemon per host on its testbed address.
+start_aggregators() {
+  AGG_LIST=""
+  for h in "$@"; do
+    local addr; addr=$(testbed_addr "$NAME" "$h")
+    testbed_exec "$NAME" "$h" "$AGG" --listen "$addr:$PORT" --log-level warn --io-threads 2 &
+    AGG_LIST+="${AGG_LIST:+,}$addr:$PORT"
+  done
+}
+
+stop_aggregators() {
+  pkill -TERM -f "$AGG --listen 10.99." || true
+  wait 2>/dev/null || true
+}
+
+# sparse_run TAG DENSITY OVERLAP MINBYTES MAXBYTES WORKER_HOST... : one sparsereduce-perf job across the hosts.
+sparse_run() {
+  local tag=$1 density=$2 overlap=$3 minb=$4 maxb=$5; shift 5
+  local hosts=("$@") world=${#hosts[@]} pids=() r=0
+  JOB=$((JOB + 1))
+  for h in "${hosts[@]}"; do
+    local extra=()
+    [[ $r == 0 ]] && extra=(--json "$OUT/$tag.json")
+    testbed_exec "$NAME" "$h" timeout 600 "$PERF" --aggregators "$AGG_LIST" --job "$JOB" --rank "$r" \
+      --world-size "$world" -b "$minb" -e "$maxb" -f 4 -n "$ITERS" -w "$WARMUP" -c 0 --density "$density" \
+      --overlap "$overlap" ${SR_FLAGS:-} "${extra[@]}" > "$OUT/$tag.rank$r.txt" 2>&1 &
+    pids+=($!)
+    r=$((r + 1))
+  done
+  for p in "${pids[@]}"; do wait "$p" || { log "FAILED: $tag (see $OUT/$tag.rank*.txt)"; return 1; }; done
+  tail -n +4 "$OUT/$tag.rank0.txt" >&2
+}
+
+# gloo_run TAG ALGORITHM MINBYTES MAXBYTES HOST... : Gloo allreduce across the hosts.
+gloo_run() {
+  local tag=$1 algorithm=$2 minb=$3 maxb=$4; shift 4
+  local hosts=("$@") world=${#hosts[@]} pids=() r=0
+  local store; store=$(mktemp -d)
+  for h in "${hosts[@]}"; do
+    local extra=() addr; addr=$(testbed_addr "$NAME" "$h")
+    [[ $r == 0 ]] && extra=(--json "$OUT/$tag.json")
+    testbed_exec "$NAME" "$h" timeout 900 "$GLOO" --rank "$r" --world-size "$world" --store-dir "$store" \
+      --hostname "$addr" --algorithm "$algorithm" -b "$minb" -e "$maxb" -f 4 -n "$ITERS" -w "$WARMUP" -c 0 \
+      "${extra[@]}" > "$OUT/$tag.rank$r.txt" 2>&1 &
+    pids+=($!)
+    r=$((r + 1))
+  done
+  for p in "${pids[@]}"; do wait "$p" || { log "FAILED: $tag"; rm -rf "$store"; return 1; }; done
+  rm -rf "$store"
+  tail -n +4 "$OUT/$tag.rank0.txt" >&2
+}
+
+density_sweep() {  # W=4 workers and A=4 aggregators, each on its own host
+  log "density sweep: 8 hosts at $RATE (aggregators h1-h4, workers h5-h8), $SIZE"
+  testbed_up "$NAME" 8 --rate "$RATE" >/dev/null
+  gloo_run separate.gloo.ring ring "$SIZE" "$SIZE" 5 6 7 8
+  start_aggregators 1 2 3 4
+  for overlap in random full; do
+    for d in $DENSITIES; do sparse_run "separate.$overlap.$d" "$d" "$overlap" "$SIZE" "$SIZE" 5 6 7 8; done
+  done
+  stop_aggregators
+  testbed_down "$NAME"
+}
+
+colocated_sweep() {  # each of 4 hosts runs one worker and one aggregator
+  log "colocated sweep: 4 hosts at $RATE, worker + aggregator on each, $SIZE"
+  testbed_up "$NAME" 4 --rate "$RATE" >/dev/null
+  gloo_run colocated.gloo.ring ring "$SIZE" "$SIZE" 1 2 3 4
+  start_aggregators 1 2 3 4
+  for overlap in random full; do
+    for d in $DENSITIES; do sparse_run "colocated.$overlap.$d" "$d" "$overlap" "$SIZE" "$SIZE" 1 2 3 4; done
+  done
+  stop_aggregators
+  testbed_down "$NAME"
+}
+
+size_sweep() {
+  log "size sweep 4K..256M: 8 hosts at $RATE"
+  testbed_up "$NAME" 8 --rate "$RATE" >/dev/null
+  gloo_run sizes.gloo.ring ring 4K 256M 5 6 7 8
+  start_aggregators 1 2 3 4
+  sparse_run sizes.dense 1 random 4K 256M 5 6 7 8
+  sparse_run sizes.sparse 0.01 random 4K 256M 5 6 7 8
+  stop_aggregators
+  testbed_down "$NAME"
+}
+
+loopback() {  # CPU bound: no namespaces, no shaping
+  log "loopback: 4 workers + 1 aggregator vs Gloo with 4 ranks"
+  "$GLOO" --spawn 4 -b "$SIZE" -e "$SIZE" -n "$ITERS" -w "$WARMUP" -c 0 --json "$OUT/loopback.gloo.ring.json" >&2
+  for d in 1 0.1 0.01; do
+    "$PERF" --spawn 4,1 --aggregator-bin "$AGG" -b "$SIZE" -e "$SIZE" -n "$ITERS" -w "$WARMUP" -c 0 \
+      --density "$d" --json "$OUT/loopback.sparse.$d.json" | tail -1 >&2
+  done
+}
+
+kernels() {
+  [[ -x $KERNELS ]] || { log "no $KERNELS (Google Benchmark missing)"; return 0; }
+  log "kernels"
+  "$KERNELS" --benchmark_min_time=0.2 --benchmark_format=json > "$OUT/kernels.json"
+}
+
+what=("$@")
+[[ ${#what[@]} == 0 || ${what[0]} == all ]] && what=(density colocated sizes loopback kernels)
+for w in "${what[@]}"; do
+  case $w in
+    density) density_sweep ;;
+    colocated) colocated_sweep ;;
+    sizes) size_sweep ;;
+    loopback) loopback ;;
+    kernels) kernels ;;
+    *) echo "unknown part $w" >&2; exit 2 ;;
+  esac
+done
+python3 "$ROOT/tools/bench/tables.py" "$OUT" --rate "$RATE" > "$OUT/tables.md"
+log "tables: $OUT/tables.md"
+cat "$OUT/tables.md"

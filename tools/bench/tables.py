@@ -1,0 +1,134 @@
+#!/usr/bin/env python3
+"""Turns the JSON files of run_benchmarks.sh into the markdown tables of BENCHMARKS.md."""
+import argparse
+import json
+import os
+import re
+
+
+def load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def rate_bps(text):
+    m = re.fullmatch(r"([0-9.]+)\s*([kmg]?)bit", text.lower())
+    if not m:
+        return None
+    return float(m.group(1)) * {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[m.group(2)]
+
+
+def first(doc):
+    return doc["results"][0] if doc and doc.get("results") else None
+
+
+def sweep(out, layout, rate):
+    gloo = first(load(os.path.join(out, f"{layout}.gloo.ring.json")))
+    lines = []
+    for overlap in ("random", "full"):
+        rows = []
+        for name in sorted(os.listdir(out)):
+            m = re.fullmatch(rf"{layout}\.{overlap}\.([0-9.]+)\.json", name)
+            if m:
+                rows.append((float(m.group(1)), first(load(os.path.join(out, name)))))
+        if not rows:
+            continue
+        if not lines:
+            g = f"{gloo['time_us_median'] / 1e3:.1f} ms" if gloo else "not measured"
+            lines.append(f"Gloo ring, same hosts, same run: **{g}**\n")
+        lines.append(f"overlap **{overlap}**\n")
+        lines.append("| density | union | time (ms) | speed-up vs Gloo ring | sent/recv per worker (MiB) "
+                     "| link bound (ms) | % of bound |")
+        lines.append("|---|---|---|---|---|---|---|")
+        for density, r in sorted(rows, reverse=True):
+            if r is None:
+                lines.append(f"| {density:g} | failed | | | | | |")
+                continue
+            t = r["time_us_median"] / 1e3
+            bound = max(r["bytes_sent"], r["bytes_received"]) * 8 / rate * 1e3 if rate else None
+            speedup = f"{gloo['time_us_median'] / r['time_us_median']:.2f}x" if gloo else "-"
+            lines.append(
+                f"| {density * 100:g} % | {r['union_density'] * 100:.1f} % | {t:.1f} | {speedup} | "
+                f"{r['bytes_sent'] / 2**20:.1f} / {r['bytes_received'] / 2**20:.1f} | "
+                + (f"{bound:.1f} | {bound / t * 100:.0f} % |" if bound else "- | - |"))
+        lines.append("")
+    return lines
+
+
+def sizes(out, rate):
+    gloo = load(os.path.join(out, "sizes.gloo.ring.json"))
+    dense = load(os.path.join(out, "sizes.dense.json"))
+    sparse = load(os.path.join(out, "sizes.sparse.json"))
+    if not dense:
+        return []
+    by_size = lambda doc: {r["size"]: r for r in doc["results"]} if doc else {}
+    g, d, s = by_size(gloo), by_size(dense), by_size(sparse)
+    lines = ["| size | Gloo ring (ms) | 100 % (ms) | speed-up | % of bound | 1 % (ms) | speed-up | % of bound |",
+             "|---|---|---|---|---|---|---|---|"]
+    for size in sorted(d):
+        cells = [f"{size // 1024} KiB" if size < 2**20 else f"{size // 2**20} MiB"]
+        gt = g.get(size, {}).get("time_us_median")
+        cells.append(f"{gt / 1e3:.2f}" if gt else "-")
+        for doc in (d, s):
+            r = doc.get(size)
+            if not r:
+                cells += ["-", "-", "-"]
+                continue
+            t = r["time_us_median"]
+            bound = max(r["bytes_sent"], r["bytes_received"]) * 8 / rate * 1e6 if rate else None
+            cells += [f"{t / 1e3:.2f}", f"{gt / t:.2f}x" if gt else "-", f"{bound / t * 100:.0f} %" if bound else "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def loopback(out):
+    gloo = first(load(os.path.join(out, "loopback.gloo.ring.json")))
+    lines = []
+    for d in ("1", "0.1", "0.01"):
+        r = first(load(os.path.join(out, f"loopback.sparse.{d}.json")))
+        if not r:
+            continue
+        if not lines:
+            lines += ["| run | time (ms) | ratio to Gloo ring |", "|---|---|---|"]
+            if gloo:
+                lines.append(f"| Gloo ring, 4 ranks | {gloo['time_us_median'] / 1e3:.1f} | 1.00 |")
+        ratio = f"{r['time_us_median'] / gloo['time_us_median']:.2f}" if gloo else "-"
+        lines.append(f"| sparsereduce, density {float(d) * 100:g} % | {r['time_us_median'] / 1e3:.1f} | {ratio} |")
+    return lines + [""] if lines else []
+
+
+def kernels(out):
+    doc = load(os.path.join(out, "kernels.json"))
+    if not doc:
+        return []
+    lines = ["| benchmark | GB/s |", "|---|---|"]
+    for b in doc["benchmarks"]:
+        if "bytes_per_second" in b:
+            lines.append(f"| {b['name']} | {b['bytes_per_second'] / 1e9:.1f} |")
+    return lines + [""]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("--rate", default="1gbit")
+    a = ap.parse_args()
+    rate = rate_bps(a.rate)
+    sections = [
+        ("Density sweep, W = 4 workers and A = 4 aggregators on their own hosts", sweep(a.out, "separate", rate)),
+        ("Density sweep, colocated (one worker and one aggregator per host)", sweep(a.out, "colocated", rate)),
+        ("Size sweep (separate hosts)", sizes(a.out, rate)),
+        ("Loopback, no shaping (CPU bound): 4 workers + 1 aggregator", loopback(a.out)),
+        ("Kernels", kernels(a.out)),
+    ]
+    for title, lines in sections:
+        if lines:
+            print(f"### {title}\n")
+            print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
