@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian bookworm packages sparsereduce needs to build and test.
 # Idempotent: when every package is already present it only runs dpkg-query.
+# Extra package names given as arguments are installed the same way (scripts/install-bench-deps.sh uses that).
 set -euo pipefail
 
 packages=(
@@ -9,6 +10,7 @@ packages=(
   libprotobuf-dev protobuf-compiler
   libgtest-dev libgmock-dev libbenchmark-dev
   libspdlog-dev libfmt-dev libcli11-dev
+  "$@"
 )
 
 missing=()

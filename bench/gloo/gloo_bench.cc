@@ -24,6 +24,7 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <array>
 #include <cerrno>
@@ -40,6 +41,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "tools/common/size_parse.h"
 
 extern char** environ;
 
@@ -69,27 +72,11 @@ struct Options {
   int run_timeout_s = 3600;  // the whole spawned run
 };
 
-// "64M" -> 67108864. Suffixes K, M, G are powers of 1024.
+// "64M" -> 67108864 (the same parser as sparsereduce-perf).
 uint64_t ParseBytes(const std::string& text) {
-  size_t used = 0;
-  unsigned long long value = 0;
-  try {
-    value = std::stoull(text, &used);
-  } catch (const std::exception&) {
-    throw std::invalid_argument("bad byte count '" + text + "'");
-  }
-  const std::string suffix = text.substr(used);
-  uint64_t scale = 1;
-  if (suffix == "K" || suffix == "k") {
-    scale = 1ull << 10;
-  } else if (suffix == "M" || suffix == "m") {
-    scale = 1ull << 20;
-  } else if (suffix == "G" || suffix == "g") {
-    scale = 1ull << 30;
-  } else if (!suffix.empty()) {
-    throw std::invalid_argument("bad byte count '" + text + "' (suffixes: K, M, G)");
-  }
-  return value * scale;
+  auto bytes = sparsereduce::tools::ParseByteSize(text);
+  if (!bytes.ok()) throw std::invalid_argument(bytes.status().message());
+  return *bytes;
 }
 
 // The value of rank `rank`'s element i depends only on i mod 1024.

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "sparsereduce/worker.h"
+#include "tools/common/local_cluster.h"
 #include "tools/common/subprocess.h"
 #include "tools/common/synthetic_tensor.h"
 
@@ -91,29 +92,20 @@ std::string Mib(double bytes) {
 }
 
 int RunDriver(const Config& c, const std::string& self) {
-  const std::string dir = std::filesystem::temp_directory_path() / ("sparsereduce-demo-" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
-  const std::string port_file = dir + "/port";
-  auto aggregator = Subprocess::Spawn({c.aggregator_bin, "--listen", "127.0.0.1:0", "--port-file", port_file,
-                                       "--log-level", "warn"},
-                                      false);
-  if (!aggregator.ok()) {
-    std::fprintf(stderr, "demo: %s\n", aggregator.status().ToString().c_str());
+  auto cluster = sparsereduce::tools::LocalAggregators::Start(c.aggregator_bin, 1);
+  if (!cluster.ok()) {
+    std::fprintf(stderr, "demo: %s\n", cluster.status().ToString().c_str());
     return 1;
   }
-  auto port = sparsereduce::tools::WaitForFileLine(port_file, std::chrono::seconds(10), aggregator->get());
-  if (!port.ok()) {
-    std::fprintf(stderr, "demo: aggregator did not start: %s\n", port.status().ToString().c_str());
-    return 1;
-  }
-  std::printf("sparsereduce demo: 1 aggregator (127.0.0.1:%s), %u workers, %.0f MiB fp32 tensor, block %u, "
-              "median of %u iterations\n\n", port->c_str(), c.workers, c.size_mib, c.block_size, c.iterations);
+  const std::string address = (*cluster)->AddressList();
+  std::printf("sparsereduce demo: 1 aggregator (%s), %u workers, %.0f MiB fp32 tensor, block %u, "
+              "median of %u iterations\n\n", address.c_str(), c.workers, c.size_mib, c.block_size, c.iterations);
   std::ostringstream densities;
   for (size_t i = 0; i < c.densities.size(); ++i) densities << (i ? "," : "") << c.densities[i];
   std::vector<std::unique_ptr<Subprocess>> workers;
   for (uint32_t r = 0; r < c.workers; ++r) {
     auto w = Subprocess::Spawn({self, "--worker", "--rank", std::to_string(r), "--aggregator",
-                                "127.0.0.1:" + *port, "--workers", std::to_string(c.workers), "--size-mib",
+                                address, "--workers", std::to_string(c.workers), "--size-mib",
                                 std::to_string(c.size_mib), "--densities", densities.str(), "--iterations",
                                 std::to_string(c.iterations), "--block-size", std::to_string(c.block_size),
                                 "--seed", std::to_string(c.seed)},
@@ -148,13 +140,10 @@ int RunDriver(const Config& c, const std::string& self) {
       if (r == 0) rank0 = *out;
     }
   }
-  aggregator->get()->Signal(SIGTERM);
-  auto agg_status = aggregator->get()->Wait(std::chrono::seconds(10));
-  if (!agg_status.ok() || !WIFEXITED(*agg_status) || WEXITSTATUS(*agg_status) != 0) {
+  if (!(*cluster)->Stop()) {
     std::fprintf(stderr, "demo: aggregator did not stop cleanly\n");
     failed = true;
   }
-  std::filesystem::remove_all(dir);
 
   const double tensor_bytes = c.size_mib * 1024 * 1024;
   std::printf("%-8s %-8s %-13s %-13s %-13s %-10s %-8s\n", "density", "union", "sent(w0)", "recv(w0)",
@@ -198,9 +187,6 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (c.worker) return RunWorker(c);
   const std::string self = std::filesystem::canonical("/proc/self/exe");
-  if (c.aggregator_bin.empty()) {
-    c.aggregator_bin = (std::filesystem::path(self).parent_path().parent_path() / "aggregator" /
-                        "sparsereduce-aggregator").string();
-  }
+  if (c.aggregator_bin.empty()) c.aggregator_bin = sparsereduce::tools::FindToolBinary("sparsereduce-aggregator", "aggregator");
   return RunDriver(c, self);
 }
