@@ -21,8 +21,36 @@ JobShape ShapeOf(const proto::Hello& h) {
 
 }  // namespace
 
-Job::Job(uint64_t id, boost::asio::any_io_executor strand, JobRegistry& registry)
-    : id_(id), strand_(std::move(strand)), registry_(registry) {}
+Job::Job(uint64_t id, boost::asio::any_io_executor strand, JobRegistry& registry,
+         std::chrono::milliseconds stall_timeout)
+    : id_(id), strand_(strand), registry_(registry), stall_timeout_(stall_timeout), stall_timer_(strand) {}
+
+void Job::ArmStallTimer(std::chrono::steady_clock::time_point deadline) {
+  stall_timer_.expires_at(deadline);
+  stall_timer_.async_wait([self = shared_from_this(), seq = active_->seq](const boost::system::error_code& ec) {
+    if (!ec) self->OnStallTimer(seq);
+  });
+}
+
+void Job::OnStallTimer(uint64_t seq) {
+  if (dead_ || !active_ || active_->seq != seq) return;
+  const auto deadline = last_progress_ + stall_timeout_;
+  if (std::chrono::steady_clock::now() < deadline) {
+    ArmStallTimer(deadline);  // there was progress since the timer was set
+    return;
+  }
+  std::vector<uint32_t> waiting;
+  for (uint32_t r = 0; r < shape_.world_size; ++r) {
+    if (!active_->begun[r]) waiting.push_back(r);
+  }
+  for (uint32_t r : active_->engine->AwaitedRanks()) {
+    if (active_->begun[r]) waiting.push_back(r);
+  }
+  Abort(Status(StatusCode::kDeadlineExceeded,
+               "job " + std::to_string(id_) + ", collective " + std::to_string(seq) + " made no progress for " +
+                   std::to_string(stall_timeout_.count()) + " ms; still waiting for rank(s) " + RankList(waiting)),
+        waiting);
+}
 
 std::string Job::Describe(uint32_t rank) const {
   std::string peer = rank < members_.size() && members_[rank] ? members_[rank]->peer() : "?";
@@ -120,6 +148,7 @@ void Job::OnContribution(uint32_t rank, const FrameHeader& header, ByteBuffer pa
   for (const auto& b : out) {
     for (auto& m : members_) m->Send(b.frame);
   }
+  Progress();
   MaybeCompleteCollective();
 }
 
@@ -175,6 +204,8 @@ void Job::OnCollectiveBegin(uint32_t rank, const proto::CollectiveBegin& begin) 
     active_->first_rank = rank;
     active_->begun.assign(shape_.world_size, false);
     active_->engine = std::make_unique<ColumnEngine>(shape_, aggregator_index_, id_, begin.seq(), *spec);
+    Progress();
+    ArmStallTimer(last_progress_ + stall_timeout_);
   } else if (begin.seq() != active_->seq || active_->begun[rank]) {
     Violation(rank, ProtocolError("CollectiveBegin for collective " + std::to_string(begin.seq()) + " while " +
                                   std::to_string(active_->seq) + " is in progress"));
@@ -194,6 +225,7 @@ void Job::OnCollectiveBegin(uint32_t rank, const proto::CollectiveBegin& begin) 
     return;
   }
   active_->begun[rank] = true;
+  Progress();
   if (++active_->begun_count == shape_.world_size) {
     proto::ControlMessage accepted;
     accepted.mutable_collective_accepted()->set_seq(active_->seq);
@@ -208,6 +240,7 @@ void Job::MaybeCompleteCollective() {
                   active_->engine->blocks_aggregated());
     last_completed_seq_ = active_->seq;
     active_.reset();
+    stall_timer_.cancel();
   }
 }
 
@@ -272,6 +305,7 @@ void Job::Abort(const Status& error, const std::vector<uint32_t>& ranks, std::op
     }
   }
   active_.reset();
+  stall_timer_.cancel();
   registry_.Remove(this);
 }
 

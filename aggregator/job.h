@@ -3,6 +3,8 @@
 #pragma once
 
 #include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -23,7 +25,8 @@ class JobRegistry;
 
 class Job : public std::enable_shared_from_this<Job> {
  public:
-  Job(uint64_t id, boost::asio::any_io_executor strand, JobRegistry& registry);
+  Job(uint64_t id, boost::asio::any_io_executor strand, JobRegistry& registry,
+      std::chrono::milliseconds stall_timeout);
 
   uint64_t id() const { return id_; }
   const boost::asio::any_io_executor& strand() const { return strand_; }
@@ -61,6 +64,9 @@ class Job : public std::enable_shared_from_this<Job> {
   void Violation(uint32_t rank, const Status& error);
   std::string Describe(uint32_t rank) const;  // "job J rank R (peer P)"
   void ReleaseIfEmpty();
+  void Progress() { last_progress_ = std::chrono::steady_clock::now(); }
+  void ArmStallTimer(std::chrono::steady_clock::time_point deadline);
+  void OnStallTimer(uint64_t seq);
 
   const uint64_t id_;
   boost::asio::any_io_executor strand_;
@@ -74,6 +80,9 @@ class Job : public std::enable_shared_from_this<Job> {
   std::vector<uint32_t> departed_;  // ranks that left after formation
   std::optional<Collective> active_;
   uint64_t last_completed_seq_ = 0;
+  std::chrono::milliseconds stall_timeout_;
+  boost::asio::steady_timer stall_timer_;
+  std::chrono::steady_clock::time_point last_progress_;
 };
 
 }  // namespace sparsereduce::aggregator

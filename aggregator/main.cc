@@ -25,6 +25,13 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--handshake-timeout-ms", handshake_ms, "Drop connections that send no Hello within this")
       ->capture_default_str();
+  uint64_t stall_ms = options.stall_timeout.count();
+  app.add_option("--stall-timeout-ms", stall_ms,
+                 "Abort a collective that makes no progress for this long, naming the ranks it waits for")
+      ->capture_default_str();
+  uint64_t keepalive_s = options.liveness.keepalive_idle.count();
+  app.add_option("--keepalive-s", keepalive_s, "Idle seconds before TCP keepalive probes (1 s apart, 3 probes)")
+      ->capture_default_str();
   app.add_option("--max-jobs", options.max_jobs, "Jobs served at once")->capture_default_str();
   app.add_option("--max-world-size", options.max_world_size, "Largest world size accepted")->capture_default_str();
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical or off")
@@ -39,6 +46,8 @@ int main(int argc, char** argv) {
   }
   spdlog::set_level(level);
   options.handshake_timeout = std::chrono::milliseconds(handshake_ms);
+  options.stall_timeout = std::chrono::milliseconds(stall_ms);
+  options.liveness.keepalive_idle = std::chrono::seconds(std::max<uint64_t>(1, keepalive_s));
   const uint32_t threads = options.io_threads ? options.io_threads : std::max(1u, std::thread::hardware_concurrency());
 
   boost::asio::io_context io(static_cast<int>(threads));

@@ -55,6 +55,9 @@ void Server::Accept(tcp::acceptor& acceptor) {
       spdlog::warn("accept failed: {}", ec.message());
     } else {
       socket.set_option(tcp::no_delay(true), ec);
+      if (Status st = sparsereduce::tcp::ApplyLiveness(socket, options_.liveness); !st.ok()) {
+        spdlog::warn("accepted connection: {}", st.ToString());
+      }
       std::make_shared<Session>(std::move(socket), registry_, options_)->Start();
     }
     Accept(acceptor);

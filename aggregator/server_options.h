@@ -6,12 +6,17 @@
 #include <string>
 #include <vector>
 
+#include "transport/tcp/socket_options.h"
+
 namespace sparsereduce::aggregator {
 
 struct ServerOptions {
   std::vector<std::string> listen = {"0.0.0.0:19875"};  // HOST:PORT or [IPV6]:PORT; port 0 picks a free port
   uint32_t io_threads = 0;                              // 0: one per hardware thread
   std::chrono::milliseconds handshake_timeout{10000};  // a connection must say Hello within this
+  // A collective that makes no progress for this long is aborted, naming the ranks it still waits for.
+  std::chrono::milliseconds stall_timeout{30000};
+  tcp::LivenessOptions liveness;
   uint32_t max_jobs = 1024;
   uint32_t max_world_size = 4096;
   uint32_t max_slots = 1024;

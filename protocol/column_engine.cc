@@ -37,6 +37,19 @@ uint64_t ColumnEngine::MaxContributionPayload() const {
   return uint64_t{shape_.blocks_per_message} * (kEntrySize + Pad8(layout_.MaxBlockBytes()));
 }
 
+std::vector<uint32_t> ColumnEngine::AwaitedRanks() const {
+  std::vector<uint32_t> ranks;
+  for (uint32_t r = 0; r < shape_.world_size; ++r) {
+    for (const Slot& slot : slots_) {
+      if (slot.active_lanes > 0 && slot.expected[r]) {
+        ranks.push_back(r);
+        break;
+      }
+    }
+  }
+  return ranks;
+}
+
 std::string ColumnEngine::Where(uint32_t rank, uint32_t s) const {
   return "rank " + std::to_string(rank) + ", collective " + std::to_string(seq_) + ", slot " + std::to_string(s);
 }

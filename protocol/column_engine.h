@@ -41,6 +41,9 @@ class ColumnEngine {
   // All slots finished.
   bool done() const { return active_slots_ == 0; }
 
+  // Ranks whose contribution some slot's current round still waits for (ascending).
+  std::vector<uint32_t> AwaitedRanks() const;
+
   // Statistics.
   uint64_t blocks_aggregated() const { return blocks_aggregated_; }
 

@@ -8,6 +8,7 @@
 
 #include "protocol/control.h"
 #include "transport/tcp/endpoint.h"
+#include "transport/tcp/socket_options.h"
 
 namespace sparsereduce::worker {
 
@@ -64,6 +65,8 @@ asio::awaitable<Status> AggregatorLink::Connect(std::chrono::steady_clock::time_
       if (!cec) {
         boost::system::error_code ignored;
         socket_.set_option(tcp::no_delay(true), ignored);
+        // Keepalive finds an aggregator host that vanished while this worker is idle between collectives.
+        (void)sparsereduce::tcp::ApplyLiveness(socket_, {});
         co_return Status::Ok();
       }
       last_error = cec.message();
