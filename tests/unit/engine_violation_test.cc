@@ -55,8 +55,11 @@ TEST(ColumnEngine, WorkedExampleFromProtocolDoc) {
   EXPECT_EQ(entries[1].next, 3u);
 
   out.clear();
+  EXPECT_EQ(engine.AwaitedRanks(), (std::vector<uint32_t>{0, 1}));
   ASSERT_TRUE(Feed(engine, 1, Contribution(0, {{2, 4, 8}}), &out).ok());
+  EXPECT_EQ(engine.AwaitedRanks(), (std::vector<uint32_t>{0}));
   ASSERT_TRUE(Feed(engine, 0, Contribution(0, {{2, kEndOfColumn, 8}, {3, kEndOfColumn, 8}}), &out).ok());
+  EXPECT_EQ(engine.AwaitedRanks(), (std::vector<uint32_t>{1}));  // round 2: only rank 1 owns block 4
   ASSERT_EQ(out.size(), 1u);
   header = DecodeFrameHeader(out[0].frame->span());
   ASSERT_TRUE(DecodeDataPayload(*header, out[0].frame->span().subspan(kFrameHeaderSize), &entries).ok());
