@@ -63,6 +63,9 @@ proto::ErrorCode ToProtoCode(StatusCode code) {
     case StatusCode::kPeerLeft: return proto::PEER_LEFT;
     case StatusCode::kResourceExhausted: return proto::RESOURCE_EXHAUSTED;
     case StatusCode::kShuttingDown: return proto::SHUTTING_DOWN;
+    case StatusCode::kDeadlineExceeded: return proto::DEADLINE_EXCEEDED;
+    case StatusCode::kAborted: return proto::ABORTED;
+    case StatusCode::kUnavailable: return proto::UNAVAILABLE;
     default: return proto::ERROR_CODE_UNSPECIFIED;
   }
 }
@@ -80,6 +83,9 @@ StatusCode FromProtoCode(proto::ErrorCode code) {
     case proto::PEER_LEFT: return StatusCode::kPeerLeft;
     case proto::RESOURCE_EXHAUSTED: return StatusCode::kResourceExhausted;
     case proto::SHUTTING_DOWN: return StatusCode::kShuttingDown;
+    case proto::DEADLINE_EXCEEDED: return StatusCode::kDeadlineExceeded;
+    case proto::ABORTED: return StatusCode::kAborted;
+    case proto::UNAVAILABLE: return StatusCode::kUnavailable;
     default: return StatusCode::kInternal;
   }
 }

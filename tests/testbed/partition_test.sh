@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# A network partition on the namespace testbed: while 2 workers run collectives through an aggregator on a third
+# host, one worker's link goes down. Both workers must fail (no hang) within their deadlines: the cut-off worker
+# with DEADLINE_EXCEEDED naming the aggregator, the other with the aggregator's stall abort naming the cut-off rank.
+# Skips (exit 77) without root or network namespaces.
+set -euo pipefail
+AGG=$1
+WORKER=$2
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+[[ $(id -u) == 0 ]] && ip netns list >/dev/null 2>&1 || { echo "SKIP: needs root and ip netns"; exit 77; }
+# shellcheck source=../../tools/testbed/testbed.sh
+source "$ROOT/tools/testbed/testbed.sh"
+NAME=srpt$$
+OUT=$(mktemp -d)
+cleanup() { testbed_down "$NAME" || true; rm -rf "$OUT"; }
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+testbed_up "$NAME" 3 --rate 1gbit >/dev/null
+agg_addr=$(testbed_addr "$NAME" 1)
+testbed_exec "$NAME" 1 "$AGG" --listen "$agg_addr:19875" --stall-timeout-ms 2000 --log-level warn &
+for r in 0 1; do
+  testbed_exec "$NAME" $((r + 2)) timeout 60 "$WORKER" --aggregators "$agg_addr:19875" --job 1 --rank $r \
+    --world-size 2 --elements 4000000 --density 0.5 --collectives 100000 --timeout-ms 5000 \
+    > "$OUT/rank$r.txt" 2>&1 &
+  eval "pid$r=$!"
+done
+# Partition once both workers have completed a few collectives.
+for _ in $(seq 1 200); do
+  [[ $(grep -c '^OK' "$OUT/rank1.txt" 2>/dev/null || true) -ge 3 ]] && break
+  sleep 0.05
+done
+grep -q '^OK' "$OUT/rank1.txt" || { echo "FAIL: workers made no progress"; cat "$OUT"/rank*.txt; exit 1; }
+start=$(date +%s%N)
+ip -n "$NAME-br" link set p3 down   # host 3 runs rank 1
+status=0
+for r in 0 1; do
+  pid_var=pid$r
+  if wait "${!pid_var}"; then
+    echo "FAIL: rank $r exited 0 after the partition"; status=1
+  fi
+done
+elapsed_ms=$(( ($(date +%s%N) - start) / 1000000 ))
+echo "both workers failed ${elapsed_ms} ms after the partition"
+cat "$OUT/rank0.txt" | tail -1
+cat "$OUT/rank1.txt" | tail -1
+tail -1 "$OUT/rank1.txt" | grep -q 'ERROR DEADLINE_EXCEEDED.*aggregator 0' || { echo "FAIL: rank 1 error"; status=1; }
+tail -1 "$OUT/rank0.txt" | grep -q 'ERROR DEADLINE_EXCEEDED .*rank(s) 1' || { echo "FAIL: rank 0 error does not name rank 1"; status=1; }
+(( elapsed_ms < 15000 )) || { echo "FAIL: took ${elapsed_ms} ms"; status=1; }
+exit $status
