@@ -164,8 +164,10 @@ void Job::OnControl(uint32_t rank, const proto::ControlMessage& message) {
       return;
     case proto::ControlMessage::kGoodbye:
       if (active_) {
-        Abort(Status(StatusCode::kPeerLeft, Describe(rank) + " said goodbye during collective " +
-                                                std::to_string(active_->seq)),
+        const std::string& reason = message.goodbye().reason();
+        Abort(Status(StatusCode::kPeerLeft, Describe(rank) + " left during collective " +
+                                                std::to_string(active_->seq) +
+                                                (reason.empty() ? "" : " because: " + reason)),
               {rank});
         return;
       }

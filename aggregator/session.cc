@@ -5,6 +5,7 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <chrono>
 #include <boost/asio/use_awaitable.hpp>
 
 #include "aggregator/job.h"
@@ -55,7 +56,11 @@ Status ValidateHello(const proto::Hello& h, const ServerOptions& o) {
 }  // namespace
 
 Session::Session(tcp::Socket socket, JobRegistry& registry, const ServerOptions& options)
-    : socket_(std::move(socket)), registry_(registry), options_(options), peer_(PeerName(socket_)) {}
+    : socket_(std::move(socket)),
+      executor_(socket_.get_executor()),
+      registry_(registry),
+      options_(options),
+      peer_(PeerName(socket_)) {}
 
 void Session::Start() {
   asio::co_spawn(socket_.get_executor(), [self = shared_from_this()] { return self->Handshake(); }, asio::detached);
@@ -80,7 +85,15 @@ void Session::Fail(const Status& error, uint64_t seq, const std::vector<uint32_t
 void Session::Close() {
   if (closed_) return;
   closed_ = true;
-  writer_->CloseAfterFlush();
+  // Only the sending side: the read loop keeps draining what the worker still sends until it closes, so the
+  // close never turns into a reset that could destroy the Error frame before the worker reads it.
+  writer_->CloseAfterFlush(/*both=*/false);
+  auto timer = std::make_shared<asio::steady_timer>(executor_, std::chrono::seconds(5));
+  timer->async_wait([self = shared_from_this(), timer](const boost::system::error_code& ec) {
+    if (ec) return;
+    boost::system::error_code ignored;
+    self->socket_.close(ignored);  // the worker did not close within the grace period
+  });
 }
 
 void Session::RejectBeforeJoin(const Status& error) {
@@ -146,6 +159,7 @@ asio::awaitable<void> Session::Handshake() {
 
 asio::awaitable<void> Session::ReadLoop(std::shared_ptr<Job> job) {
   // Now on the job's strand; the writer's completions run here too.
+  executor_ = job->strand();
   writer_ = std::make_unique<tcp::FrameWriter>(socket_, job->strand());
   writer_->set_error_handler([](const Status&) {});  // the read side reports the failure
   while (true) {
@@ -168,6 +182,14 @@ asio::awaitable<void> Session::ReadLoop(std::shared_ptr<Job> job) {
       job->OnDisconnect(rank, this, header.status());
       co_return;
     }
+    if (closed_ || job->dead()) {
+      // Draining after an abort or goodbye: drop frames until the worker closes.
+      if (Status st = co_await tcp::DiscardBytes(socket_, header->payload_length); !st.ok()) {
+        job->OnDisconnect(rank, this, st);
+        co_return;
+      }
+      continue;
+    }
     if (header->type == FrameType::kControl) {
       Result<ByteBuffer> payload = co_await tcp::ReadPayload(socket_, header->payload_length);
       if (!payload.ok()) {
@@ -181,7 +203,6 @@ asio::awaitable<void> Session::ReadLoop(std::shared_ptr<Job> job) {
       }
       job->OnControl(rank, *message);
     } else if (header->type == FrameType::kContribution) {
-      if (job->dead()) co_return;
       Result<uint64_t> limit = job->CheckContribution(rank, *header);
       if (!limit.ok()) {
         job->OnDisconnect(rank, this, limit.status());
@@ -195,11 +216,6 @@ asio::awaitable<void> Session::ReadLoop(std::shared_ptr<Job> job) {
       job->OnContribution(rank, *header, std::move(*payload));
     } else {
       job->OnDisconnect(rank, this, ProtocolError("workers may not send RESULT frames"));
-      co_return;
-    }
-    if (closed_) {
-      // Aborted or said goodbye: wait for the peer to close, then tell the job.
-      job->OnDisconnect(rank, this, Status(StatusCode::kAborted, "connection closed by the aggregator"));
       co_return;
     }
   }

@@ -42,6 +42,7 @@ class Session : public std::enable_shared_from_this<Session> {
   void RejectBeforeJoin(const Status& error);
 
   tcp::Socket socket_;
+  boost::asio::any_io_executor executor_;  // the session strand, then the job strand
   JobRegistry& registry_;
   const ServerOptions& options_;
   std::string peer_;

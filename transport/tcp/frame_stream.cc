@@ -45,6 +45,18 @@ asio::awaitable<Result<ByteBuffer>> ReadPayload(Socket& socket, uint64_t size) {
   co_return payload;
 }
 
+asio::awaitable<Status> DiscardBytes(Socket& socket, uint64_t size) {
+  std::array<std::byte, 64 * 1024> scratch;
+  while (size > 0) {
+    const size_t chunk = size < scratch.size() ? static_cast<size_t>(size) : scratch.size();
+    auto [ec, n] = co_await asio::async_read(socket, asio::buffer(scratch.data(), chunk),
+                                             asio::as_tuple(asio::use_awaitable));
+    if (ec) co_return FromErrorCode(ec, "read");
+    size -= n;
+  }
+  co_return Status::Ok();
+}
+
 void FrameWriter::Send(std::vector<asio::const_buffer> buffers, std::shared_ptr<const void> owner) {
   if (failed_ || close_after_flush_) return;
   queue_.push_back(Item{std::move(buffers), std::move(owner)});
@@ -56,12 +68,20 @@ void FrameWriter::Send(std::shared_ptr<const ByteBuffer> frame) {
   Send(std::move(buffers), std::move(frame));
 }
 
-void FrameWriter::CloseAfterFlush() {
+void FrameWriter::CloseAfterFlush(bool both) {
   close_after_flush_ = true;
+  close_both_ = both;
   if (!writing_ && queue_.empty()) {
     boost::system::error_code ignored;
-    socket_.shutdown(Socket::shutdown_both, ignored);
+    socket_.shutdown(both ? Socket::shutdown_both : Socket::shutdown_send, ignored);
   }
+}
+
+void FrameWriter::DropQueued() {
+  if (queue_.empty()) return;
+  // The front item is in flight while writing_; keep it.
+  queue_.erase(queue_.begin() + (writing_ ? 1 : 0), queue_.end());
+  if (!writing_ && on_idle_) on_idle_();
 }
 
 void FrameWriter::WriteNext() {
@@ -69,8 +89,9 @@ void FrameWriter::WriteNext() {
     writing_ = false;
     if (close_after_flush_) {
       boost::system::error_code ignored;
-      socket_.shutdown(Socket::shutdown_both, ignored);
+      socket_.shutdown(close_both_ ? Socket::shutdown_both : Socket::shutdown_send, ignored);
     }
+    if (on_idle_) on_idle_();
     return;
   }
   writing_ = true;
@@ -87,6 +108,7 @@ void FrameWriter::WriteNext() {
                           failed_ = true;
                           if (on_error_) on_error_(FromErrorCode(ec, "write"));
                         }
+                        if (*alive && on_idle_) on_idle_();
                         return;
                       }
                       WriteNext();

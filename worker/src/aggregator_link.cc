@@ -21,16 +21,30 @@ AggregatorLink::AggregatorLink(asio::io_context& io, uint32_t index, std::string
       address_(std::move(address)),
       handler_(handler),
       socket_(io),
-      writer_(socket_, io.get_executor()) {
+      writer_(socket_, io.get_executor()),
+      write_error_grace_(io) {
   writer_.set_error_handler([this](const Status& st) {
-    if (!closing_) handler_.OnFailure(*this, st);
+    if (closing_) return;
+    write_error_grace_.expires_after(std::chrono::milliseconds(500));
+    write_error_grace_.async_wait([this, st](const boost::system::error_code& ec) {
+      if (!ec && !closing_) handler_.OnFailure(*this, st);
+    });
   });
+  writer_.set_idle_handler([this] { handler_.OnWriterIdle(*this); });
+}
+
+void AggregatorLink::Abort() {
+  closing_ = true;
+  write_error_grace_.cancel();
+  boost::system::error_code ignored;
+  socket_.close(ignored);
 }
 
 std::string AggregatorLink::Name() const { return "aggregator " + std::to_string(index_) + " (" + address_ + ")"; }
 
 void AggregatorLink::Close() {
   closing_ = true;
+  write_error_grace_.cancel();
   if (connected_) {
     writer_.CloseAfterFlush();
   } else {

@@ -5,6 +5,7 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -26,6 +27,8 @@ class AggregatorLink {
     virtual Result<uint64_t> ResultLimit(AggregatorLink& link, const FrameHeader& header) = 0;
     virtual void OnResult(AggregatorLink& link, const FrameHeader& header, ByteBuffer payload) = 0;
     virtual void OnFailure(AggregatorLink& link, const Status& status) = 0;
+    // The link has no frame in flight any more (its writer ran empty).
+    virtual void OnWriterIdle(AggregatorLink& link) = 0;
   };
 
   AggregatorLink(boost::asio::io_context& io, uint32_t index, std::string address, Handler& handler);
@@ -39,6 +42,11 @@ class AggregatorLink {
     writer_.Send(std::move(buffers), std::move(owner));
   }
   void Close();  // flushes queued frames, then shuts the socket down
+  // Forgets frames not yet started (the one being written is finished, so the stream stays framed).
+  void DropQueued() { writer_.DropQueued(); }
+  bool writer_idle() const { return writer_.idle(); }
+  // Closes the socket now; pending operations complete with an error.
+  void Abort();
 
   uint32_t index() const { return index_; }
   const std::string& address() const { return address_; }  // as configured
@@ -60,6 +68,9 @@ class AggregatorLink {
   tcp::FrameWriter writer_;
   bool connected_ = false;
   bool closing_ = false;
+  // A write error is reported only after a grace period, so that an Error frame the aggregator sent before closing
+  // (already in our receive buffer) is read and reported instead of the bare "broken pipe".
+  boost::asio::steady_timer write_error_grace_;
   uint64_t bytes_sent_ = 0;
   uint64_t bytes_received_ = 0;
 };

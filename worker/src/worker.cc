@@ -38,6 +38,7 @@ class Worker::Impl : public AggregatorLink::Handler {
   Result<uint64_t> ResultLimit(AggregatorLink& link, const FrameHeader& header) override;
   void OnResult(AggregatorLink& link, const FrameHeader& header, ByteBuffer payload) override;
   void OnFailure(AggregatorLink& link, const Status& status) override;
+  void OnWriterIdle(AggregatorLink& link) override;
 
  private:
   struct Request {
@@ -58,7 +59,10 @@ class Worker::Impl : public AggregatorLink::Handler {
     return "sparsereduce: job " + std::to_string(options_.job) + " rank " + std::to_string(options_.rank);
   }
   Error MakeError(const Status& st) const { return Error(StatusCodeName(st.code()), Prefix() + ": " + st.message()); }
-  void Fail(const Status& status);  // I/O thread: the worker becomes unusable
+  // I/O thread: the worker becomes unusable. `origin` is the link that failed, if one did.
+  void Fail(const Status& status, AggregatorLink* origin = nullptr);
+  // Completes a failure once no write can read the caller's tensor any more.
+  void FinishFailure();
   void StartNext();
   void SendFrame(AggregatorLink& link, const OutgoingFrame& frame);
   void MaybeComplete();
@@ -80,6 +84,9 @@ class Worker::Impl : public AggregatorLink::Handler {
   std::optional<Active> active_;
   uint64_t seq_ = 0;
   ByteBuffer backup_storage_;  // recycled between collectives (WorkerCollective::Restore's copies)
+
+  std::optional<std::exception_ptr> failure_;  // set by Fail, delivered by FinishFailure
+  asio::steady_timer failure_grace_{io_};
 
   mutable std::mutex stats_mutex_;
   CollectiveStats last_stats_;
@@ -150,13 +157,8 @@ Worker::Impl::Impl(WorkerOptions options)
 
 Worker::Impl::~Impl() {
   asio::post(io_, [this] {
-    if (!broken_) {
-      proto::ControlMessage goodbye;
-      goodbye.mutable_goodbye();
-      for (auto& link : links_) link->Send(EncodeControl(goodbye));
-      // Fails anything still queued or in flight; the goodbye is flushed before the sockets close.
-      Fail(Status(StatusCode::kAborted, "the Worker was destroyed"));
-    }
+    // Says goodbye to every aggregator and fails anything still queued or in flight.
+    Fail(Status(StatusCode::kAborted, "the Worker was destroyed"));
   });
   work_.reset();
   thread_.join();
@@ -259,7 +261,7 @@ void Worker::Impl::OnControl(AggregatorLink& link, const proto::ControlMessage& 
       return;
     case proto::ControlMessage::kError: {
       const proto::Error& e = message.error();
-      return Fail(Status(FromProtoCode(e.code()), link.Name() + ": " + e.message()));
+      return Fail(Status(FromProtoCode(e.code()), link.Name() + ": " + e.message()), &link);
     }
     default:
       return Fail(ProtocolError(link.Name() + " sent an unexpected control message"));
@@ -279,7 +281,7 @@ void Worker::Impl::OnResult(AggregatorLink& link, const FrameHeader& header, Byt
   OutgoingFrame next;
   bool has_next = false;
   Status st = active_->collective->OnResult(link.index(), header, payload.span(), &next, &has_next);
-  if (!st.ok()) return Fail(st.WithContext(link.Name()));
+  if (!st.ok()) return Fail(st.WithContext(link.Name()), &link);
   if (has_next) SendFrame(link, next);
   MaybeComplete();
 }
@@ -315,17 +317,50 @@ void Worker::Impl::MaybeComplete() {
 void Worker::Impl::OnFailure(AggregatorLink& link, const Status& status) {
   if (broken_) return;
   if (status.code() == StatusCode::kUnavailable && link.connected()) {
-    return Fail(Status(StatusCode::kUnavailable, link.Name() + ": " + status.message()));
+    return Fail(Status(StatusCode::kUnavailable, link.Name() + ": " + status.message()), &link);
   }
-  Fail(status.WithContext(link.Name()));
+  Fail(status.WithContext(link.Name()), &link);
 }
 
-void Worker::Impl::Fail(const Status& status) {
+void Worker::Impl::Fail(const Status& status, AggregatorLink* origin) {
   if (broken_) return;
   broken_ = status;
   deadline_.cancel();
-  for (auto& link : links_) link->Close();
-  const auto error = std::make_exception_ptr(MakeError(status));
+  failure_ = std::make_exception_ptr(MakeError(status));
+  // Tell the other aggregators why this rank leaves, so they report the real cause to the other ranks, and stop
+  // sending: frames in flight finish (the stream stays framed), queued ones are dropped.
+  proto::ControlMessage goodbye;
+  goodbye.mutable_goodbye()->set_reason(status.message());
+  for (auto& link : links_) {
+    link->DropQueued();
+    if (link.get() != origin && link->connected()) link->Send(EncodeControl(goodbye));
+    link->Close();
+  }
+  // Frames in flight may point into the caller's tensor: the failure is delivered once they are written, or after
+  // a short grace period with the sockets closed.
+  failure_grace_.expires_after(std::chrono::milliseconds(500));
+  failure_grace_.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) FinishFailure();
+  });
+  OnWriterIdle(*links_.front());
+}
+
+void Worker::Impl::OnWriterIdle(AggregatorLink&) {
+  if (!failure_) return;
+  for (auto& link : links_) {
+    if (!link->writer_idle()) return;
+  }
+  FinishFailure();
+}
+
+void Worker::Impl::FinishFailure() {
+  if (!failure_) return;
+  const std::exception_ptr error = *failure_;
+  failure_.reset();
+  failure_grace_.cancel();
+  for (auto& link : links_) {
+    if (!link->writer_idle()) link->Abort();  // no further write will touch the tensor after this
+  }
   if (join_pending_) {
     join_pending_ = false;
     joined_.set_exception(error);
