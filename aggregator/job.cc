@@ -4,7 +4,9 @@
 
 #include "aggregator/job_registry.h"
 #include "aggregator/session.h"
+#include "core/dtype.h"
 #include "protocol/control.h"
+#include "protocol/frame_format.h"
 
 namespace sparsereduce::aggregator {
 namespace {
@@ -22,8 +24,13 @@ JobShape ShapeOf(const proto::Hello& h) {
 }  // namespace
 
 Job::Job(uint64_t id, boost::asio::any_io_executor strand, JobRegistry& registry,
-         std::chrono::milliseconds stall_timeout)
-    : id_(id), strand_(strand), registry_(registry), stall_timeout_(stall_timeout), stall_timer_(strand) {}
+         std::chrono::milliseconds stall_timeout, uint64_t max_collective_memory)
+    : id_(id),
+      strand_(strand),
+      registry_(registry),
+      stall_timeout_(stall_timeout),
+      max_collective_memory_(max_collective_memory),
+      stall_timer_(strand) {}
 
 void Job::ArmStallTimer(std::chrono::steady_clock::time_point deadline) {
   stall_timer_.expires_at(deadline);
@@ -190,6 +197,18 @@ void Job::OnCollectiveBegin(uint32_t rank, const proto::CollectiveBegin& begin) 
   Result<CollectiveSpec> spec = SpecFromProto(begin.spec());
   Status valid = spec.ok() ? ValidateSpec(*spec) : spec.status();
   if (valid.ok()) valid = ValidateFrameSize(shape_, *spec);
+  if (valid.ok()) {
+    const uint64_t frame = uint64_t{shape_.blocks_per_message} *
+                           (kEntrySize + Pad8(uint64_t{spec->block_size} * FindDType(spec->dtype)->size));
+    const uint64_t memory = (uint64_t{shape_.world_size} + 1) * shape_.slots * frame;
+    if (memory > max_collective_memory_) {
+      valid = Status(StatusCode::kResourceExhausted,
+                     "the collective would hold up to " + std::to_string(memory) + " bytes on this aggregator ((" +
+                         std::to_string(shape_.world_size) + " ranks + 1) x " + std::to_string(shape_.slots) +
+                         " slots x " + std::to_string(frame) + "-byte frames), above its limit of " +
+                         std::to_string(max_collective_memory_) + "; use fewer slots or blocks per message");
+    }
+  }
   if (!valid.ok()) {
     Abort(valid.WithContext(Describe(rank) + ", collective " + std::to_string(begin.seq())), {rank});
     return;

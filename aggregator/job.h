@@ -26,7 +26,7 @@ class JobRegistry;
 class Job : public std::enable_shared_from_this<Job> {
  public:
   Job(uint64_t id, boost::asio::any_io_executor strand, JobRegistry& registry,
-      std::chrono::milliseconds stall_timeout);
+      std::chrono::milliseconds stall_timeout, uint64_t max_collective_memory);
 
   uint64_t id() const { return id_; }
   const boost::asio::any_io_executor& strand() const { return strand_; }
@@ -81,6 +81,7 @@ class Job : public std::enable_shared_from_this<Job> {
   std::optional<Collective> active_;
   uint64_t last_completed_seq_ = 0;
   std::chrono::milliseconds stall_timeout_;
+  uint64_t max_collective_memory_;
   boost::asio::steady_timer stall_timer_;
   std::chrono::steady_clock::time_point last_progress_;
 };

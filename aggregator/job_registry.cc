@@ -7,7 +7,8 @@
 namespace sparsereduce::aggregator {
 
 std::shared_ptr<Job> JobRegistry::MakeJob(uint64_t id) {
-  return std::make_shared<Job>(id, boost::asio::make_strand(io_), *this, options_.stall_timeout);
+  return std::make_shared<Job>(id, boost::asio::make_strand(io_), *this, options_.stall_timeout,
+                               options_.max_collective_memory);
 }
 
 Result<std::shared_ptr<Job>> JobRegistry::FindOrCreate(uint64_t id) {

@@ -34,6 +34,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-jobs", options.max_jobs, "Jobs served at once")->capture_default_str();
   app.add_option("--max-world-size", options.max_world_size, "Largest world size accepted")->capture_default_str();
+  app.add_option("--max-collective-memory", options.max_collective_memory,
+                 "Bytes one collective may hold on this aggregator (W+1 x slots x frame size)")
+      ->capture_default_str();
   app.add_option("--log-level", log_level, "trace, debug, info, warn, error, critical or off")
       ->capture_default_str();
   app.add_option("--port-file", port_file, "Write the first bound port to this file once listening");

@@ -21,6 +21,9 @@ struct ServerOptions {
   uint32_t max_world_size = 4096;
   uint32_t max_slots = 1024;
   uint32_t max_blocks_per_message = 4096;
+  // Bound on what one collective may hold on this aggregator: every rank's contributions of one round in every
+  // slot, W · S · K · (24 + B · element size) bytes, plus one RESULT per slot.
+  uint64_t max_collective_memory = 1ull << 30;
 };
 
 }  // namespace sparsereduce::aggregator

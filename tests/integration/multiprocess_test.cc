@@ -21,15 +21,16 @@ using namespace std::chrono_literals;
 // A running aggregator daemon on an ephemeral port.
 class Aggregator {
  public:
-  explicit Aggregator(const std::string& host = "127.0.0.1") {
+  explicit Aggregator(const std::string& host = "127.0.0.1", std::vector<std::string> extra_args = {}) {
     dir_ = std::filesystem::temp_directory_path() /
            ("sr-it-" + std::to_string(getpid()) + "-" + std::to_string(counter_++));
     std::filesystem::create_directories(dir_);
     const bool v6 = host.find(':') != std::string::npos;
     const std::string bracketed = v6 ? "[" + host + "]" : host;
-    auto p = Subprocess::Spawn({SPARSEREDUCE_AGGREGATOR_BIN, "--listen", bracketed + ":0", "--port-file",
-                                dir_ + "/port", "--io-threads", "2", "--handshake-timeout-ms", "2000"},
-                               false);
+    std::vector<std::string> argv = {SPARSEREDUCE_AGGREGATOR_BIN, "--listen", bracketed + ":0", "--port-file",
+                                     dir_ + "/port", "--io-threads", "2", "--handshake-timeout-ms", "2000"};
+    argv.insert(argv.end(), extra_args.begin(), extra_args.end());
+    auto p = Subprocess::Spawn(argv, false);
     EXPECT_TRUE(p.ok()) << p.status().ToString();
     process_ = std::move(*p);
     auto port = tools::WaitForFileLine(dir_ + "/port", 10s, process_.get());
@@ -135,6 +136,17 @@ TEST(MultiProcess, Ipv6Loopback) {
   Aggregator aggregator("::1");
   auto workers = StartJob(aggregator.address(), 6, 2, {"--elements", "30000", "--collectives", "2"});
   ExpectAllOk(Finish(workers), 2);
+}
+
+TEST(MultiProcess, CollectiveOverTheMemoryLimitIsRejectedOnEveryRank) {
+  Aggregator aggregator("127.0.0.1", {"--max-collective-memory", "100000"});
+  auto workers = StartJob(aggregator.address(), 4, 2, {"--elements", "50000", "--timeout-ms", "5000"});
+  for (const auto& r : Finish(workers)) {
+    EXPECT_EQ(r.exit_code, 3);
+    ASSERT_FALSE(r.lines.empty());
+    EXPECT_NE(r.lines.back().find("ERROR RESOURCE_EXHAUSTED"), std::string::npos) << r.lines.back();
+    EXPECT_NE(r.lines.back().find("above its limit of 100000"), std::string::npos) << r.lines.back();
+  }
 }
 
 TEST(MultiProcess, TwoAggregators) {
