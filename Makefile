@@ -4,7 +4,7 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build demo test test-asan test-tsan clean
+.PHONY: all deps configure build demo test test-asan test-tsan fuzz clean
 
 all: build
 
@@ -32,6 +32,12 @@ test-tsan: deps
 	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPARSEREDUCE_SANITIZE=thread
 	cmake --build build-tsan -j$(JOBS)
 	TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan -L integration --output-on-failure --timeout 300 -j$(JOBS)
+
+# libFuzzer targets (clang), each run for FUZZ_SECONDS on a copy of its seed corpus.
+FUZZ_SECONDS ?= 30
+fuzz:
+	bash scripts/install-deps.sh clang libclang-rt-14-dev
+	bash scripts/run-fuzzers.sh $(FUZZ_SECONDS)
 
 clean:
 	rm -rf $(BUILD_DIR)

@@ -146,6 +146,12 @@ Result<uint64_t> Job::CheckContribution(uint32_t rank, const FrameHeader& header
 
 void Job::OnContribution(uint32_t rank, const FrameHeader& header, ByteBuffer payload) {
   if (dead_) return;
+  // The header was checked before the payload was read; the collective may have finished (or another one
+  // begun) while the payload was on its way.
+  if (Result<uint64_t> limit = CheckContribution(rank, header); !limit.ok()) {
+    Violation(rank, limit.status());
+    return;
+  }
   std::vector<ColumnEngine::Broadcast> out;
   Status st = active_->engine->OnContribution(rank, header, std::move(payload), &out);
   if (!st.ok()) {
@@ -200,12 +206,14 @@ void Job::OnCollectiveBegin(uint32_t rank, const proto::CollectiveBegin& begin) 
   if (valid.ok()) {
     const uint64_t frame = uint64_t{shape_.blocks_per_message} *
                            (kEntrySize + Pad8(uint64_t{spec->block_size} * FindDType(spec->dtype)->size));
-    const uint64_t memory = (uint64_t{shape_.world_size} + 1) * shape_.slots * frame;
+    // Frames of one round per rank and slot, a RESULT per slot, and the engine's next-index table.
+    const uint64_t memory = (uint64_t{shape_.world_size} + 1) * shape_.slots * frame +
+                            uint64_t{shape_.world_size} * shape_.slots * shape_.blocks_per_message * 8;
     if (memory > max_collective_memory_) {
       valid = Status(StatusCode::kResourceExhausted,
                      "the collective would hold up to " + std::to_string(memory) + " bytes on this aggregator ((" +
                          std::to_string(shape_.world_size) + " ranks + 1) x " + std::to_string(shape_.slots) +
-                         " slots x " + std::to_string(frame) + "-byte frames), above its limit of " +
+                         " slots x " + std::to_string(frame) + "-byte frames, plus index tables), above its limit of " +
                          std::to_string(max_collective_memory_) + "; use fewer slots or blocks per message");
     }
   }

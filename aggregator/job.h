@@ -23,6 +23,17 @@ namespace sparsereduce::aggregator {
 class Session;
 class JobRegistry;
 
+// The collective a job is running. (At namespace scope: clang rejects std::optional of a nested class with
+// default member initializers inside its enclosing class.)
+struct ActiveCollective {
+  uint64_t seq = 0;
+  CollectiveSpec spec;
+  uint32_t first_rank = 0;
+  std::vector<bool> begun;
+  uint32_t begun_count = 0;
+  std::unique_ptr<ColumnEngine> engine;
+};
+
 class Job : public std::enable_shared_from_this<Job> {
  public:
   Job(uint64_t id, boost::asio::any_io_executor strand, JobRegistry& registry,
@@ -50,15 +61,6 @@ class Job : public std::enable_shared_from_this<Job> {
   bool dead() const { return dead_; }
 
  private:
-  struct Collective {
-    uint64_t seq = 0;
-    CollectiveSpec spec;
-    uint32_t first_rank = 0;
-    std::vector<bool> begun;
-    uint32_t begun_count = 0;
-    std::unique_ptr<ColumnEngine> engine;
-  };
-
   void OnCollectiveBegin(uint32_t rank, const proto::CollectiveBegin& begin);
   void MaybeCompleteCollective();
   void Violation(uint32_t rank, const Status& error);
@@ -78,7 +80,7 @@ class Job : public std::enable_shared_from_this<Job> {
   bool formed_ = false;
   bool dead_ = false;
   std::vector<uint32_t> departed_;  // ranks that left after formation
-  std::optional<Collective> active_;
+  std::optional<ActiveCollective> active_;
   uint64_t last_completed_seq_ = 0;
   std::chrono::milliseconds stall_timeout_;
   uint64_t max_collective_memory_;

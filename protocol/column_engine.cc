@@ -58,6 +58,11 @@ Status ColumnEngine::OnContribution(uint32_t rank, const FrameHeader& header, By
                                     std::vector<Broadcast>* out) {
   const uint32_t s = header.slot;
   if (rank >= shape_.world_size) return ProtocolError("rank " + std::to_string(rank) + " out of range");
+  if (header.type != FrameType::kContribution || header.job != job_ || header.seq != seq_) {
+    return ProtocolError(Where(rank, s) + ": frame of type " + FrameTypeName(header.type) + " for job " +
+                         std::to_string(header.job) + " collective " + std::to_string(header.seq) +
+                         " given to job " + std::to_string(job_) + " collective " + std::to_string(seq_));
+  }
   if (s >= slots_.size()) {
     return ProtocolError(Where(rank, s) + ": slot out of range (slots=" + std::to_string(slots_.size()) + ")");
   }

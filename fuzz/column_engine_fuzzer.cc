@@ -1,0 +1,629 @@
+// Fuzzes the aggregator's ColumnEngine (protocol/column_engine.h; docs/PROTOCOL.md §4, §6, §7), structure-aware.
+//
+// The input first picks a small job and collective (fuzz::ReadSmallSetup: W 1..4, A 1..2, S 1..3, K 1..4,
+// N 0..200, B 1..8, float32/int32), a tensor seed and a per-rank density. The harness then builds, for every
+// aggregator a < A, the engine under test and an independent reference model of the aggregator written from
+// PROTOCOL.md (RefAggregator below), and one real WorkerCollective per rank over a generated tensor. The rest of the
+// input is a sequence of operations, each one byte followed by its arguments:
+//
+//   op % 8 = 0,1,2  deliver the next CONTRIBUTION a real worker queued (argument: which (rank, aggregator, slot)
+//                   queue); the fuzzer thus chooses the interleaving of all connections and slots
+//            3,4    deliver the next RESULT queued for a worker (argument: which queue)
+//            5      a CONTRIBUTION generated from the reference model for a (rank, aggregator, slot) that owes one:
+//                   valid by construction, with input-chosen `next` indices and random block data
+//            6      a mutated CONTRIBUTION: a queued worker frame (or a generated one) with 1..4 bytes changed, maybe
+//                   sent as another rank
+//            7      a raw CONTRIBUTION: input-chosen rank (possibly out of range), slot, entries and data lengths, or
+//                   an arbitrary payload under a valid header
+//
+// Every frame goes through what the aggregator does before the engine (aggregator/job.cc CheckContribution: header
+// decode, type, job, seq, payload limit), then to both the engine and the reference model. Checked:
+//  - the engine never crashes and never reads or writes out of bounds (ASan/UBSan);
+//  - the engine accepts exactly the frames the reference model accepts, and frames from in-sync real workers are
+//    always accepted; the run stops at the first rejection (the engine's state is unspecified after a violation);
+//  - every RESULT frame decodes cleanly (DecodeFrameHeader + DecodeDataPayload), fits the worker's payload limit, and
+//    equals the reference model's RESULT bit for bit (float NaN payloads excepted);
+//  - done() and AwaitedRanks() (when the engine has it) agree with the reference model;
+//  - real workers accept every RESULT while only their own frames have been delivered; at the end of the input the
+//    harness drains all queues, and then every engine and worker must be done and every tensor must equal the dense
+//    reference sum ((0 + x_0) + x_1) + ... bit for bit (§6).
+// Once a generated, mutated or raw frame has been accepted, the real workers no longer match the engines; from then
+// on only the reference model drives the engines (the drain generates valid frames until the engines are done).
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "core/byte_buffer.h"
+#include "fuzz/fuzz_common.h"
+#include "protocol/column_engine.h"
+#include "protocol/frame.h"
+#include "protocol/worker_collective.h"
+
+using namespace sparsereduce;
+using fuzz::ByteReader;
+using fuzz::PlainEntry;
+using fuzz::Rng;
+
+namespace {
+
+constexpr uint64_t kJob = 0x5EED0000F00Dull;
+constexpr uint64_t kSeq = 3;
+
+// One aggregator of docs/PROTOCOL.md, written from the document, deliberately without sharing code with
+// protocol/column_engine.cc or protocol/layout.cc.
+class RefAggregator {
+ public:
+  RefAggregator(const JobShape& shape, uint32_t aggregator, const CollectiveSpec& spec)
+      : W_(shape.world_size),
+        A_(shape.num_aggregators),
+        S_(shape.slots),
+        K_(shape.blocks_per_message),
+        a_(aggregator),
+        spec_(spec),
+        nb_(fuzz::NumBlocks(spec)),
+        columns_(uint64_t{A_} * S_ * K_),
+        slots_(S_) {
+    for (uint32_t s = 0; s < S_; ++s) {
+      Slot& sl = slots_[s];
+      while (sl.lanes < K_ && Column(s, sl.lanes) < nb_) ++sl.lanes;
+      sl.cur.assign(sl.lanes, 0);
+      sl.next.assign(sl.lanes, std::vector<uint64_t>(W_, kEndOfColumn));
+      sl.sent.assign(W_, false);
+      sl.got.assign(W_, std::vector<PlainEntry>(sl.lanes));
+      sl.has.assign(W_, std::vector<bool>(sl.lanes, false));
+    }
+  }
+
+  uint64_t Column(uint32_t s, uint32_t k) const { return uint64_t{A_} * (s + uint64_t{S_} * k) + a_; }
+
+  bool Done() const {
+    for (const Slot& sl : slots_) {
+      if (sl.lanes && !sl.finished) return false;
+    }
+    return true;
+  }
+
+  // Must `rank` send a CONTRIBUTION on slot `s` in the slot's current round (and has it not yet)?
+  bool Owes(uint32_t rank, uint32_t s) const {
+    const Slot& sl = slots_[s];
+    if (sl.lanes == 0 || sl.finished || sl.sent[rank]) return false;
+    return sl.round == 0 || !Contributing(rank, s).empty();
+  }
+
+  // The verdict on a decoded CONTRIBUTION (§7). An accepted one is recorded; if it completes the round,
+  // `*result` receives the RESULT frame the aggregator must broadcast.
+  bool Offer(uint32_t rank, uint32_t s, std::span<const EntryView> entries, std::vector<std::byte>* result,
+             bool* has_result) {
+    *has_result = false;
+    if (rank >= W_ || s >= S_ || !Owes(rank, s)) return false;
+    Slot& sl = slots_[s];
+    std::vector<uint32_t> lanes;
+    if (sl.round == 0) {
+      for (uint32_t k = 0; k < sl.lanes; ++k) lanes.push_back(k);
+    } else {
+      lanes = Contributing(rank, s);
+    }
+    if (entries.size() != lanes.size()) return false;
+    for (size_t i = 0; i < lanes.size(); ++i) {
+      const EntryView& e = entries[i];
+      const uint32_t k = lanes[i];
+      if (sl.round == 0) {
+        const uint64_t c = Column(s, k);
+        if (e.block != c || !e.data.empty() || !NextOk(e.next, c, c, /*inclusive=*/true)) return false;
+      } else {
+        const uint64_t cur = sl.cur[k];
+        if (e.block != cur || e.data.size() != fuzz::BlockBytesOf(spec_, cur) ||
+            !NextOk(e.next, cur % columns_, cur, /*inclusive=*/false)) {
+          return false;
+        }
+      }
+    }
+    for (size_t i = 0; i < lanes.size(); ++i) {
+      const EntryView& e = entries[i];
+      sl.got[rank][lanes[i]] = PlainEntry{e.block, e.next, std::vector<std::byte>(e.data.begin(), e.data.end())};
+      sl.has[rank][lanes[i]] = true;
+    }
+    sl.sent[rank] = true;
+    for (uint32_t r = 0; r < W_; ++r) {
+      if (Owes(r, s)) return true;
+    }
+    *result = CompleteRound(s);
+    *has_result = true;
+    return true;
+  }
+
+  // A valid CONTRIBUTION of `rank` on slot `s` (which it owes); `choose()` picks each entry's next index.
+  template <typename Choose>
+  std::vector<std::byte> Generate(uint32_t rank, uint32_t s, Choose choose, Rng& rng) const {
+    const Slot& sl = slots_[s];
+    std::vector<PlainEntry> entries;
+    if (sl.round == 0) {
+      for (uint32_t k = 0; k < sl.lanes; ++k) {
+        const uint64_t c = Column(s, k);
+        entries.push_back(PlainEntry{c, PickNext(c, choose()), {}});
+      }
+    } else {
+      for (uint32_t k : Contributing(rank, s)) {
+        const uint64_t cur = sl.cur[k];
+        PlainEntry e{cur, PickNext(cur + columns_, choose()), std::vector<std::byte>(fuzz::BlockBytesOf(spec_, cur))};
+        for (size_t i = 0; i < e.data.size(); i += 4) {
+          const uint32_t v = fuzz::RandomElement(rng, spec_.dtype, /*allow_any_bits=*/true);
+          std::memcpy(e.data.data() + i, &v, 4);
+        }
+        entries.push_back(std::move(e));
+      }
+    }
+    return fuzz::WriteDataFrame(FrameType::kContribution, s, kJob, kSeq, entries);
+  }
+
+ private:
+  struct Slot {
+    uint32_t lanes = 0;
+    uint32_t round = 0;
+    bool finished = false;
+    std::vector<uint64_t> cur;                      // [lane]
+    std::vector<std::vector<uint64_t>> next;        // [lane][rank]: announced next block
+    std::vector<bool> sent;                         // [rank]: sent in this round
+    std::vector<std::vector<PlainEntry>> got;       // [rank][lane]: this round's entries
+    std::vector<std::vector<bool>> has;             // [rank][lane]
+  };
+
+  std::vector<uint32_t> Contributing(uint32_t rank, uint32_t s) const {
+    const Slot& sl = slots_[s];
+    std::vector<uint32_t> lanes;
+    for (uint32_t k = 0; k < sl.lanes; ++k) {
+      if (sl.cur[k] != kEndOfColumn && sl.next[k][rank] == sl.cur[k]) lanes.push_back(k);
+    }
+    return lanes;
+  }
+
+  bool NextOk(uint64_t next, uint64_t column, uint64_t after, bool inclusive) const {
+    if (next == kEndOfColumn) return true;
+    if (next >= nb_ || next % columns_ != column) return false;
+    return inclusive ? next >= after : next > after;
+  }
+
+  // Block `first`, `first + C`, ... (those < NB), or END; `choice` indexes that list, the last index being END.
+  uint64_t PickNext(uint64_t first, uint8_t choice) const {
+    const uint64_t count = first < nb_ ? (nb_ - first + columns_ - 1) / columns_ : 0;
+    const uint64_t i = choice % (count + 1);
+    return i == count ? kEndOfColumn : first + i * columns_;
+  }
+
+  std::vector<std::byte> CompleteRound(uint32_t s) {
+    Slot& sl = slots_[s];
+    std::vector<PlainEntry> out;
+    if (sl.round == 0) {
+      for (uint32_t k = 0; k < sl.lanes; ++k) {
+        uint64_t cur = kEndOfColumn;
+        for (uint32_t r = 0; r < W_; ++r) {
+          sl.next[k][r] = sl.got[r][k].next;
+          cur = std::min(cur, sl.next[k][r]);
+        }
+        sl.cur[k] = cur;
+        out.push_back(PlainEntry{Column(s, k), cur, {}});
+      }
+    } else {
+      for (uint32_t k = 0; k < sl.lanes; ++k) {
+        const uint64_t cur = sl.cur[k];
+        if (cur == kEndOfColumn) continue;
+        const uint32_t bytes = fuzz::BlockBytesOf(spec_, cur);
+        std::vector<std::byte> sum(bytes);  // all-zero bits: the identity of §6
+        uint64_t new_cur = kEndOfColumn;
+        for (uint32_t r = 0; r < W_; ++r) {  // ascending rank order
+          if (sl.has[r][k]) {
+            const PlainEntry& e = sl.got[r][k];
+            for (uint32_t i = 0; i < bytes; i += 4) {
+              if (spec_.dtype == DType::kFloat32) {
+                float x, y;
+                std::memcpy(&x, sum.data() + i, 4);
+                std::memcpy(&y, e.data.data() + i, 4);
+                x = x + y;
+                std::memcpy(sum.data() + i, &x, 4);
+              } else {
+                uint32_t x, y;
+                std::memcpy(&x, sum.data() + i, 4);
+                std::memcpy(&y, e.data.data() + i, 4);
+                x += y;
+                std::memcpy(sum.data() + i, &x, 4);
+              }
+            }
+            sl.next[k][r] = e.next;
+          }
+          new_cur = std::min(new_cur, sl.next[k][r]);
+        }
+        sl.cur[k] = new_cur;
+        out.push_back(PlainEntry{cur, new_cur, std::move(sum)});
+      }
+    }
+    ++sl.round;
+    for (uint32_t r = 0; r < W_; ++r) {
+      sl.sent[r] = false;
+      sl.has[r].assign(sl.lanes, false);
+    }
+    sl.finished = std::all_of(sl.cur.begin(), sl.cur.end(), [](uint64_t c) { return c == kEndOfColumn; });
+    return fuzz::WriteDataFrame(FrameType::kResult, s, kJob, kSeq, out);
+  }
+
+  uint32_t W_, A_, S_, K_, a_;
+  CollectiveSpec spec_;
+  uint64_t nb_, columns_;
+  std::vector<Slot> slots_;
+};
+
+class Harness {
+ public:
+  Harness(const fuzz::SmallSetup& setup, ByteReader& in)
+      : setup_(setup),
+        W_(setup.shape.world_size),
+        A_(setup.shape.num_aggregators),
+        S_(setup.shape.slots),
+        rng_(in.U32()),
+        to_agg_(size_t{W_} * A_ * S_),
+        to_worker_(size_t{W_} * A_ * S_) {
+    const CollectiveSpec& spec = setup.spec;
+    for (uint32_t a = 0; a < A_; ++a) {
+      engines_.push_back(std::make_unique<ColumnEngine>(setup.shape, a, kJob, kSeq, spec));
+      refs_.push_back(std::make_unique<RefAggregator>(setup.shape, a, spec));
+      FUZZ_CHECK(engines_[a]->done() == refs_[a]->Done(), "aggregator %u: done() of a fresh engine", a);
+      CheckAwaited(*engines_[a], a);
+    }
+    for (uint32_t r = 0; r < W_; ++r) tensors_.push_back(fuzz::MakeTensor(spec, rng_, in.U8()));
+    // The dense reference result of §6: ((0 + x_0) + x_1) + ... in the dtype's arithmetic.
+    expected_.assign(spec.element_count * 4, std::byte{0});
+    for (uint64_t i = 0; i < spec.element_count; ++i) {
+      for (uint32_t r = 0; r < W_; ++r) {
+        if (spec.dtype == DType::kFloat32) {
+          float x, y;
+          std::memcpy(&x, expected_.data() + i * 4, 4);
+          std::memcpy(&y, tensors_[r].data() + i * 4, 4);
+          x = x + y;
+          std::memcpy(expected_.data() + i * 4, &x, 4);
+        } else {
+          uint32_t x, y;
+          std::memcpy(&x, expected_.data() + i * 4, 4);
+          std::memcpy(&y, tensors_[r].data() + i * 4, 4);
+          x += y;
+          std::memcpy(expected_.data() + i * 4, &x, 4);
+        }
+      }
+    }
+    for (uint32_t r = 0; r < W_; ++r) {
+      workers_.push_back(std::make_unique<WorkerCollective>(setup.shape, kJob, kSeq, spec, tensors_[r]));
+      uint64_t nonzero = 0;
+      for (uint64_t b = 0; b < fuzz::NumBlocks(spec); ++b) nonzero += fuzz::BlockIsNonzero(spec, tensors_[r], b);
+      FUZZ_CHECK(workers_[r]->nonzero_blocks() == nonzero, "rank %u: nonzero_blocks %llu, expected %llu", r,
+                 static_cast<unsigned long long>(workers_[r]->nonzero_blocks()),
+                 static_cast<unsigned long long>(nonzero));
+      for (uint32_t a = 0; a < A_; ++a) {
+        for (const OutgoingFrame& f : workers_[r]->Start(a)) {
+          FUZZ_CHECK(f.slot < S_, "Start produced slot %u", f.slot);
+          to_agg_[Q(r, a, f.slot)].push_back(Bytes(workers_[r]->EncodeFrame(f)));
+        }
+      }
+    }
+  }
+
+  // Runs the operations of the input. Returns false once a frame was rejected (the run is over).
+  bool Step(ByteReader& in) {
+    const uint8_t op = in.U8();
+    switch (op % 8) {
+      case 0:
+      case 1:
+      case 2:
+        return in_sync_ ? DeliverContribution(in.U8()) : GenerateAndFeed(in);
+      case 3:
+      case 4:
+        return in_sync_ ? DeliverResult(in.U8()) : GenerateAndFeed(in);
+      case 5:
+        return GenerateAndFeed(in);
+      case 6:
+        return Mutated(in);
+      default:
+        return Raw(in);
+    }
+  }
+
+  // End of input: run the collective to completion and check the outcome.
+  void Drain() {
+    if (in_sync_) {
+      for (bool progress = true; progress;) {
+        progress = false;
+        for (size_t q = 0; q < to_agg_.size(); ++q) {
+          while (!to_agg_[q].empty()) {
+            progress = true;
+            DeliverFromQueue(q);
+          }
+        }
+        for (size_t q = 0; q < to_worker_.size(); ++q) {
+          while (!to_worker_[q].empty()) {
+            progress = true;
+            DeliverResultFromQueue(q);
+          }
+        }
+      }
+      for (uint32_t a = 0; a < A_; ++a) FUZZ_CHECK(engines_[a]->done(), "aggregator %u not done after the drain", a);
+      for (uint32_t r = 0; r < W_; ++r) {
+        FUZZ_CHECK(workers_[r]->done(), "worker %u not done after the drain", r);
+        workers_[r]->Finish();
+        FUZZ_CHECK(fuzz::SameElements(tensors_[r], expected_, setup_.spec.dtype),
+                   "rank %u: result differs from the dense reference sum", r);
+      }
+    } else {
+      Rng choices(rng_.Next());
+      for (bool progress = true; progress;) {
+        progress = false;
+        for (uint32_t a = 0; a < A_; ++a) {
+          for (uint32_t r = 0; r < W_; ++r) {
+            for (uint32_t s = 0; s < S_; ++s) {
+              if (!refs_[a]->Owes(r, s)) continue;
+              progress = true;
+              // Mostly END, so that the drain finishes in few rounds.
+              auto choose = [&] { return static_cast<uint8_t>(choices.Below(2) ? 0xFF : choices.Below(4)); };
+              Feed(r, a, refs_[a]->Generate(r, s, choose, rng_), /*must_accept=*/true);
+            }
+          }
+        }
+      }
+      for (uint32_t a = 0; a < A_; ++a) FUZZ_CHECK(engines_[a]->done(), "aggregator %u not done after the drain", a);
+    }
+  }
+
+ private:
+  size_t Q(uint32_t r, uint32_t a, uint32_t s) const { return (size_t{r} * A_ + a) * S_ + s; }
+  void Unq(size_t q, uint32_t* r, uint32_t* a, uint32_t* s) const {
+    *s = static_cast<uint32_t>(q % S_);
+    *a = static_cast<uint32_t>(q / S_ % A_);
+    *r = static_cast<uint32_t>(q / S_ / A_);
+  }
+  static std::vector<std::byte> Bytes(const ByteBuffer& b) { return {b.data(), b.data() + b.size()}; }
+
+  template <typename Queue>
+  static std::vector<size_t> NonEmpty(const std::vector<Queue>& queues) {
+    std::vector<size_t> out;
+    for (size_t q = 0; q < queues.size(); ++q) {
+      if (!queues[q].empty()) out.push_back(q);
+    }
+    return out;
+  }
+
+  bool DeliverContribution(uint8_t choice) {
+    const std::vector<size_t> ready = NonEmpty(to_agg_);
+    if (ready.empty()) return true;
+    DeliverFromQueue(ready[choice % ready.size()]);
+    return true;
+  }
+
+  void DeliverFromQueue(size_t q) {
+    uint32_t r, a, s;
+    Unq(q, &r, &a, &s);
+    std::vector<std::byte> frame = std::move(to_agg_[q].front());
+    to_agg_[q].pop_front();
+    Feed(r, a, frame, /*must_accept=*/true);
+  }
+
+  bool DeliverResult(uint8_t choice) {
+    const std::vector<size_t> ready = NonEmpty(to_worker_);
+    if (ready.empty()) return true;
+    DeliverResultFromQueue(ready[choice % ready.size()]);
+    return true;
+  }
+
+  void DeliverResultFromQueue(size_t q) {
+    uint32_t r, a, s;
+    Unq(q, &r, &a, &s);
+    const std::shared_ptr<const ByteBuffer> frame = to_worker_[q].front();
+    to_worker_[q].pop_front();
+    Result<FrameHeader> h = DecodeFrameHeader(frame->span());
+    FUZZ_CHECK(h.ok(), "RESULT header: %s", h.status().ToString().c_str());
+    FUZZ_CHECK(h->payload_length <= workers_[r]->MaxResultPayload(), "RESULT payload above the worker's limit");
+    OutgoingFrame next;
+    bool has_next = false;
+    const Status st = workers_[r]->OnResult(a, *h, frame->span().subspan(kFrameHeaderSize), &next, &has_next);
+    FUZZ_CHECK(st.ok(), "rank %u rejected a RESULT of aggregator %u slot %u: %s", r, a, s, st.ToString().c_str());
+    if (has_next) {
+      FUZZ_CHECK(next.slot == s, "contribution for slot %u after a RESULT on slot %u", next.slot, s);
+      to_agg_[Q(r, a, next.slot)].push_back(Bytes(workers_[r]->EncodeFrame(next)));
+    }
+  }
+
+  // Picks a (rank, aggregator, slot) that owes a CONTRIBUTION; false if none does.
+  bool PickOwed(uint8_t choice, uint32_t* r, uint32_t* a, uint32_t* s) const {
+    std::vector<size_t> owed;
+    for (uint32_t rr = 0; rr < W_; ++rr) {
+      for (uint32_t aa = 0; aa < A_; ++aa) {
+        for (uint32_t ss = 0; ss < S_; ++ss) {
+          if (refs_[aa]->Owes(rr, ss)) owed.push_back(Q(rr, aa, ss));
+        }
+      }
+    }
+    if (owed.empty()) return false;
+    Unq(owed[choice % owed.size()], r, a, s);
+    return true;
+  }
+
+  bool GenerateAndFeed(ByteReader& in) {
+    uint32_t r, a, s;
+    if (!PickOwed(in.U8(), &r, &a, &s)) return true;
+    in_sync_ = false;
+    return Feed(r, a, refs_[a]->Generate(r, s, [&] { return in.U8(); }, rng_), /*must_accept=*/true);
+  }
+
+  bool Mutated(ByteReader& in) {
+    uint32_t r = 0, a = 0, s = 0;
+    std::vector<std::byte> frame;
+    const std::vector<size_t> ready = NonEmpty(to_agg_);
+    const uint8_t choice = in.U8();
+    if (in_sync_ && !ready.empty()) {
+      const size_t q = ready[choice % ready.size()];
+      Unq(q, &r, &a, &s);
+      frame = std::move(to_agg_[q].front());
+      to_agg_[q].pop_front();
+    } else if (PickOwed(choice, &r, &a, &s)) {
+      frame = refs_[a]->Generate(r, s, [&] { return in.U8(); }, rng_);
+      in_sync_ = false;
+    } else {
+      return Raw(in);
+    }
+    const uint8_t as_rank = in.U8();
+    if (as_rank < 32) r = as_rank % (W_ + 1);  // occasionally from another (or an out-of-range) rank
+    if (fuzz::MutateFrame(frame, in) || as_rank < 32) in_sync_ = false;
+    return Feed(r, a, frame, /*must_accept=*/in_sync_);
+  }
+
+  bool Raw(ByteReader& in) {
+    const uint32_t a = in.U8() % A_;
+    const uint32_t r = in.U8() % (W_ + 1);
+    const uint8_t style = in.U8();
+    const uint32_t slot = in.U8() % (S_ + 1);
+    const uint64_t nb = fuzz::NumBlocks(setup_.spec);
+    auto index = [&](uint8_t v) -> uint64_t { return v == 0xFF ? kEndOfColumn : v % (nb + 2); };
+    std::vector<std::byte> frame;
+    if (style % 2 == 0) {
+      std::vector<PlainEntry> entries(in.U8() % (setup_.shape.blocks_per_message + 2));
+      for (PlainEntry& e : entries) {
+        e.block = index(in.U8());
+        e.next = index(in.U8());
+        const uint8_t len = in.U8();
+        uint32_t bytes = 0;
+        switch (len % 4) {
+          case 1: bytes = e.block < nb ? fuzz::BlockBytesOf(setup_.spec, e.block) : 4; break;
+          case 2: bytes = 4 * (len >> 2); break;
+          case 3: bytes = len >> 2; break;
+        }
+        e.data.resize(bytes);
+        for (std::byte& b : e.data) b = std::byte(rng_.Next());
+      }
+      frame = fuzz::WriteDataFrame(FrameType::kContribution, slot, kJob, kSeq, entries);
+    } else {
+      const uint32_t count = in.U8() % (setup_.shape.blocks_per_message + 1);
+      const std::span<const uint8_t> raw = in.Bytes(in.U8());
+      fuzz::FrameWriter w;
+      w.U32(kFrameMagic);
+      w.U8(kProtocolVersion);
+      w.U8(static_cast<uint8_t>(FrameType::kContribution));
+      w.U16(0);
+      w.U32(static_cast<uint32_t>(raw.size()));
+      w.U32(slot);
+      w.U64(kJob);
+      w.U64(kSeq);
+      w.U32(count);
+      w.U32(0);
+      w.Raw(std::as_bytes(raw));
+      frame = std::move(w.bytes());
+    }
+    in_sync_ = false;
+    return Feed(r, a, frame, /*must_accept=*/false);
+  }
+
+  // One CONTRIBUTION from `rank` to aggregator `a`, as the aggregator's connection and Job would hand it to the
+  // engine. Returns false if it was rejected.
+  bool Feed(uint32_t rank, uint32_t a, const std::vector<std::byte>& frame, bool must_accept) {
+    Result<FrameHeader> h = DecodeFrameHeader(frame);
+    FUZZ_CHECK(h.ok() || !must_accept, "valid frame's header rejected: %s", h.status().ToString().c_str());
+    if (!h.ok()) return false;
+    // aggregator/job.cc CheckContribution, and the stream framing (exactly payload_length bytes follow).
+    if (h->type != FrameType::kContribution || h->job != kJob || h->seq != kSeq ||
+        h->payload_length > engines_[a]->MaxContributionPayload() ||
+        frame.size() != kFrameHeaderSize + uint64_t{h->payload_length}) {
+      FUZZ_CHECK(!must_accept, "valid frame fails the Job's pre-checks");
+      return false;
+    }
+    ByteBuffer payload(h->payload_length);
+    if (payload.size()) std::memcpy(payload.data(), frame.data() + kFrameHeaderSize, payload.size());
+
+    std::vector<EntryView> views;
+    std::vector<std::byte> want;
+    bool want_result = false;
+    const bool ref_ok = DecodeDataPayload(*h, payload.span(), &views).ok() &&
+                        refs_[a]->Offer(rank, h->slot, views, &want, &want_result);
+    std::vector<ColumnEngine::Broadcast> out;
+    const Status st = engines_[a]->OnContribution(rank, *h, std::move(payload), &out);
+    FUZZ_CHECK(st.ok() == ref_ok, "aggregator %u, rank %u, slot %u: engine says %s, reference model says %s", a,
+               rank, h->slot, st.ok() ? "OK" : st.ToString().c_str(), ref_ok ? "accept" : "reject");
+    FUZZ_CHECK(st.ok() || !must_accept, "valid CONTRIBUTION rejected: %s", st.ToString().c_str());
+    if (!st.ok()) return false;
+
+    FUZZ_CHECK(out.size() == (want_result ? 1u : 0u), "engine emitted %zu RESULT frames, reference model %d",
+               out.size(), want_result ? 1 : 0);
+    for (const ColumnEngine::Broadcast& b : out) {
+      CheckResult(a, b, want);
+      if (in_sync_) {
+        for (uint32_t r = 0; r < W_; ++r) to_worker_[Q(r, a, b.slot)].push_back(b.frame);
+      }
+    }
+    FUZZ_CHECK(engines_[a]->done() == refs_[a]->Done(), "aggregator %u: engine done()=%d, reference model %d", a,
+               engines_[a]->done(), refs_[a]->Done());
+    CheckAwaited(*engines_[a], a);
+    return true;
+  }
+
+  // ColumnEngine::AwaitedRanks (if this version has it): the ranks some slot still waits for, ascending.
+  template <typename Engine>
+  void CheckAwaited(const Engine& engine, uint32_t a) const {
+    if constexpr (requires { { engine.AwaitedRanks() } -> std::same_as<std::vector<uint32_t>>; }) {
+      std::vector<uint32_t> want;
+      for (uint32_t r = 0; r < W_; ++r) {
+        for (uint32_t s = 0; s < S_; ++s) {
+          if (refs_[a]->Owes(r, s)) {
+            want.push_back(r);
+            break;
+          }
+        }
+      }
+      FUZZ_CHECK(engine.AwaitedRanks() == want, "aggregator %u: AwaitedRanks differs from the reference model", a);
+    }
+  }
+
+  void CheckResult(uint32_t a, const ColumnEngine::Broadcast& b, const std::vector<std::byte>& want) {
+    const ByteBuffer& frame = *b.frame;
+    Result<FrameHeader> h = DecodeFrameHeader(frame.span());
+    FUZZ_CHECK(h.ok(), "RESULT header does not decode: %s", h.status().ToString().c_str());
+    FUZZ_CHECK(h->type == FrameType::kResult && h->job == kJob && h->seq == kSeq && h->slot == b.slot,
+               "RESULT header fields");
+    FUZZ_CHECK(frame.size() == kFrameHeaderSize + uint64_t{h->payload_length}, "RESULT frame size");
+    FUZZ_CHECK(h->payload_length <= workers_[0]->MaxResultPayload(), "RESULT payload %u above the limit %llu",
+               h->payload_length, static_cast<unsigned long long>(workers_[0]->MaxResultPayload()));
+    std::vector<EntryView> entries;
+    const Status st = DecodeDataPayload(*h, frame.span().subspan(kFrameHeaderSize), &entries);
+    FUZZ_CHECK(st.ok(), "RESULT payload does not decode: %s", st.ToString().c_str());
+    FUZZ_CHECK(entries.size() >= 1 && entries.size() <= setup_.shape.blocks_per_message, "RESULT with %zu entries",
+               entries.size());
+    const size_t table = kFrameHeaderSize + size_t{kEntrySize} * entries.size();
+    FUZZ_CHECK(frame.size() == want.size() && std::memcmp(frame.data(), want.data(), std::min(table, want.size())) == 0,
+               "aggregator %u slot %u: RESULT header/entries differ from the reference model", a, b.slot);
+    FUZZ_CHECK(fuzz::SameElements(frame.span().subspan(table), std::span(want).subspan(table), setup_.spec.dtype),
+               "aggregator %u slot %u: RESULT data differs from the reference model", a, b.slot);
+  }
+
+  fuzz::SmallSetup setup_;
+  uint32_t W_, A_, S_;
+  Rng rng_;
+  std::vector<std::unique_ptr<ColumnEngine>> engines_;
+  std::vector<std::unique_ptr<RefAggregator>> refs_;
+  std::vector<std::vector<std::byte>> tensors_;
+  std::vector<std::byte> expected_;
+  std::vector<std::unique_ptr<WorkerCollective>> workers_;
+  std::vector<std::deque<std::vector<std::byte>>> to_agg_;                       // [Q(rank, aggregator, slot)]
+  std::vector<std::deque<std::shared_ptr<const ByteBuffer>>> to_worker_;         // [Q(rank, aggregator, slot)]
+  bool in_sync_ = true;  // the engines have seen only the real workers' frames
+};
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  ByteReader in(data, size);
+  const fuzz::SmallSetup setup = fuzz::ReadSmallSetup(in);
+  Harness harness(setup, in);
+  while (!in.empty()) {
+    if (!harness.Step(in)) return 0;
+  }
+  harness.Drain();
+  return 0;
+}

@@ -1,0 +1,234 @@
+// Writes the seed corpus of the fuzz targets: fuzz_seed_generator <corpus dir>, which then holds one folder per
+// target. The seeds are small valid inputs (real frames from a WorkerCollective/ColumnEngine run, serialized control
+// messages, and op sequences for the structure-aware targets); see fuzz/README.md for the input formats.
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/byte_buffer.h"
+#include "fuzz/fuzz_common.h"
+#include "protocol/column_engine.h"
+#include "protocol/control.h"
+#include "protocol/frame.h"
+#include "protocol/worker_collective.h"
+
+using namespace sparsereduce;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path g_root;
+
+void Write(const std::string& target, const std::string& name, const void* data, size_t size) {
+  const fs::path dir = g_root / target;
+  fs::create_directories(dir);
+  std::ofstream out(dir / name, std::ios::binary | std::ios::trunc);
+  out.write(static_cast<const char*>(data), static_cast<std::streamsize>(size));
+  if (!out) {
+    std::fprintf(stderr, "cannot write %s\n", (dir / name).c_str());
+    std::exit(1);
+  }
+}
+void Write(const std::string& target, const std::string& name, const ByteBuffer& b) {
+  Write(target, name, b.data(), b.size());
+}
+void Write(const std::string& target, const std::string& name, const std::vector<uint8_t>& b) {
+  Write(target, name, b.data(), b.size());
+}
+
+void Check(const Status& st, const char* what) {
+  if (!st.ok()) {
+    std::fprintf(stderr, "%s: %s\n", what, st.ToString().c_str());
+    std::exit(1);
+  }
+}
+
+// The worked example of docs/PROTOCOL.md §4 (W=2, A=1, S=1, K=2, N=10, B=2), run for real; saves its frames.
+void FrameSeeds() {
+  const std::string t = "frame_decoder_fuzzer";
+  const JobShape shape{2, 1, 1, 2};
+  const CollectiveSpec spec{10, DType::kFloat32, ReduceOp::kSum, 2};
+  std::vector<float> x0(10, 0.0f), x1(10, 0.0f);
+  x0[4] = 1.5f;  // block 2
+  x0[7] = -2.0f;  // block 3
+  x1[5] = 3.0f;  // block 2
+  x1[8] = 0.25f;  // block 4
+  WorkerCollective w0(shape, 9, 1, spec, std::as_writable_bytes(std::span(x0)));
+  WorkerCollective w1(shape, 9, 1, spec, std::as_writable_bytes(std::span(x1)));
+  ColumnEngine engine(shape, 0, 9, 1, spec);
+  WorkerCollective* workers[2] = {&w0, &w1};
+
+  std::vector<OutgoingFrame> pending[2] = {w0.Start(0), w1.Start(0)};
+  for (int round = 0; round < 3; ++round) {
+    std::vector<ColumnEngine::Broadcast> out;
+    for (uint32_t r = 0; r < 2; ++r) {
+      for (const OutgoingFrame& f : pending[r]) {
+        const ByteBuffer frame = workers[r]->EncodeFrame(f);
+        Write(t, "contribution_r" + std::to_string(round) + "_rank" + std::to_string(r), frame);
+        Result<FrameHeader> h = DecodeFrameHeader(frame.span());
+        Check(h.status(), "header");
+        ByteBuffer payload(h->payload_length);
+        if (payload.size()) std::memcpy(payload.data(), frame.data() + kFrameHeaderSize, payload.size());
+        Check(engine.OnContribution(r, *h, std::move(payload), &out), "engine");
+      }
+      pending[r].clear();
+    }
+    for (const auto& b : out) {
+      Write(t, "result_r" + std::to_string(round), *b.frame);
+      Result<FrameHeader> h = DecodeFrameHeader(b.frame->span());
+      for (uint32_t r = 0; r < 2; ++r) {
+        OutgoingFrame next;
+        bool has_next = false;
+        Check(workers[r]->OnResult(0, *h, b.frame->span().subspan(kFrameHeaderSize), &next, &has_next), "worker");
+        if (has_next) pending[r].push_back(next);
+      }
+    }
+  }
+  if (!engine.done() || !w0.done() || !w1.done()) {
+    std::fprintf(stderr, "worked example did not finish\n");
+    std::exit(1);
+  }
+
+  // An int32 block of 3 elements (12 data bytes + 4 padding) and a frame without entries.
+  const std::vector<std::byte> data(12, std::byte{7});
+  const Entry e{5, kEndOfColumn, 12};
+  const std::span<const std::byte> spans[1] = {data};
+  Write(t, "result_padded", EncodeDataFrame(FrameHeader{FrameType::kResult, 0, 2, 1, 4, 0}, {&e, 1}, spans));
+  Write(t, "contribution_empty", EncodeDataFrame(FrameHeader{FrameType::kContribution, 0, 0, 1, 1, 0}, {}, {}));
+
+  proto::ControlMessage hello;
+  auto* h = hello.mutable_hello();
+  h->set_protocol_version(1);
+  h->set_job_id(9);
+  h->set_rank(1);
+  h->set_world_size(2);
+  h->set_num_aggregators(1);
+  h->set_slots(1);
+  h->set_blocks_per_message(2);
+  Write(t, "control_hello", EncodeControl(hello));
+  proto::ControlMessage begin;
+  begin.mutable_collective_begin()->set_seq(1);
+  *begin.mutable_collective_begin()->mutable_spec() = SpecToProto(spec);
+  Write(t, "control_collective_begin", EncodeControl(begin));
+  proto::ControlMessage error;
+  error.mutable_error()->set_code(proto::SPEC_MISMATCH);
+  error.mutable_error()->set_message("spec mismatch");
+  error.mutable_error()->set_seq(1);
+  error.mutable_error()->add_ranks(0);
+  Write(t, "control_error", EncodeControl(error));
+}
+
+void ControlSeeds() {
+  const std::string t = "control_message_fuzzer";
+  auto save = [&](const std::string& name, std::vector<uint8_t> shape, const proto::ControlMessage& m) {
+    const std::string s = m.SerializeAsString();
+    shape.insert(shape.end(), s.begin(), s.end());
+    Write(t, name, shape);
+  };
+  proto::ControlMessage m;
+  auto* h = m.mutable_hello();
+  h->set_protocol_version(1);
+  h->set_job_id(77);
+  h->set_rank(3);
+  h->set_world_size(4);
+  h->set_aggregator_index(1);
+  h->set_num_aggregators(2);
+  h->set_slots(2);
+  h->set_blocks_per_message(8);
+  save("hello", {0x10, 0x20, 3, 7}, m);
+
+  m.Clear();
+  m.mutable_job_ready()->set_protocol_version(1);
+  save("job_ready", {0, 0, 0, 0}, m);
+
+  const struct {
+    const char* name;
+    CollectiveSpec spec;
+    std::vector<uint8_t> shape;
+  } begins[] = {
+      {"begin_float32", {1000, DType::kFloat32, ReduceOp::kSum, 256}, {1, 1, 0, 3}},
+      {"begin_int32_odd", {1001, DType::kInt32, ReduceOp::kSum, 7}, {3, 1, 2, 1}},
+      {"begin_large_block", {uint64_t{1} << 40, DType::kFloat32, ReduceOp::kSum, 1u << 22}, {0, 0, 0, 40}},
+      {"begin_unsupported_op", {10, DType::kFloat32, ReduceOp::kMax, 4}, {0, 0, 0, 0}},
+      {"begin_unsupported_dtype", {10, DType::kFloat64, ReduceOp::kSum, 4}, {0, 0, 0, 0}},
+      {"begin_empty", {0, DType::kInt32, ReduceOp::kSum, 1}, {2, 1, 1, 1}},
+  };
+  for (const auto& b : begins) {
+    m.Clear();
+    m.mutable_collective_begin()->set_seq(5);
+    *m.mutable_collective_begin()->mutable_spec() = SpecToProto(b.spec);
+    save(b.name, b.shape, m);
+  }
+
+  m.Clear();
+  m.mutable_collective_accepted()->set_seq(5);
+  save("accepted", {0, 0, 0, 0}, m);
+  m.Clear();
+  m.mutable_error()->set_code(proto::PEER_LEFT);
+  m.mutable_error()->set_message("rank 2 left");
+  m.mutable_error()->add_ranks(2);
+  save("error", {0, 0, 0, 0}, m);
+  m.Clear();
+  m.mutable_goodbye();
+  save("goodbye", {0, 0, 0, 0}, m);
+}
+
+// Op sequences for the structure-aware targets: `prefix` (setup bytes) then `ops` op/argument bytes drawn from
+// `op_codes`, with random argument bytes.
+std::vector<uint8_t> OpSeed(std::vector<uint8_t> prefix, std::initializer_list<uint8_t> op_codes, size_t ops,
+                            uint64_t seed) {
+  fuzz::Rng rng(seed);
+  const std::vector<uint8_t> codes(op_codes);
+  for (size_t i = 0; i < ops; ++i) {
+    prefix.push_back(codes[rng.Below(static_cast<uint32_t>(codes.size()))]);
+    const uint32_t args = 1 + rng.Below(3);
+    for (uint32_t j = 0; j < args; ++j) prefix.push_back(static_cast<uint8_t>(rng.Next()));
+  }
+  return prefix;
+}
+
+void EngineSeeds() {
+  const std::string t = "column_engine_fuzzer";
+  // Setup bytes: W-1, A-1, S-1, K-1, N, B-1 (>= 0xE0: 9..72), dtype (odd: int32), 4 seed bytes, W densities.
+  Write(t, "worked_example", std::vector<uint8_t>{1, 0, 0, 1, 10, 1, 0, 1, 2, 3, 4, 128, 128});
+  Write(t, "deliver_w3a2s2k2", OpSeed({2, 1, 1, 1, 60, 2, 0, 5, 6, 7, 8, 60, 200, 30}, {0, 1, 3, 4}, 60, 1));
+  Write(t, "deliver_int32_w4a1s3k4", OpSeed({3, 0, 2, 3, 200, 7, 1, 9, 9, 9, 9, 90, 10, 250, 0}, {0, 3}, 80, 2));
+  Write(t, "generated_w2a2s1k3", OpSeed({1, 1, 0, 2, 100, 0, 0, 1, 1, 2, 2, 70, 70}, {0, 3, 5}, 60, 3));
+  Write(t, "mutated_w2a1s1k1", OpSeed({1, 0, 0, 0, 20, 3, 1, 4, 3, 2, 1, 255, 100}, {0, 3, 6}, 40, 4));
+  Write(t, "raw_w3a1s2k2", OpSeed({2, 0, 1, 1, 37, 4, 0, 7, 7, 7, 7, 128, 128, 128}, {0, 3, 7}, 40, 5));
+  Write(t, "wide_blocks_w3a1s1k2", OpSeed({2, 0, 0, 1, 200, 0xF7, 0, 2, 7, 1, 8, 160, 40, 250}, {0, 3}, 60, 7));
+  Write(t, "sparse_w4a2s3k4", OpSeed({3, 1, 2, 3, 180, 1, 0, 3, 1, 4, 1, 8, 0, 16, 4}, {0, 1, 2, 3, 4}, 100, 6));
+}
+
+void WorkerSeeds() {
+  const std::string t = "worker_collective_fuzzer";
+  // Setup bytes: W-1, A-1, S-1, K-1, N, B-1 (>= 0xE0: 9..72), dtype, 4 seed bytes, density, end mode.
+  Write(t, "worked_example", std::vector<uint8_t>{1, 0, 0, 1, 10, 1, 0, 1, 2, 3, 4, 128, 0});
+  Write(t, "valid_a2s2k2", OpSeed({0, 1, 1, 1, 90, 2, 0, 5, 6, 7, 8, 80, 0}, {0, 1, 2}, 60, 11));
+  Write(t, "valid_int32_a1s3k4", OpSeed({0, 0, 2, 3, 200, 7, 1, 9, 8, 7, 6, 200, 0}, {0, 3}, 60, 12));
+  Write(t, "mutated_a2s1k3", OpSeed({0, 1, 0, 2, 120, 0, 0, 1, 2, 1, 2, 60, 0}, {0, 5}, 40, 13));
+  Write(t, "raw_a1s2k2", OpSeed({0, 0, 1, 1, 33, 3, 0, 3, 3, 3, 3, 128, 0}, {0, 6, 7}, 40, 14));
+  // End mode: bit 0 Restore() at the end, bits 1-2 backup storage (none, too small, exact, larger).
+  Write(t, "restore_small_storage_a2s3k4", OpSeed({0, 1, 2, 3, 150, 1, 0, 2, 4, 6, 8, 100, 3}, {0, 1}, 30, 15));
+  Write(t, "restore_exact_storage_a1s2k1", OpSeed({0, 0, 1, 0, 64, 0xF3, 0, 5, 4, 3, 2, 90, 5}, {0, 5}, 20, 16));
+  Write(t, "large_storage_wide_blocks", OpSeed({0, 1, 0, 1, 200, 0xFF, 1, 8, 8, 8, 8, 150, 6}, {0, 2}, 30, 17));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: %s <corpus dir>\n", argv[0]);
+    return 2;
+  }
+  g_root = argv[1];
+  FrameSeeds();
+  ControlSeeds();
+  EngineSeeds();
+  WorkerSeeds();
+  return 0;
+}

@@ -1,0 +1,460 @@
+// Fuzzes the worker's side of a collective (protocol/worker_collective.h, protocol/worker_schedule.h;
+// docs/PROTOCOL.md §4, §6, §7) with fuzzer-provided RESULT frames, structure-aware.
+//
+// The input first picks a small job and collective (fuzz::ReadSmallSetup), a tensor seed and density, and an
+// end-of-input mode. The harness builds one WorkerCollective over a tensor of exactly N elements (so that ASan
+// catches any write outside it), starts it on every aggregator, and keeps an independent reference model of the
+// worker (RefWorker below, written from PROTOCOL.md). The rest of the input is a sequence of operations:
+//
+//   op % 8 = 0..4  a valid RESULT generated from the reference model for a slot that awaits one, with input-chosen
+//                  `next` indices (anything between the current block and this worker's own next) and random data
+//            5     such a RESULT with 1..4 bytes changed, possibly delivered as another aggregator's
+//            6     a structured RESULT with input-chosen slot, entries, indices and data lengths
+//            7     arbitrary payload bytes under a valid RESULT header
+//
+// Frames pass the link's checks first (header decode, payload limit MaxResultPayload). Checked:
+//  - no crash, no out-of-bounds access (ASan/UBSan), in particular no tensor write outside the tensor;
+//  - OnResult accepts exactly what the reference model accepts (valid generated RESULTs always), and a rejected
+//    RESULT leaves the tensor untouched; the run stops at the first rejection;
+//  - after each accepted RESULT: the CONTRIBUTION the worker asks to send next equals the reference model's, the
+//    tensor equals the reference model's, AggregatorDone()/done() agree; Start()'s announces equal the model's;
+//  - at the end of the input, the harness delivers valid RESULTs until the collective is done, then Finish(): every
+//    own nonzero block was received, and the tensor holds exactly the received data, all-zero bits elsewhere;
+//  - if WorkerCollective has Restore() (detected at compile time) it is called after a rejected RESULT, or at the
+//    end of the input when the end mode asks for it, and must give back the original tensor bit for bit; if its
+//    constructor takes recycled backup storage, the end mode also picks its size (none, too small, exact, larger).
+//
+// End mode byte: bit 0: at the end of the input Restore() instead of completing the collective; bits 1-2: backup
+// storage size.
+#include <algorithm>
+#include <memory>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include "core/byte_buffer.h"
+#include "fuzz/fuzz_common.h"
+#include "protocol/frame.h"
+#include "protocol/worker_collective.h"
+
+using namespace sparsereduce;
+using fuzz::ByteReader;
+using fuzz::PlainEntry;
+using fuzz::Rng;
+
+namespace {
+
+constexpr uint64_t kJob = 0xC0FFEE;
+constexpr uint64_t kSeq = 11;
+
+template <typename T>
+concept HasRestore = requires(T& t) { t.Restore(); };
+
+// The worker of docs/PROTOCOL.md on every aggregator, written from the document (no code shared with
+// protocol/worker_schedule.cc or protocol/layout.cc). Also tracks the tensor the worker must end up with.
+class RefWorker {
+ public:
+  RefWorker(const JobShape& shape, const CollectiveSpec& spec, std::span<const std::byte> tensor)
+      : A_(shape.num_aggregators),
+        S_(shape.slots),
+        K_(shape.blocks_per_message),
+        spec_(spec),
+        nb_(fuzz::NumBlocks(spec)),
+        columns_(uint64_t{A_} * S_ * K_),
+        tensor_(tensor.begin(), tensor.end()),
+        received_(nb_, false),
+        slots_(A_, std::vector<Slot>(S_)) {
+    for (uint64_t b = 0; b < nb_; ++b) own_.push_back(fuzz::BlockIsNonzero(spec, tensor, b));
+  }
+
+  // The announces of aggregator `a` (§4, round 0), and the start of its slots.
+  std::vector<OutgoingFrame> Start(uint32_t a) {
+    std::vector<OutgoingFrame> frames;
+    for (uint32_t s = 0; s < S_; ++s) {
+      Slot& sl = slots_[a][s];
+      for (uint32_t k = 0; k < K_ && Column(a, s, k) < nb_; ++k) {
+        const uint64_t c = Column(a, s, k);
+        sl.lane.push_back(Lane{c, NextOwn(c)});
+      }
+      if (sl.lane.empty()) continue;
+      sl.awaiting = true;
+      OutgoingFrame f{s, {}};
+      for (const Lane& l : sl.lane) f.entries.push_back(Entry{l.cur, l.mine, 0});
+      frames.push_back(std::move(f));
+    }
+    return frames;
+  }
+
+  bool Awaiting(uint32_t a, uint32_t s) const { return slots_[a][s].awaiting; }
+  bool AggregatorDone(uint32_t a) const {
+    for (const Slot& sl : slots_[a]) {
+      if (sl.awaiting) return false;
+    }
+    return true;
+  }
+  bool Done() const {
+    for (uint32_t a = 0; a < A_; ++a) {
+      if (!AggregatorDone(a)) return false;
+    }
+    return true;
+  }
+
+  // §7, worker on a RESULT (the header's job/seq/type are checked by the caller).
+  bool Check(uint32_t a, uint32_t s, std::span<const EntryView> entries) const {
+    if (s >= S_ || !slots_[a][s].awaiting) return false;
+    const Slot& sl = slots_[a][s];
+    size_t i = 0;
+    for (const Lane& l : sl.lane) {
+      if (l.cur == kEndOfColumn) continue;
+      if (i == entries.size()) return false;
+      const EntryView& e = entries[i++];
+      if (e.block != l.cur) return false;
+      if (e.data.size() != (sl.round == 0 ? 0 : fuzz::BlockBytesOf(spec_, l.cur))) return false;
+      if (e.next != kEndOfColumn) {
+        if (e.next >= nb_ || e.next % columns_ != l.cur % columns_) return false;
+        if (sl.round == 0 ? e.next < l.cur : e.next <= l.cur) return false;
+      }
+      if (e.next > l.mine) return false;
+    }
+    return i == entries.size();
+  }
+
+  // Applies an accepted RESULT; `*next`/`*has_next`: the CONTRIBUTION the worker must send next on the slot.
+  void Apply(uint32_t a, uint32_t s, std::span<const EntryView> entries, OutgoingFrame* next, bool* has_next) {
+    Slot& sl = slots_[a][s];
+    size_t i = 0;
+    for (Lane& l : sl.lane) {
+      if (l.cur == kEndOfColumn) continue;
+      const EntryView& e = entries[i++];
+      if (!e.data.empty()) {
+        std::memcpy(tensor_.data() + l.cur * spec_.block_size * 4, e.data.data(), e.data.size());
+        received_[l.cur] = true;
+      }
+      l.cur = e.next;
+    }
+    ++sl.round;
+    *has_next = false;
+    next->slot = s;
+    next->entries.clear();
+    sl.awaiting = std::any_of(sl.lane.begin(), sl.lane.end(), [](const Lane& l) { return l.cur != kEndOfColumn; });
+    if (!sl.awaiting) return;
+    for (Lane& l : sl.lane) {
+      if (l.cur == kEndOfColumn || l.mine != l.cur) continue;
+      const uint64_t following = NextOwn(l.cur + columns_);
+      next->entries.push_back(Entry{l.cur, following, fuzz::BlockBytesOf(spec_, l.cur)});
+      l.mine = following;
+    }
+    *has_next = !next->entries.empty();
+  }
+
+  // A valid RESULT for (a, s), which must await one; `choose()` picks each entry's next index.
+  template <typename Choose>
+  std::vector<std::byte> Generate(uint32_t a, uint32_t s, Choose choose, Rng& rng) const {
+    const Slot& sl = slots_[a][s];
+    std::vector<PlainEntry> entries;
+    for (const Lane& l : sl.lane) {
+      if (l.cur == kEndOfColumn) continue;
+      std::vector<uint64_t> candidates;
+      for (uint64_t b = sl.round == 0 ? l.cur : l.cur + columns_; b < nb_ && b <= l.mine; b += columns_) {
+        candidates.push_back(b);
+      }
+      if (l.mine == kEndOfColumn) candidates.push_back(kEndOfColumn);
+      FUZZ_CHECK(!candidates.empty(), "reference model: no valid next for block %llu",
+                 static_cast<unsigned long long>(l.cur));
+      PlainEntry e{l.cur, candidates[choose() % candidates.size()], {}};
+      if (sl.round > 0) {
+        e.data.resize(fuzz::BlockBytesOf(spec_, l.cur));
+        for (size_t i = 0; i < e.data.size(); i += 4) {
+          const uint32_t v = fuzz::RandomElement(rng, spec_.dtype, /*allow_any_bits=*/true);
+          std::memcpy(e.data.data() + i, &v, 4);
+        }
+      }
+      entries.push_back(std::move(e));
+    }
+    return fuzz::WriteDataFrame(FrameType::kResult, s, kJob, kSeq, entries);
+  }
+
+  // The tensor after Finish(): received blocks hold their data, all others all-zero bits (§6). Every own nonzero
+  // block must have been received (the aggregation visits every column's nonzero blocks).
+  std::vector<std::byte> Finished() const {
+    std::vector<std::byte> t = tensor_;
+    for (uint64_t b = 0; b < nb_; ++b) {
+      if (received_[b]) continue;
+      FUZZ_CHECK(!own_[b], "own nonzero block %llu was never received", static_cast<unsigned long long>(b));
+      std::memset(t.data() + b * spec_.block_size * 4, 0, fuzz::BlockBytesOf(spec_, b));
+    }
+    return t;
+  }
+
+  const std::vector<std::byte>& tensor() const { return tensor_; }
+
+ private:
+  struct Lane {
+    uint64_t cur;   // block aggregated next (END: finished)
+    uint64_t mine;  // own next nonzero block not yet sent
+  };
+  struct Slot {
+    uint32_t round = 0;
+    bool awaiting = false;
+    std::vector<Lane> lane;
+  };
+
+  uint64_t Column(uint32_t a, uint32_t s, uint32_t k) const { return uint64_t{A_} * (s + uint64_t{S_} * k) + a; }
+  uint64_t NextOwn(uint64_t from) const {
+    for (uint64_t b = from; b < nb_; b += columns_) {
+      if (own_[b]) return b;
+    }
+    return kEndOfColumn;
+  }
+
+  uint32_t A_, S_, K_;
+  CollectiveSpec spec_;
+  uint64_t nb_, columns_;
+  std::vector<std::byte> tensor_;
+  std::vector<bool> own_, received_;
+  std::vector<std::vector<Slot>> slots_;  // [aggregator][slot]
+};
+
+bool SameFrame(const OutgoingFrame& x, const OutgoingFrame& y) {
+  if (x.slot != y.slot || x.entries.size() != y.entries.size()) return false;
+  for (size_t i = 0; i < x.entries.size(); ++i) {
+    const Entry& a = x.entries[i];
+    const Entry& b = y.entries[i];
+    if (a.block != b.block || a.next != b.next || a.data_bytes != b.data_bytes) return false;
+  }
+  return true;
+}
+
+class Harness {
+ public:
+  Harness(const fuzz::SmallSetup& setup, ByteReader& in)
+      : setup_(setup),
+        rng_(in.U32()),
+        original_(fuzz::MakeTensor(setup.spec, rng_, in.U8())),
+        end_mode_(in.U8()),
+        tensor_(new std::byte[original_.size()]),
+        ref_(setup.shape, setup.spec, original_) {
+    if (!original_.empty()) std::memcpy(tensor_.get(), original_.data(), original_.size());
+    worker_ = MakeWorker<WorkerCollective>(BackupStorage((end_mode_ >> 1) & 3));
+    for (uint32_t a = 0; a < setup.shape.num_aggregators; ++a) {
+      const std::vector<OutgoingFrame> got = worker_->Start(a);
+      const std::vector<OutgoingFrame> want = ref_.Start(a);
+      FUZZ_CHECK(got.size() == want.size(), "aggregator %u: %zu announce frames, expected %zu", a, got.size(),
+                 want.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        FUZZ_CHECK(SameFrame(got[i], want[i]), "aggregator %u: announce frame %zu differs", a, i);
+        // The encoded CONTRIBUTION must be a well-formed frame.
+        const ByteBuffer f = worker_->EncodeFrame(got[i]);
+        Result<FrameHeader> h = DecodeFrameHeader(f.span());
+        std::vector<EntryView> v;
+        FUZZ_CHECK(h.ok() && DecodeDataPayload(*h, f.span().subspan(kFrameHeaderSize), &v).ok(),
+                   "announce frame does not decode");
+      }
+      FUZZ_CHECK(worker_->AggregatorDone(a) == ref_.AggregatorDone(a), "AggregatorDone(%u) after Start", a);
+    }
+  }
+
+  // One operation; false once a RESULT was rejected (the run is over).
+  bool Step(ByteReader& in) {
+    const uint8_t op = in.U8();
+    const uint32_t A = setup_.shape.num_aggregators;
+    if (op % 8 <= 5) {
+      uint32_t a, s;
+      if (!PickAwaiting(in.U8(), &a, &s)) return true;
+      std::vector<std::byte> frame = ref_.Generate(a, s, [&] { return in.U8(); }, rng_);
+      if (op % 8 < 5) return Feed(a, frame, /*must_accept=*/true);
+      const uint8_t as_aggregator = in.U8();
+      bool changed = fuzz::MutateFrame(frame, in);
+      if (as_aggregator < 32 && as_aggregator % A != a) {
+        a = as_aggregator % A;
+        changed = true;
+      }
+      return Feed(a, frame, /*must_accept=*/!changed);
+    }
+    const uint32_t a = in.U8() % A;
+    const uint32_t slot = in.U8() % (setup_.shape.slots + 1);
+    const uint64_t nb = fuzz::NumBlocks(setup_.spec);
+    std::vector<std::byte> frame;
+    if (op % 8 == 6) {
+      auto index = [&](uint8_t v) -> uint64_t { return v == 0xFF ? kEndOfColumn : v % (nb + 2); };
+      std::vector<PlainEntry> entries(in.U8() % (setup_.shape.blocks_per_message + 2));
+      for (PlainEntry& e : entries) {
+        e.block = index(in.U8());
+        e.next = index(in.U8());
+        const uint8_t len = in.U8();
+        uint32_t bytes = 0;
+        switch (len % 4) {
+          case 1: bytes = e.block < nb ? fuzz::BlockBytesOf(setup_.spec, e.block) : 4; break;
+          case 2: bytes = 4 * (len >> 2); break;
+          case 3: bytes = len >> 2; break;
+        }
+        e.data.resize(bytes);
+        for (std::byte& b : e.data) b = std::byte(rng_.Next());
+      }
+      frame = fuzz::WriteDataFrame(FrameType::kResult, slot, kJob, kSeq, entries);
+    } else {
+      const uint32_t count = in.U8() % (setup_.shape.blocks_per_message + 1);
+      const std::span<const uint8_t> raw = in.Bytes(in.U8());
+      fuzz::FrameWriter w;
+      w.U32(kFrameMagic);
+      w.U8(kProtocolVersion);
+      w.U8(static_cast<uint8_t>(FrameType::kResult));
+      w.U16(0);
+      w.U32(static_cast<uint32_t>(raw.size()));
+      w.U32(slot);
+      w.U64(kJob);
+      w.U64(kSeq);
+      w.U32(count);
+      w.U32(0);
+      w.Raw(std::as_bytes(raw));
+      frame = std::move(w.bytes());
+    }
+    return Feed(a, frame, /*must_accept=*/false);
+  }
+
+  // End of input: either abort (Restore) or complete the collective with valid RESULTs, then Finish().
+  void End() {
+    if ((end_mode_ & 1) && !worker_->done() && TryRestore(*worker_)) return;
+    Rng choices(rng_.Next());
+    uint32_t a, s;
+    while (PickAwaiting(static_cast<uint8_t>(choices.Next()), &a, &s)) {
+      // Mostly the worker's own next block (the largest candidate), sometimes an earlier one.
+      Feed(a, ref_.Generate(a, s, [&] { return static_cast<uint8_t>(choices.Below(2) ? 0xFF : choices.Below(4)); },
+                            rng_),
+           /*must_accept=*/true);
+    }
+    FUZZ_CHECK(worker_->done(), "worker not done after every slot received its last RESULT");
+    worker_->Finish();
+    const std::vector<std::byte> want = ref_.Finished();
+    FUZZ_CHECK(fuzz::SameBytes(tensor_.get(), want.data(), want.size()), "tensor after Finish() is wrong");
+  }
+
+ private:
+  // Recycled memory for Restore()'s copies, as the worker library hands it from one collective to the next:
+  // none, too small, exactly the blocks that may need a copy, or larger; filled with garbage.
+  ByteBuffer BackupStorage(uint32_t mode) const {
+    uint64_t exact = 0;
+    for (uint64_t b = 0; b < fuzz::NumBlocks(setup_.spec); ++b) {
+      const uint64_t first = b * setup_.spec.block_size * 4;
+      const uint64_t bytes = fuzz::BlockBytesOf(setup_.spec, b);
+      exact += std::any_of(original_.begin() + first, original_.begin() + first + bytes,
+                           [](std::byte x) { return x != std::byte{0}; });
+    }
+    const size_t sizes[4] = {0, 5, exact * setup_.spec.block_size * 4, 4096};
+    ByteBuffer storage(sizes[mode]);
+    if (storage.size()) std::memset(storage.data(), 0xA5, storage.size());
+    return storage;
+  }
+
+  // A WorkerCollective over the tensor, with `storage` for its backups if this version takes it.
+  template <typename WC>
+  std::unique_ptr<WC> MakeWorker(ByteBuffer storage) {
+    const std::span<std::byte> tensor(tensor_.get(), original_.size());
+    if constexpr (std::is_constructible_v<WC, const JobShape&, uint64_t, uint64_t, const CollectiveSpec&,
+                                          std::span<std::byte>, ByteBuffer>) {
+      return std::make_unique<WC>(setup_.shape, kJob, kSeq, setup_.spec, tensor, std::move(storage));
+    } else {
+      return std::make_unique<WC>(setup_.shape, kJob, kSeq, setup_.spec, tensor);
+    }
+  }
+
+  // Calls Restore() if WorkerCollective has it and checks that the original tensor is back.
+  template <typename WC>
+  bool TryRestore(WC& worker) {
+    if constexpr (HasRestore<WC>) {
+      worker.Restore();
+      FUZZ_CHECK(fuzz::SameBytes(tensor_.get(), original_.data(), original_.size()),
+                 "Restore() did not give back the original tensor");
+      return true;
+    } else {
+      return false;
+    }
+  }
+
+  bool PickAwaiting(uint8_t choice, uint32_t* a, uint32_t* s) const {
+    std::vector<std::pair<uint32_t, uint32_t>> ready;
+    for (uint32_t aa = 0; aa < setup_.shape.num_aggregators; ++aa) {
+      for (uint32_t ss = 0; ss < setup_.shape.slots; ++ss) {
+        if (ref_.Awaiting(aa, ss)) ready.emplace_back(aa, ss);
+      }
+    }
+    if (ready.empty()) return false;
+    std::tie(*a, *s) = ready[choice % ready.size()];
+    return true;
+  }
+
+  // One frame from aggregator `a`'s connection, as AggregatorLink hands it to the collective.
+  bool Feed(uint32_t a, const std::vector<std::byte>& frame, bool must_accept) {
+    Result<FrameHeader> h = DecodeFrameHeader(frame);
+    FUZZ_CHECK(h.ok() || !must_accept, "valid RESULT header rejected: %s", h.status().ToString().c_str());
+    if (!h.ok() || h->type == FrameType::kControl || h->payload_length > worker_->MaxResultPayload() ||
+        frame.size() != kFrameHeaderSize + uint64_t{h->payload_length}) {
+      FUZZ_CHECK(!must_accept, "valid RESULT fails the link's checks");
+      return false;
+    }
+    ByteBuffer payload(h->payload_length);
+    if (payload.size()) std::memcpy(payload.data(), frame.data() + kFrameHeaderSize, payload.size());
+    std::vector<EntryView> views;
+    const bool ref_ok = h->type == FrameType::kResult && h->job == kJob && h->seq == kSeq &&
+                        DecodeDataPayload(*h, payload.span(), &views).ok() && ref_.Check(a, h->slot, views);
+
+    OutgoingFrame next;
+    bool has_next = false;
+    const Status st = worker_->OnResult(a, *h, payload.span(), &next, &has_next);
+    FUZZ_CHECK(st.ok() == ref_ok, "aggregator %u slot %u: worker says %s, reference model says %s", a, h->slot,
+               st.ok() ? "OK" : st.ToString().c_str(), ref_ok ? "accept" : "reject");
+    FUZZ_CHECK(st.ok() || !must_accept, "valid RESULT rejected: %s", st.ToString().c_str());
+    if (!st.ok()) {
+      FUZZ_CHECK(fuzz::SameBytes(tensor_.get(), ref_.tensor().data(), original_.size()),
+                 "a rejected RESULT changed the tensor");
+      TryRestore(*worker_);
+      return false;
+    }
+    OutgoingFrame want;
+    bool want_next = false;
+    ref_.Apply(a, h->slot, views, &want, &want_next);
+    FUZZ_CHECK(has_next == want_next && (!has_next || SameFrame(next, want)),
+               "aggregator %u slot %u: next CONTRIBUTION differs from the reference model", a, h->slot);
+    if (has_next) {
+      const ByteBuffer f = worker_->EncodeFrame(next);
+      Result<FrameHeader> fh = DecodeFrameHeader(f.span());
+      std::vector<EntryView> v;
+      FUZZ_CHECK(fh.ok() && fh->payload_length <= worker_->MaxResultPayload() &&
+                     DecodeDataPayload(*fh, f.span().subspan(kFrameHeaderSize), &v).ok(),
+                 "CONTRIBUTION frame does not decode");
+      const ByteBuffer prefix = worker_->EncodePrefix(next);
+      FUZZ_CHECK(prefix.size() <= f.size() && fuzz::SameBytes(prefix.data(), f.data(), prefix.size()),
+                 "EncodePrefix differs from EncodeFrame");
+    }
+    FUZZ_CHECK(fuzz::SameBytes(tensor_.get(), ref_.tensor().data(), original_.size()),
+               "tensor differs from the reference model after a RESULT");
+    FUZZ_CHECK(worker_->AggregatorDone(a) == ref_.AggregatorDone(a) && worker_->done() == ref_.Done(),
+               "done state differs from the reference model");
+    return true;
+  }
+
+  fuzz::SmallSetup setup_;
+  Rng rng_;
+  std::vector<std::byte> original_;
+  uint8_t end_mode_;
+  std::unique_ptr<std::byte[]> tensor_;  // exactly N elements: ASan reports any access past it
+  RefWorker ref_;
+  std::unique_ptr<WorkerCollective> worker_;
+};
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  ByteReader in(data, size);
+  const fuzz::SmallSetup setup = fuzz::ReadSmallSetup(in);
+  Harness harness(setup, in);
+  while (!in.empty()) {
+    if (!harness.Step(in)) return 0;
+  }
+  harness.End();
+  return 0;
+}
