@@ -263,6 +263,11 @@ void Job::OnCollectiveBegin(uint32_t rank, const proto::CollectiveBegin& begin) 
   MaybeCompleteCollective();
 }
 
+void Job::AbortIfForming(const Status& error, uint32_t rank) {
+  if (dead_ || formed_) return;
+  Abort(error, {rank});
+}
+
 void Job::MaybeCompleteCollective() {
   if (active_ && active_->begun_count == shape_.world_size && active_->engine->done()) {
     spdlog::debug("job {}: collective {} complete ({} blocks aggregated)", id_, active_->seq,

@@ -59,6 +59,9 @@ class Job : public std::enable_shared_from_this<Job> {
   void Abort(const Status& error, const std::vector<uint32_t>& ranks, std::optional<uint32_t> offender = {});
 
   bool dead() const { return dead_; }
+  // A rank of this job sent a Hello that cannot be accepted (e.g. rank out of range): while the job is still
+  // forming it can never complete, so its members learn why at once instead of at their join timeout.
+  void AbortIfForming(const Status& error, uint32_t rank);
 
  private:
   void OnCollectiveBegin(uint32_t rank, const proto::CollectiveBegin& begin);

@@ -24,6 +24,12 @@ Result<std::shared_ptr<Job>> JobRegistry::FindOrCreate(uint64_t id) {
   return job;
 }
 
+std::shared_ptr<Job> JobRegistry::Find(uint64_t id) const {
+  std::lock_guard lock(mutex_);
+  auto it = jobs_.find(id);
+  return it == jobs_.end() ? nullptr : it->second;
+}
+
 std::shared_ptr<Job> JobRegistry::Replace(uint64_t id, const std::shared_ptr<Job>& stale) {
   std::lock_guard lock(mutex_);
   auto it = jobs_.find(id);

@@ -21,6 +21,8 @@ class JobRegistry {
 
   // The live job with this id, created if there is none. RESOURCE_EXHAUSTED when max_jobs are live.
   Result<std::shared_ptr<Job>> FindOrCreate(uint64_t id);
+  // The live job with this id, or nullptr.
+  std::shared_ptr<Job> Find(uint64_t id) const;
   // Replaces `stale` (dead or superseded) by a fresh job with the same id and returns the live one.
   std::shared_ptr<Job> Replace(uint64_t id, const std::shared_ptr<Job>& stale);
   // Forgets `job` if it is still the one registered under its id.

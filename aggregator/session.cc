@@ -4,6 +4,7 @@
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <boost/asio/use_awaitable.hpp>
@@ -144,8 +145,12 @@ asio::awaitable<void> Session::Handshake() {
   }
   hello_ = message->hello();
   if (Status st = ValidateHello(hello_, options_); !st.ok()) {
-    RejectBeforeJoin(st.WithContext("job " + std::to_string(hello_.job_id()) + " rank " +
-                                    std::to_string(hello_.rank()) + " Hello"));
+    const Status error = st.WithContext("job " + std::to_string(hello_.job_id()) + " rank " +
+                                        std::to_string(hello_.rank()) + " (" + peer_ + ") Hello");
+    RejectBeforeJoin(error);
+    if (auto job = registry_.Find(hello_.job_id())) {
+      asio::post(job->strand(), [job, error, rank = hello_.rank()] { job->AbortIfForming(error, rank); });
+    }
     co_return;
   }
   Result<std::shared_ptr<Job>> job = registry_.FindOrCreate(hello_.job_id());

@@ -172,6 +172,44 @@ TEST(MultiProcess, SpecMismatchFailsEveryRankNamingTheRanks) {
   }
 }
 
+// Wrong world size, duplicate rank, rank out of range: the ranks that are waiting when the mistaken Hello arrives
+// fail at once with an error naming the rank involved. (A rank that connects after that finds a fresh job and
+// fails at its own join timeout: short here, so nothing hangs.)
+TEST(MultiProcess, JoinMistakesFailWaitingRanksFast) {
+  struct Case {
+    const char* name;
+    std::map<uint32_t, std::vector<std::string>> per_rank;
+    const char* code;
+    const char* names;
+  };
+  const std::vector<Case> cases = {
+      {"wrong world size", {{2, {"--world-size", "4"}}}, "JOB_CONFIG_MISMATCH", "rank 2"},
+      {"duplicate rank", {{2, {"--rank", "1"}}}, "DUPLICATE_RANK", "rank 1 joined twice"},
+      {"rank out of range", {{2, {"--rank", "7"}}}, "INVALID_ARGUMENT", "rank 7 is out of range"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Aggregator aggregator;
+    auto workers = StartJob(aggregator.address(), 12, 3, {"--timeout-ms", "3000"}, c.per_rank);
+    const auto start = std::chrono::steady_clock::now();
+    auto results = Finish(workers);
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 15s);
+    int named = 0;
+    for (const auto& r : results) {
+      EXPECT_EQ(r.exit_code, 3);
+      ASSERT_FALSE(r.lines.empty());
+      const std::string& line = r.lines.back();
+      if (line.find(std::string("ERROR ") + c.code) != std::string::npos) {
+        EXPECT_NE(line.find(c.names), std::string::npos) << line;
+        ++named;
+      } else {
+        EXPECT_NE(line.find("ERROR DEADLINE_EXCEEDED"), std::string::npos) << line;
+      }
+    }
+    EXPECT_GE(named, 1) << "nobody was told what went wrong";
+  }
+}
+
 // Garbage on one connection drops that connection only; a job on the same daemon completes.
 TEST(MultiProcess, GarbageClientDoesNotDisturbOtherJobs) {
   Aggregator aggregator;

@@ -91,8 +91,8 @@ int main(int argc, char** argv) {
   CLI::App app{"sparsereduce test worker"};
   app.add_option("--aggregators", options.aggregators)->delimiter(',')->required();
   app.add_option("--job", options.job)->required();
-  app.add_option("--rank", options.rank)->required();
-  app.add_option("--world-size", options.world_size)->required();
+  app.add_option("--rank", options.rank)->required()->take_last();
+  app.add_option("--world-size", options.world_size)->required()->take_last();
   app.add_option("--block-size", options.block_size);
   app.add_option("--slots", options.slots);
   app.add_option("--blocks-per-message", options.blocks_per_message);
