@@ -3,7 +3,7 @@
 # network namespaces with 1 Gbit/s tbf-shaped links, plus loopback and kernel micro-benchmarks. Needs root and a
 # Release build (make build) and the baselines (bash scripts/install-bench-deps.sh; cmake re-run picks up Gloo).
 #
-#   tools/bench/run_benchmarks.sh [all|density|colocated|sizes|loopback|kernels]...
+#   tools/bench/run_benchmarks.sh [all|density|colocated|sizes|loopback|torch|kernels]...
 #
 # Environment: BUILD_DIR (default build), OUT (results folder), ITERS (default 5), WARMUP (2), RATE (1gbit),
 # SIZE (64M), SR_FLAGS (extra sparsereduce-perf flags, e.g. "--slots 16"). Results: $OUT/*.json and $OUT/tables.md. Every namespace is deleted on exit, also on failure/Ctrl-C.
@@ -130,6 +130,14 @@ loopback() {  # CPU bound: no namespaces, no shaping
   done
 }
 
+torch_sparse() {  # PyTorch's gloo all_reduce of a sparse COO tensor (allgather-based), loopback
+  [[ -x /usr/bin/python3 ]] && /usr/bin/python3 -c 'import torch' 2>/dev/null || {
+    log "no torch for /usr/bin/python3 (bash scripts/install-bench-deps.sh)"; return 0; }
+  log "torch sparse COO all_reduce, 4 ranks on loopback"
+  /usr/bin/python3 "$ROOT/bench/torch_sparse_baseline.py" --spawn 4 --size "$SIZE" --density 0.01,0.1 \
+    -n "$ITERS" -w "$WARMUP" --json "$OUT/loopback.torch_sparse.json" >&2
+}
+
 kernels() {
   [[ -x $KERNELS ]] || { log "no $KERNELS (Google Benchmark missing)"; return 0; }
   log "kernels"
@@ -137,13 +145,14 @@ kernels() {
 }
 
 what=("$@")
-[[ ${#what[@]} == 0 || ${what[0]} == all ]] && what=(density colocated sizes loopback kernels)
+[[ ${#what[@]} == 0 || ${what[0]} == all ]] && what=(density colocated sizes loopback torch kernels)
 for w in "${what[@]}"; do
   case $w in
     density) density_sweep ;;
     colocated) colocated_sweep ;;
     sizes) size_sweep ;;
     loopback) loopback ;;
+    torch) torch_sparse ;;
     kernels) kernels ;;
     *) echo "unknown part $w" >&2; exit 2 ;;
   esac

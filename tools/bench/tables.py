@@ -97,6 +97,11 @@ def loopback(out):
                 lines.append(f"| Gloo ring, 4 ranks | {gloo['time_us_median'] / 1e3:.1f} | 1.00 |")
         ratio = f"{r['time_us_median'] / gloo['time_us_median']:.2f}" if gloo else "-"
         lines.append(f"| sparsereduce, density {float(d) * 100:g} % | {r['time_us_median'] / 1e3:.1f} | {ratio} |")
+    torch = load(os.path.join(out, "loopback.torch_sparse.json"))
+    for r in (torch or {}).get("results", []):
+        ratio = f"{r['time_us_median'] / gloo['time_us_median']:.2f}" if gloo else "-"
+        lines.append(f"| torch gloo all_reduce of sparse COO, density {r['requested_density'] * 100:g} % | "
+                     f"{r['time_us_median'] / 1e3:.1f} | {ratio} |")
     return lines + [""] if lines else []
 
 
@@ -121,7 +126,7 @@ def main():
         ("Density sweep, W = 4 workers and A = 4 aggregators on their own hosts", sweep(a.out, "separate", rate)),
         ("Density sweep, colocated (one worker and one aggregator per host)", sweep(a.out, "colocated", rate)),
         ("Size sweep (separate hosts)", sizes(a.out, rate)),
-        ("Loopback, no shaping (CPU bound): 4 workers + 1 aggregator", loopback(a.out)),
+        ("Loopback, no shaping (CPU bound): 4 workers + 1 aggregator; baselines with 4 ranks", loopback(a.out)),
         ("Kernels", kernels(a.out)),
     ]
     for title, lines in sections:
