@@ -482,42 +482,9 @@ class Harness {
     const uint32_t r = in.U8() % (W_ + 1);
     const uint8_t style = in.U8();
     const uint32_t slot = in.U8() % (S_ + 1);
-    const uint64_t nb = fuzz::NumBlocks(setup_.spec);
-    auto index = [&](uint8_t v) -> uint64_t { return v == 0xFF ? kEndOfColumn : v % (nb + 2); };
-    std::vector<std::byte> frame;
-    if (style % 2 == 0) {
-      std::vector<PlainEntry> entries(in.U8() % (setup_.shape.blocks_per_message + 2));
-      for (PlainEntry& e : entries) {
-        e.block = index(in.U8());
-        e.next = index(in.U8());
-        const uint8_t len = in.U8();
-        uint32_t bytes = 0;
-        switch (len % 4) {
-          case 1: bytes = e.block < nb ? fuzz::BlockBytesOf(setup_.spec, e.block) : 4; break;
-          case 2: bytes = 4 * (len >> 2); break;
-          case 3: bytes = len >> 2; break;
-        }
-        e.data.resize(bytes);
-        for (std::byte& b : e.data) b = std::byte(rng_.Next());
-      }
-      frame = fuzz::WriteDataFrame(FrameType::kContribution, slot, kJob, kSeq, entries);
-    } else {
-      const uint32_t count = in.U8() % (setup_.shape.blocks_per_message + 1);
-      const std::span<const uint8_t> raw = in.Bytes(in.U8());
-      fuzz::FrameWriter w;
-      w.U32(kFrameMagic);
-      w.U8(kProtocolVersion);
-      w.U8(static_cast<uint8_t>(FrameType::kContribution));
-      w.U16(0);
-      w.U32(static_cast<uint32_t>(raw.size()));
-      w.U32(slot);
-      w.U64(kJob);
-      w.U64(kSeq);
-      w.U32(count);
-      w.U32(0);
-      w.Raw(std::as_bytes(raw));
-      frame = std::move(w.bytes());
-    }
+    const std::vector<std::byte> frame = fuzz::ArbitraryDataFrame(
+        in, rng_, setup_.spec, setup_.shape.blocks_per_message, FrameType::kContribution, slot, kJob, kSeq,
+        /*structured=*/style % 2 == 0);
     in_sync_ = false;
     return Feed(r, a, frame, /*must_accept=*/false);
   }

@@ -266,4 +266,46 @@ inline bool MutateFrame(std::vector<std::byte>& frame, ByteReader& in) {
   return frame != before;
 }
 
+// A data frame of `type` made up by the fuzzer. `structured`: entries with fuzzer-chosen block/next indices (some
+// past the tensor, END) and data lengths (the block's, multiples of 4, anything); otherwise a well-formed header
+// over raw payload bytes.
+inline std::vector<std::byte> ArbitraryDataFrame(ByteReader& in, Rng& rng, const CollectiveSpec& spec,
+                                                 uint32_t blocks_per_message, FrameType type, uint32_t slot,
+                                                 uint64_t job, uint64_t seq, bool structured) {
+  const uint64_t nb = NumBlocks(spec);
+  if (structured) {
+    auto index = [&](uint8_t v) -> uint64_t { return v == 0xFF ? kEndOfColumn : v % (nb + 2); };
+    std::vector<PlainEntry> entries(in.U8() % (blocks_per_message + 2));
+    for (PlainEntry& e : entries) {
+      e.block = index(in.U8());
+      e.next = index(in.U8());
+      const uint8_t len = in.U8();
+      uint32_t bytes = 0;
+      switch (len % 4) {
+        case 1: bytes = e.block < nb ? BlockBytesOf(spec, e.block) : 4; break;
+        case 2: bytes = 4 * (len >> 2); break;
+        case 3: bytes = len >> 2; break;
+      }
+      e.data.resize(bytes);
+      for (std::byte& b : e.data) b = std::byte(rng.Next());
+    }
+    return WriteDataFrame(type, slot, job, seq, entries);
+  }
+  const uint32_t count = in.U8() % (blocks_per_message + 1);
+  const std::span<const uint8_t> raw = in.Bytes(in.U8());
+  FrameWriter w;
+  w.U32(kFrameMagic);
+  w.U8(kProtocolVersion);
+  w.U8(static_cast<uint8_t>(type));
+  w.U16(0);
+  w.U32(static_cast<uint32_t>(raw.size()));
+  w.U32(slot);
+  w.U64(job);
+  w.U64(seq);
+  w.U32(count);
+  w.U32(0);
+  w.Raw(std::as_bytes(raw));
+  return std::move(w.bytes());
+}
+
 }  // namespace sparsereduce::fuzz
