@@ -46,7 +46,8 @@ asio::awaitable<Result<ByteBuffer>> ReadPayload(Socket& socket, uint64_t size) {
 }
 
 asio::awaitable<Status> DiscardBytes(Socket& socket, uint64_t size) {
-  std::array<std::byte, 64 * 1024> scratch;
+  // On the heap, not in the coroutine frame: frames are allocated per call anyway and should stay small.
+  std::vector<std::byte> scratch(size < 64 * 1024 ? static_cast<size_t>(size) : 64 * 1024);
   while (size > 0) {
     const size_t chunk = size < scratch.size() ? static_cast<size_t>(size) : scratch.size();
     auto [ec, n] = co_await asio::async_read(socket, asio::buffer(scratch.data(), chunk),
