@@ -2,6 +2,7 @@
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -231,6 +232,54 @@ TEST(MultiProcess, GarbageClientDoesNotDisturbOtherJobs) {
   while ((n = read(fd, buf, sizeof buf)) > 0) total += static_cast<size_t>(n);
   EXPECT_EQ(n, 0);
   EXPECT_GT(total, 40u) << "expected an Error frame before the close";
+  close(fd);
+}
+
+int ConnectTo(uint16_t port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  return fd;
+}
+
+// Reads until EOF or `timeout`; returns the bytes read, or -1 on timeout.
+ssize_t ReadUntilClosed(int fd, std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  ssize_t total = 0;
+  char buf[4096];
+  while (true) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return -1;
+    pollfd pfd{fd, POLLIN, 0};
+    if (poll(&pfd, 1, static_cast<int>(left.count())) <= 0) return -1;
+    const ssize_t n = read(fd, buf, sizeof buf);
+    if (n <= 0) return total;
+    total += n;
+  }
+}
+
+// A connection that never says Hello is dropped after the handshake timeout (2 s here), while a job completes.
+TEST(MultiProcess, SlowlorisIsDropped) {
+  Aggregator aggregator;
+  const int fd = ConnectTo(aggregator.port());
+  auto workers = StartJob(aggregator.address(), 13, 2, {"--elements", "20000", "--collectives", "2"});
+  ExpectAllOk(Finish(workers), 2);
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(ReadUntilClosed(fd, 10s), 0) << "the daemon should close a silent connection";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 4s);
+  close(fd);
+}
+
+// A header announcing a 4 GiB payload is refused at once (nothing is allocated or awaited).
+TEST(MultiProcess, OversizedLengthPrefixIsRefused) {
+  Aggregator aggregator;
+  const int fd = ConnectTo(aggregator.port());
+  unsigned char header[40] = {'S', 'R', 'D', 'F', 1, 1, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF};  // CONTROL, 4 GiB
+  ASSERT_EQ(write(fd, header, sizeof header), static_cast<ssize_t>(sizeof header));
+  EXPECT_GT(ReadUntilClosed(fd, 5s), 40) << "expected an Error frame, then the close";
   close(fd);
 }
 
