@@ -78,6 +78,7 @@ class Worker::Impl : public AggregatorLink::Handler {
   // I/O thread only:
   std::optional<Status> broken_;
   uint32_t ready_links_ = 0;
+  std::vector<bool> link_ready_;  // JobReady received, per aggregator
   std::promise<void> joined_;
   bool join_pending_ = true;
   std::deque<Request> queue_;
@@ -113,6 +114,7 @@ Worker::Impl::Impl(WorkerOptions options)
   for (uint32_t a = 0; a < options_.aggregators.size(); ++a) {
     links_.push_back(std::make_unique<AggregatorLink>(io_, a, options_.aggregators[a], *this));
   }
+  link_ready_.assign(links_.size(), false);
   std::future<void> joined = joined_.get_future();
   const auto connect_deadline = std::chrono::steady_clock::now() + options_.connect_timeout;
   asio::post(io_, [this, connect_deadline] {
@@ -133,6 +135,7 @@ Worker::Impl::Impl(WorkerOptions options)
       if (ec || !join_pending_) return;
       std::string waiting;
       for (auto& link : links_) {
+        if (link_ready_[link->index()]) continue;
         waiting += (waiting.empty() ? "" : ", ") + link->Name() + (link->connected() ? "" : " (not connected)");
       }
       Fail(Status(StatusCode::kDeadlineExceeded,
@@ -242,7 +245,10 @@ void Worker::Impl::OnControl(AggregatorLink& link, const proto::ControlMessage& 
   if (broken_) return;
   switch (message.body_case()) {
     case proto::ControlMessage::kJobReady:
-      if (!join_pending_) return Fail(ProtocolError(link.Name() + " sent JobReady twice"));
+      if (!join_pending_ || link_ready_[link.index()]) {
+        return Fail(ProtocolError(link.Name() + " sent JobReady twice"), &link);
+      }
+      link_ready_[link.index()] = true;
       if (++ready_links_ == links_.size()) {
         join_pending_ = false;
         deadline_.cancel();
