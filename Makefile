@@ -31,7 +31,8 @@ test-asan:
 test-tsan: deps
 	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPARSEREDUCE_SANITIZE=thread
 	cmake --build build-tsan -j$(JOBS)
-	TSAN_OPTIONS=halt_on_error=1 ctest --test-dir build-tsan -L integration --output-on-failure --timeout 300 -j$(JOBS)
+	TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" \
+	  ctest --test-dir build-tsan -L integration --output-on-failure --timeout 300 -j$(JOBS)
 
 # libFuzzer targets (clang), each run for FUZZ_SECONDS on a copy of its seed corpus.
 FUZZ_SECONDS ?= 30
