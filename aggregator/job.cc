@@ -230,7 +230,6 @@ void Job::OnCollectiveBegin(uint32_t rank, const proto::CollectiveBegin& begin) 
     active_.emplace();
     active_->seq = begin.seq();
     active_->spec = *spec;
-    active_->first_rank = rank;
     active_->begun.assign(shape_.world_size, false);
     active_->engine = std::make_unique<ColumnEngine>(shape_, aggregator_index_, id_, begin.seq(), *spec);
     Progress();

@@ -28,7 +28,6 @@ class JobRegistry;
 struct ActiveCollective {
   uint64_t seq = 0;
   CollectiveSpec spec;
-  uint32_t first_rank = 0;
   std::vector<bool> begun;
   uint32_t begun_count = 0;
   std::unique_ptr<ColumnEngine> engine;

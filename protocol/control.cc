@@ -5,14 +5,8 @@
 namespace sparsereduce {
 
 ByteBuffer EncodeControl(const proto::ControlMessage& message) {
-  const size_t size = message.ByteSizeLong();
-  FrameHeader header;
-  header.type = FrameType::kControl;
-  header.payload_length = static_cast<uint32_t>(size);
-  ByteBuffer frame(kFrameHeaderSize + size);
-  EncodeFrameHeader(header, frame.data());
-  message.SerializeWithCachedSizesToArray(reinterpret_cast<uint8_t*>(frame.data() + kFrameHeaderSize));
-  return frame;
+  const std::string bytes = message.SerializeAsString();
+  return EncodeControlFrame(std::as_bytes(std::span(bytes.data(), bytes.size())));
 }
 
 Result<proto::ControlMessage> DecodeControl(std::span<const std::byte> payload) {

@@ -22,11 +22,4 @@ Result<uint64_t> ParseByteSize(const std::string& text) {
   return value * scale;
 }
 
-std::string FormatByteSize(uint64_t bytes) {
-  if (bytes && bytes % (1ull << 30) == 0) return std::to_string(bytes >> 30) + "G";
-  if (bytes && bytes % (1ull << 20) == 0) return std::to_string(bytes >> 20) + "M";
-  if (bytes && bytes % (1ull << 10) == 0) return std::to_string(bytes >> 10) + "K";
-  return std::to_string(bytes);
-}
-
 }  // namespace sparsereduce::tools

@@ -9,6 +9,5 @@
 namespace sparsereduce::tools {
 
 Result<uint64_t> ParseByteSize(const std::string& text);
-std::string FormatByteSize(uint64_t bytes);  // "64M", "4K", "123"
 
 }  // namespace sparsereduce::tools

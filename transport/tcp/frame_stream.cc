@@ -98,9 +98,8 @@ void FrameWriter::WriteNext() {
   writing_ = true;
   asio::async_write(socket_, queue_.front().buffers,
                     asio::bind_executor(executor_, [this, alive = alive_](const boost::system::error_code& ec,
-                                                                         size_t n) {
+                                                                         size_t) {
                       if (!*alive) return;
-                      bytes_written_ += n;
                       queue_.pop_front();
                       if (ec) {
                         writing_ = false;

@@ -55,7 +55,6 @@ class FrameWriter {
   // Forgets queued frames that have not started; a frame being written is finished (the stream stays framed).
   void DropQueued();
 
-  uint64_t bytes_written() const { return bytes_written_; }
   bool idle() const { return queue_.empty() && !writing_; }
 
  private:
@@ -72,7 +71,6 @@ class FrameWriter {
   bool close_after_flush_ = false;
   bool close_both_ = true;
   bool failed_ = false;
-  uint64_t bytes_written_ = 0;
   ErrorHandler on_error_;
   IdleHandler on_idle_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
