@@ -173,6 +173,29 @@ TEST(MultiProcess, SpecMismatchFailsEveryRankNamingTheRanks) {
   }
 }
 
+// Mismatched dtype or block size is caught like a mismatched element count, naming both specs.
+TEST(MultiProcess, DtypeAndBlockSizeMismatchesFailEveryRank) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--dtype", "int32"}, "dtype=int32"},
+      {{"--block-size", "128"}, "block_size=128"},
+  };
+  for (const auto& [flags, expect] : cases) {
+    SCOPED_TRACE(expect);
+    Aggregator aggregator;
+    auto workers = StartJob(aggregator.address(), 3, 3, {"--elements", "5000", "--timeout-ms", "5000"}, {{1, flags}});
+    for (const auto& r : Finish(workers)) {
+      EXPECT_EQ(r.exit_code, 3);
+      ASSERT_FALSE(r.lines.empty());
+      EXPECT_NE(r.lines.back().find("ERROR SPEC_MISMATCH"), std::string::npos) << r.lines.back();
+      EXPECT_NE(r.lines.back().find(expect), std::string::npos) << r.lines.back();
+      // Rank 1 is named whichever spec arrived first.
+      const bool names_rank1 = r.lines.back().find("rank 1 passed") != std::string::npos ||
+                               r.lines.back().find("rank(s) 1 passed") != std::string::npos;
+      EXPECT_TRUE(names_rank1) << r.lines.back();
+    }
+  }
+}
+
 // Wrong world size, duplicate rank, rank out of range: the ranks that are waiting when the mistaken Hello arrives
 // fail at once with an error naming the rank involved. (A rank that connects after that finds a fresh job and
 // fails at its own join timeout: short here, so nothing hangs.)
