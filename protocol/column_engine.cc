@@ -200,12 +200,7 @@ void ColumnEngine::AggregateReply(Slot& slot, uint32_t s, std::vector<Broadcast>
     const uint64_t cur = slot.cur[lane];
     if (cur != kEndOfColumn) entries.push_back(Entry{cur, 0, layout_.BlockBytes(cur)});
   }
-  FrameHeader header{FrameType::kResult, 0, s, job_, seq_, 0};
-  header.entry_count = static_cast<uint32_t>(entries.size());
-  const uint64_t payload_length = DataPayloadLength(entries);
-  header.payload_length = static_cast<uint32_t>(payload_length);
-  auto frame = std::make_shared<ByteBuffer>(kFrameHeaderSize + payload_length);
-  EncodeFrameHeader(header, frame->data());
+  auto frame = std::make_shared<ByteBuffer>(kFrameHeaderSize + DataPayloadLength(entries));
 
   // Sum straight into the outgoing frame: per lane, contributors in ascending rank order. Each contributor's
   // entries are in lane order, so one cursor per rank finds its entry for the lane.
@@ -240,7 +235,8 @@ void ColumnEngine::AggregateReply(Slot& slot, uint32_t s, std::vector<Broadcast>
     if (new_cur == kEndOfColumn) --slot.active_lanes;
     ++blocks_aggregated_;
   }
-  EncodeEntryTable(entries, frame->data() + kFrameHeaderSize);
+  // Header and table last: the next indices are known only now.
+  EncodeDataPrefix({FrameType::kResult, 0, s, job_, seq_, 0}, entries, frame->data());
   out->push_back({s, std::move(frame)});
 }
 

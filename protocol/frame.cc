@@ -131,14 +131,17 @@ Status DecodeDataPayload(const FrameHeader& header, std::span<const std::byte> p
   return Status::Ok();
 }
 
+void EncodeDataPrefix(FrameHeader header, std::span<const Entry> entries, std::byte* out) {
+  header.payload_length = static_cast<uint32_t>(DataPayloadLength(entries));
+  header.entry_count = static_cast<uint32_t>(entries.size());
+  EncodeFrameHeader(header, out);
+  EncodeEntryTable(entries, out + kFrameHeaderSize);
+}
+
 ByteBuffer EncodeDataFrame(FrameHeader header, std::span<const Entry> entries,
                            std::span<const std::span<const std::byte>> data) {
-  const uint64_t payload = DataPayloadLength(entries);
-  header.payload_length = static_cast<uint32_t>(payload);
-  header.entry_count = static_cast<uint32_t>(entries.size());
-  ByteBuffer frame(kFrameHeaderSize + payload);
-  EncodeFrameHeader(header, frame.data());
-  EncodeEntryTable(entries, frame.data() + kFrameHeaderSize);
+  ByteBuffer frame(kFrameHeaderSize + DataPayloadLength(entries));
+  EncodeDataPrefix(header, entries, frame.data());
   std::byte* out = frame.data() + kFrameHeaderSize + uint64_t{kEntrySize} * entries.size();
   size_t d = 0;
   for (const Entry& e : entries) {

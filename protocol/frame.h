@@ -49,6 +49,10 @@ uint64_t DataPayloadLength(std::span<const Entry> entries);
 // Writes the entry table (kEntrySize bytes per entry) to `out`.
 void EncodeEntryTable(std::span<const Entry> entries, std::byte* out);
 
+// Writes a data frame's header, with entry_count and payload_length derived from `entries`, followed by its entry
+// table: kFrameHeaderSize + kEntrySize · entries.size() bytes at `out`. The data region is the caller's.
+void EncodeDataPrefix(FrameHeader header, std::span<const Entry> entries, std::byte* out);
+
 // Decodes a data payload. `out` is cleared first. Fails on a payload whose length does not match its entries,
 // nonzero reserved or padding bytes.
 Status DecodeDataPayload(const FrameHeader& header, std::span<const std::byte> payload,

@@ -109,11 +109,8 @@ ByteBuffer WorkerCollective::EncodePrefix(const OutgoingFrame& frame) const {
   header.slot = frame.slot;
   header.job = job_;
   header.seq = seq_;
-  header.entry_count = static_cast<uint32_t>(frame.entries.size());
-  header.payload_length = static_cast<uint32_t>(DataPayloadLength(frame.entries));
   ByteBuffer prefix(kFrameHeaderSize + uint64_t{kEntrySize} * frame.entries.size());
-  EncodeFrameHeader(header, prefix.data());
-  EncodeEntryTable(frame.entries, prefix.data() + kFrameHeaderSize);
+  EncodeDataPrefix(header, frame.entries, prefix.data());
   return prefix;
 }
 

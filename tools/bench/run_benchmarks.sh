@@ -86,28 +86,30 @@ gloo_run() {
   tail -n +4 "$OUT/$tag.rank0.txt" >&2
 }
 
+# sweep TAG N AGGREGATOR_HOSTS WORKER_HOSTS: every density x overlap on an N-host testbed, Gloo on the worker hosts.
+sweep() {
+  local tag=$1 n=$2 aggs=$3 workers=$4
+  # shellcheck disable=SC2086  # host lists are word-split on purpose
+  {
+    testbed_up "$NAME" "$n" --rate "$RATE" >/dev/null
+    gloo_run "$tag.gloo.ring" ring "$SIZE" "$SIZE" $workers
+    start_aggregators $aggs
+    for overlap in random full; do
+      for d in $DENSITIES; do sparse_run "$tag.$overlap.$d" "$d" "$overlap" "$SIZE" "$SIZE" $workers; done
+    done
+    stop_aggregators
+    testbed_down "$NAME"
+  }
+}
+
 density_sweep() {  # W=4 workers and A=4 aggregators, each on its own host
   log "density sweep: 8 hosts at $RATE (aggregators h1-h4, workers h5-h8), $SIZE"
-  testbed_up "$NAME" 8 --rate "$RATE" >/dev/null
-  gloo_run separate.gloo.ring ring "$SIZE" "$SIZE" 5 6 7 8
-  start_aggregators 1 2 3 4
-  for overlap in random full; do
-    for d in $DENSITIES; do sparse_run "separate.$overlap.$d" "$d" "$overlap" "$SIZE" "$SIZE" 5 6 7 8; done
-  done
-  stop_aggregators
-  testbed_down "$NAME"
+  sweep separate 8 "1 2 3 4" "5 6 7 8"
 }
 
 colocated_sweep() {  # each of 4 hosts runs one worker and one aggregator
   log "colocated sweep: 4 hosts at $RATE, worker + aggregator on each, $SIZE"
-  testbed_up "$NAME" 4 --rate "$RATE" >/dev/null
-  gloo_run colocated.gloo.ring ring "$SIZE" "$SIZE" 1 2 3 4
-  start_aggregators 1 2 3 4
-  for overlap in random full; do
-    for d in $DENSITIES; do sparse_run "colocated.$overlap.$d" "$d" "$overlap" "$SIZE" "$SIZE" 1 2 3 4; done
-  done
-  stop_aggregators
-  testbed_down "$NAME"
+  sweep colocated 4 "1 2 3 4" "1 2 3 4"
 }
 
 size_sweep() {

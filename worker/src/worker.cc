@@ -61,7 +61,8 @@ class Worker::Impl : public AggregatorLink::Handler {
   Error MakeError(const Status& st) const { return Error(StatusCodeName(st.code()), Prefix() + ": " + st.message()); }
   // I/O thread: the worker becomes unusable. `origin` is the link that failed, if one did.
   void Fail(const Status& status, AggregatorLink* origin = nullptr);
-  // Completes a failure once no write can read the caller's tensor any more.
+  // Completes a failure once no write can read the caller's tensor any more (every writer idle), or at once.
+  void MaybeFinishFailure();
   void FinishFailure();
   void StartNext();
   void SendFrame(AggregatorLink& link, const OutgoingFrame& frame);
@@ -348,10 +349,12 @@ void Worker::Impl::Fail(const Status& status, AggregatorLink* origin) {
   failure_grace_.async_wait([this](const boost::system::error_code& ec) {
     if (!ec) FinishFailure();
   });
-  OnWriterIdle(*links_.front());
+  MaybeFinishFailure();
 }
 
-void Worker::Impl::OnWriterIdle(AggregatorLink&) {
+void Worker::Impl::OnWriterIdle(AggregatorLink&) { MaybeFinishFailure(); }
+
+void Worker::Impl::MaybeFinishFailure() {
   if (!failure_) return;
   for (auto& link : links_) {
     if (!link->writer_idle()) return;
