@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include "aggregator/job_registry.h"
+#include "aggregator/service_context.h"
 #include "aggregator/session.h"
 #include "core/dtype.h"
 #include "protocol/control.h"
@@ -23,14 +24,8 @@ JobShape ShapeOf(const proto::Hello& h) {
 
 }  // namespace
 
-Job::Job(uint64_t id, boost::asio::any_io_executor strand, JobRegistry& registry,
-         std::chrono::milliseconds stall_timeout, uint64_t max_collective_memory)
-    : id_(id),
-      strand_(strand),
-      registry_(registry),
-      stall_timeout_(stall_timeout),
-      max_collective_memory_(max_collective_memory),
-      stall_timer_(strand) {}
+Job::Job(uint64_t id, boost::asio::any_io_executor strand, JobRegistry& registry, ServiceContext& context)
+    : id_(id), strand_(strand), registry_(registry), context_(context), stall_timer_(strand) {}
 
 void Job::ArmStallTimer(std::chrono::steady_clock::time_point deadline) {
   stall_timer_.expires_at(deadline);
@@ -41,7 +36,7 @@ void Job::ArmStallTimer(std::chrono::steady_clock::time_point deadline) {
 
 void Job::OnStallTimer(uint64_t seq) {
   if (dead_ || !active_ || active_->seq != seq) return;
-  const auto deadline = last_progress_ + stall_timeout_;
+  const auto deadline = last_progress_ + context_.options.stall_timeout;
   if (std::chrono::steady_clock::now() < deadline) {
     ArmStallTimer(deadline);  // there was progress since the timer was set
     return;
@@ -55,7 +50,7 @@ void Job::OnStallTimer(uint64_t seq) {
   }
   Abort(Status(StatusCode::kDeadlineExceeded,
                "job " + std::to_string(id_) + ", collective " + std::to_string(seq) + " made no progress for " +
-                   std::to_string(stall_timeout_.count()) + " ms; still waiting for rank(s) " + RankList(waiting)),
+                   std::to_string(context_.options.stall_timeout.count()) + " ms; still waiting for rank(s) " + RankList(waiting)),
         waiting);
 }
 
@@ -203,20 +198,6 @@ void Job::OnCollectiveBegin(uint32_t rank, const proto::CollectiveBegin& begin) 
   Result<CollectiveSpec> spec = SpecFromProto(begin.spec());
   Status valid = spec.ok() ? ValidateSpec(*spec) : spec.status();
   if (valid.ok()) valid = ValidateFrameSize(shape_, *spec);
-  if (valid.ok()) {
-    const uint64_t frame = uint64_t{shape_.blocks_per_message} *
-                           (kEntrySize + Pad8(uint64_t{spec->block_size} * FindDType(spec->dtype)->size));
-    // Frames of one round per rank and slot, a RESULT per slot, and the engine's next-index table.
-    const uint64_t memory = (uint64_t{shape_.world_size} + 1) * shape_.slots * frame +
-                            uint64_t{shape_.world_size} * shape_.slots * shape_.blocks_per_message * 8;
-    if (memory > max_collective_memory_) {
-      valid = Status(StatusCode::kResourceExhausted,
-                     "the collective would hold up to " + std::to_string(memory) + " bytes on this aggregator ((" +
-                         std::to_string(shape_.world_size) + " ranks + 1) x " + std::to_string(shape_.slots) +
-                         " slots x " + std::to_string(frame) + "-byte frames, plus index tables), above its limit of " +
-                         std::to_string(max_collective_memory_) + "; use fewer slots or blocks per message");
-    }
-  }
   if (!valid.ok()) {
     Abort(valid.WithContext(Describe(rank) + ", collective " + std::to_string(begin.seq())), {rank});
     return;
@@ -227,13 +208,20 @@ void Job::OnCollectiveBegin(uint32_t rank, const proto::CollectiveBegin& begin) 
                                     std::to_string(last_completed_seq_ + 1)));
       return;
     }
+    Result<uint64_t> reserved = Admit(*spec);
+    if (!reserved.ok()) {
+      Abort(reserved.status().WithContext(Describe(rank) + ", collective " + std::to_string(begin.seq())), {rank});
+      return;
+    }
     active_.emplace();
+    active_->memory.emplace(context_.memory, *reserved);
+    active_->started = std::chrono::steady_clock::now();
     active_->seq = begin.seq();
     active_->spec = *spec;
     active_->begun.assign(shape_.world_size, false);
     active_->engine = std::make_unique<ColumnEngine>(shape_, aggregator_index_, id_, begin.seq(), *spec);
     Progress();
-    ArmStallTimer(last_progress_ + stall_timeout_);
+    ArmStallTimer(last_progress_ + context_.options.stall_timeout);
   } else if (begin.seq() != active_->seq || active_->begun[rank]) {
     Violation(rank, ProtocolError("CollectiveBegin for collective " + std::to_string(begin.seq()) + " while " +
                                   std::to_string(active_->seq) + " is in progress"));
@@ -262,6 +250,37 @@ void Job::OnCollectiveBegin(uint32_t rank, const proto::CollectiveBegin& begin) 
   MaybeCompleteCollective();
 }
 
+Result<uint64_t> Job::Admit(const CollectiveSpec& spec) {
+  const ServerOptions& limits = context_.options;
+  const uint32_t element_size = FindDType(spec.dtype)->size;
+  if (spec.element_count > limits.max_tensor_bytes / element_size) {
+    return Status(StatusCode::kResourceExhausted,
+                  "the tensor of " + std::to_string(spec.element_count) + " x " + std::to_string(element_size) +
+                      " bytes exceeds this aggregator's --max-tensor-bytes of " +
+                      std::to_string(limits.max_tensor_bytes));
+  }
+  const uint64_t frame =
+      uint64_t{shape_.blocks_per_message} * (kEntrySize + Pad8(uint64_t{spec.block_size} * element_size));
+  // Frames of one round per rank and slot, a RESULT per slot, and the engine's next-index table.
+  const uint64_t memory = (uint64_t{shape_.world_size} + 1) * shape_.slots * frame +
+                          uint64_t{shape_.world_size} * shape_.slots * shape_.blocks_per_message * 8;
+  if (memory > limits.max_job_memory) {
+    return Status(StatusCode::kResourceExhausted,
+                  "the collective would hold up to " + std::to_string(memory) + " bytes on this aggregator ((" +
+                      std::to_string(shape_.world_size) + " ranks + 1) x " + std::to_string(shape_.slots) +
+                      " slots x " + std::to_string(frame) + "-byte frames, plus index tables), above its " +
+                      "--max-job-memory of " + std::to_string(limits.max_job_memory) +
+                      "; use fewer slots or blocks per message");
+  }
+  if (!context_.memory.TryReserve(memory)) {
+    return Status(StatusCode::kResourceExhausted,
+                  "the collective needs " + std::to_string(memory) + " bytes but the aggregator's running " +
+                      "collectives already hold " + std::to_string(context_.memory.reserved()) + " of its " +
+                      "--max-total-memory of " + std::to_string(context_.memory.limit()) + "; retry later");
+  }
+  return memory;
+}
+
 void Job::AbortIfForming(const Status& error, uint32_t rank) {
   if (dead_ || formed_) return;
   Abort(error, {rank});
@@ -271,10 +290,27 @@ void Job::MaybeCompleteCollective() {
   if (active_ && active_->begun_count == shape_.world_size && active_->engine->done()) {
     spdlog::debug("job {}: collective {} complete ({} blocks aggregated)", id_, active_->seq,
                   active_->engine->blocks_aggregated());
+    const std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - active_->started;
+    context_.metrics.CollectiveCompleted(elapsed.count(), active_->engine->blocks_aggregated(),
+                                         active_->engine->owned_blocks());
     last_completed_seq_ = active_->seq;
     active_.reset();
     stall_timer_.cancel();
+    if (draining_) EndForDrain();
   }
+}
+
+void Job::Drain() {
+  if (dead_) return;
+  draining_ = true;
+  if (!active_) EndForDrain();
+}
+
+void Job::EndForDrain() {
+  Abort(Status(StatusCode::kShuttingDown,
+               "job " + std::to_string(id_) + ": the aggregator is shutting down (drained after collective " +
+                   std::to_string(last_completed_seq_) + ")"),
+        {});
 }
 
 void Job::Violation(uint32_t rank, const Status& error) {
@@ -325,6 +361,8 @@ void Job::Abort(const Status& error, const std::vector<uint32_t>& ranks, std::op
   if (dead_) return;
   dead_ = true;
   spdlog::warn("job {}: aborted: {}", id_, error.ToString());
+  context_.metrics.Error(error.code());
+  if (active_) context_.metrics.CollectiveFailed();
   const uint64_t seq = active_ ? active_->seq : 0;
   for (uint32_t r = 0; r < members_.size(); ++r) {
     if (!members_[r]) continue;

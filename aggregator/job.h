@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "aggregator/memory_budget.h"
 #include "core/byte_buffer.h"
 #include "core/status.h"
 #include "proto/control.pb.h"
@@ -22,6 +23,7 @@ namespace sparsereduce::aggregator {
 
 class Session;
 class JobRegistry;
+struct ServiceContext;
 
 // The collective a job is running. (At namespace scope: clang rejects std::optional of a nested class with
 // default member initializers inside its enclosing class.)
@@ -31,12 +33,13 @@ struct ActiveCollective {
   std::vector<bool> begun;
   uint32_t begun_count = 0;
   std::unique_ptr<ColumnEngine> engine;
+  std::chrono::steady_clock::time_point started;
+  std::optional<MemoryReservation> memory;  // this collective's share of --max-total-memory
 };
 
 class Job : public std::enable_shared_from_this<Job> {
  public:
-  Job(uint64_t id, boost::asio::any_io_executor strand, JobRegistry& registry,
-      std::chrono::milliseconds stall_timeout, uint64_t max_collective_memory);
+  Job(uint64_t id, boost::asio::any_io_executor strand, JobRegistry& registry, ServiceContext& context);
 
   uint64_t id() const { return id_; }
   const boost::asio::any_io_executor& strand() const { return strand_; }
@@ -58,12 +61,19 @@ class Job : public std::enable_shared_from_this<Job> {
   void Abort(const Status& error, const std::vector<uint32_t>& ranks, std::optional<uint32_t> offender = {});
 
   bool dead() const { return dead_; }
+  // The aggregator is draining: a running collective may finish, then the job ends with SHUTTING_DOWN; a job with
+  // no collective running ends at once.
+  void Drain();
   // A rank of this job sent a Hello that cannot be accepted (e.g. rank out of range): while the job is still
   // forming it can never complete, so its members learn why at once instead of at their join timeout.
   void AbortIfForming(const Status& error, uint32_t rank);
 
  private:
   void OnCollectiveBegin(uint32_t rank, const proto::CollectiveBegin& begin);
+  // Checks the limits a new collective must fit (tensor size, per-job and total memory) and reserves its memory
+  // in the shared budget; returns the bytes reserved, for the collective's MemoryReservation to release.
+  Result<uint64_t> Admit(const CollectiveSpec& spec);
+  void EndForDrain();
   void MaybeCompleteCollective();
   void Violation(uint32_t rank, const Status& error);
   std::string Describe(uint32_t rank) const;  // "job J rank R (peer P)"
@@ -84,8 +94,8 @@ class Job : public std::enable_shared_from_this<Job> {
   std::vector<uint32_t> departed_;  // ranks that left after formation
   std::optional<ActiveCollective> active_;
   uint64_t last_completed_seq_ = 0;
-  std::chrono::milliseconds stall_timeout_;
-  uint64_t max_collective_memory_;
+  ServiceContext& context_;
+  bool draining_ = false;
   boost::asio::steady_timer stall_timer_;
   std::chrono::steady_clock::time_point last_progress_;
 };

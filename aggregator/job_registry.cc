@@ -1,26 +1,37 @@
 #include "aggregator/job_registry.h"
 
+#include <boost/asio/dispatch.hpp>
 #include <boost/asio/strand.hpp>
 
 #include "aggregator/job.h"
+#include "aggregator/service_context.h"
 
 namespace sparsereduce::aggregator {
 
 std::shared_ptr<Job> JobRegistry::MakeJob(uint64_t id) {
-  return std::make_shared<Job>(id, boost::asio::make_strand(io_), *this, options_.stall_timeout,
-                               options_.max_collective_memory);
+  return std::make_shared<Job>(id, boost::asio::make_strand(io_), *this, context_);
 }
+
+namespace {
+Status Draining(uint64_t id) {
+  return Status(StatusCode::kShuttingDown,
+                "the aggregator is shutting down and admits no new job (job " + std::to_string(id) + ")");
+}
+}  // namespace
 
 Result<std::shared_ptr<Job>> JobRegistry::FindOrCreate(uint64_t id) {
   std::lock_guard lock(mutex_);
   auto it = jobs_.find(id);
   if (it != jobs_.end()) return it->second;
-  if (jobs_.size() >= options_.max_jobs) {
+  if (context_.draining) return Draining(id);
+  if (jobs_.size() >= context_.options.max_jobs) {
     return Status(StatusCode::kResourceExhausted, "the aggregator already serves its maximum of " +
-                                                      std::to_string(options_.max_jobs) + " jobs");
+                                                      std::to_string(context_.options.max_jobs) +
+                                                      " jobs (--max-jobs)");
   }
   auto job = MakeJob(id);
   jobs_.emplace(id, job);
+  context_.metrics.SetJobs(jobs_.size());
   return job;
 }
 
@@ -30,19 +41,39 @@ std::shared_ptr<Job> JobRegistry::Find(uint64_t id) const {
   return it == jobs_.end() ? nullptr : it->second;
 }
 
-std::shared_ptr<Job> JobRegistry::Replace(uint64_t id, const std::shared_ptr<Job>& stale) {
+Result<std::shared_ptr<Job>> JobRegistry::Replace(uint64_t id, const std::shared_ptr<Job>& stale) {
   std::lock_guard lock(mutex_);
   auto it = jobs_.find(id);
   if (it != jobs_.end() && it->second != stale) return it->second;
+  if (context_.draining) return Draining(id);
   auto job = MakeJob(id);
   jobs_[id] = job;
+  context_.metrics.SetJobs(jobs_.size());
   return job;
 }
 
 void JobRegistry::Remove(const Job* job) {
-  std::lock_guard lock(mutex_);
-  auto it = jobs_.find(job->id());
-  if (it != jobs_.end() && it->second.get() == job) jobs_.erase(it);
+  std::function<void()> on_empty;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = jobs_.find(job->id());
+    if (it != jobs_.end() && it->second.get() == job) jobs_.erase(it);
+    context_.metrics.SetJobs(jobs_.size());
+    if (jobs_.empty()) on_empty.swap(on_empty_);
+  }
+  if (on_empty) on_empty();
+}
+
+void JobRegistry::StartDraining(std::function<void()> on_empty) {
+  std::vector<std::shared_ptr<Job>> jobs;
+  {
+    std::lock_guard lock(mutex_);
+    context_.draining = true;
+    for (const auto& [id, job] : jobs_) jobs.push_back(job);
+    if (!jobs.empty()) on_empty_ = std::move(on_empty);
+  }
+  if (jobs.empty()) on_empty();  // nothing to drain
+  for (auto& job : jobs) boost::asio::dispatch(job->strand(), [job] { job->Drain(); });
 }
 
 std::vector<std::shared_ptr<Job>> JobRegistry::Snapshot() const {

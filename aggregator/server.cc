@@ -3,44 +3,47 @@
 #include <spdlog/spdlog.h>
 
 #include <boost/asio/dispatch.hpp>
-#include <boost/asio/ip/v6_only.hpp>
 #include <boost/asio/strand.hpp>
 
 #include "aggregator/job.h"
 #include "aggregator/session.h"
-#include "transport/tcp/endpoint.h"
+#include "transport/tcp/listener.h"
 
 namespace sparsereduce::aggregator {
 
 namespace asio = boost::asio;
 using asio::ip::tcp;
 
+namespace {
+
+NetworkAllowlist ParseAllowlist(const std::vector<std::string>& cidrs, Status* status) {
+  Result<NetworkAllowlist> list = NetworkAllowlist::Parse(cidrs);
+  if (!list.ok()) {
+    *status = list.status();
+    return NetworkAllowlist();
+  }
+  return std::move(*list);
+}
+
+}  // namespace
+
 Server::Server(asio::io_context& io, ServerOptions options)
-    : io_(io), options_(std::move(options)), registry_(io, options_) {}
+    : io_(io),
+      options_(std::move(options)),
+      context_(options_, ParseAllowlist(options_.allow_networks, &allowlist_status_)),
+      registry_(io, context_) {}
 
 Result<std::vector<tcp::endpoint>> Server::Listen() {
+  if (!allowlist_status_.ok()) return allowlist_status_.WithContext("--allow-network");
   std::vector<tcp::endpoint> bound;
   for (const std::string& text : options_.listen) {
-    Result<sparsereduce::tcp::HostPort> hp = sparsereduce::tcp::ParseHostPort(text);
-    if (!hp.ok()) return hp.status();
-    boost::system::error_code ec;
-    tcp::resolver resolver(io_);
-    auto results = resolver.resolve(hp->host, std::to_string(hp->port),
-                                    tcp::resolver::passive | tcp::resolver::numeric_service, ec);
-    if (ec || results.empty()) {
-      return Status(StatusCode::kInvalidArgument, "cannot resolve listen address " + text + ": " + ec.message());
-    }
-    const tcp::endpoint endpoint = results.begin()->endpoint();
-    auto acceptor = std::make_unique<tcp::acceptor>(io_);
-    acceptor->open(endpoint.protocol(), ec);
-    if (!ec) acceptor->set_option(tcp::acceptor::reuse_address(true), ec);
-    if (!ec && endpoint.address().is_v6()) acceptor->set_option(asio::ip::v6_only(true), ec);
-    if (!ec) acceptor->bind(endpoint, ec);
-    if (!ec) acceptor->listen(asio::socket_base::max_listen_connections, ec);
-    if (ec) return Status(StatusCode::kUnavailable, "cannot listen on " + text + ": " + ec.message());
-    bound.push_back(acceptor->local_endpoint());
-    acceptors_.push_back(std::move(acceptor));
+    auto acceptor = sparsereduce::tcp::OpenListener(io_, text, "listen address");
+    if (!acceptor.ok()) return acceptor.status();
+    std::unique_ptr<tcp::acceptor>& opened = *acceptor;
+    bound.push_back(opened->local_endpoint());
+    acceptors_.push_back(std::move(opened));
   }
+  listening_ = true;
   return bound;
 }
 
@@ -58,20 +61,33 @@ void Server::Accept(tcp::acceptor& acceptor) {
       if (Status st = sparsereduce::tcp::ApplyLiveness(socket, options_.liveness); !st.ok()) {
         spdlog::warn("accepted connection: {}", st.ToString());
       }
-      std::make_shared<Session>(std::move(socket), registry_, options_)->Start();
+      std::make_shared<Session>(std::move(socket), registry_, context_)->Start();
     }
     Accept(acceptor);
   });
 }
 
-void Server::Stop() {
-  asio::dispatch(io_, [this] {
+void Server::CloseAcceptors() {
+  for (auto& acceptor : acceptors_) {
+    boost::system::error_code ignored;
+    acceptor->close(ignored);
+  }
+}
+
+void Server::Drain(std::function<void()> on_drained) {
+  asio::dispatch(io_, [this, on_drained = std::move(on_drained)]() mutable {
     if (stopping_) return;
     stopping_ = true;
-    for (auto& acceptor : acceptors_) {
-      boost::system::error_code ignored;
-      acceptor->close(ignored);
-    }
+    CloseAcceptors();
+    registry_.StartDraining(std::move(on_drained));
+  });
+}
+
+void Server::Stop() {
+  asio::dispatch(io_, [this] {
+    stopping_ = true;
+    context_.draining = true;
+    CloseAcceptors();
     for (auto& job : registry_.Snapshot()) {
       asio::dispatch(job->strand(), [job] {
         job->Abort(Status(StatusCode::kShuttingDown, "the aggregator is shutting down"), {});

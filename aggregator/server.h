@@ -3,11 +3,14 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <atomic>
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "aggregator/job_registry.h"
 #include "aggregator/server_options.h"
+#include "aggregator/service_context.h"
 #include "core/status.h"
 
 namespace sparsereduce::aggregator {
@@ -19,20 +22,30 @@ class Server {
   // Binds every listen address; returns the bound endpoints (with the real port when 0 was asked for).
   Result<std::vector<boost::asio::ip::tcp::endpoint>> Listen();
   void StartAccepting();
+  // Stops accepting new connections and jobs; running collectives finish, then their jobs end with SHUTTING_DOWN.
+  // `on_drained` runs once no job is left. Returns immediately.
+  void Drain(std::function<void()> on_drained);
   // Stops accepting and aborts every job with SHUTTING_DOWN; returns immediately. io.run() returns once the
-  // goodbyes are written.
+  // goodbyes are written (and the caller's own I/O objects are closed).
   void Stop();
 
   const JobRegistry& registry() const { return registry_; }
+  ServiceContext& context() { return context_; }
+  // True once every listener is bound and until draining starts.
+  bool ready() const { return listening_ && !context_.draining; }
 
  private:
   void Accept(boost::asio::ip::tcp::acceptor& acceptor);
+  void CloseAcceptors();
 
   boost::asio::io_context& io_;
   ServerOptions options_;
+  Status allowlist_status_;
+  ServiceContext context_;
   JobRegistry registry_;
   std::vector<std::unique_ptr<boost::asio::ip::tcp::acceptor>> acceptors_;
   bool stopping_ = false;
+  std::atomic<bool> listening_{false};
 };
 
 }  // namespace sparsereduce::aggregator

@@ -1,4 +1,5 @@
-// Configuration of the aggregator daemon (sparsereduce-aggregator --help lists the flags).
+// Configuration of the aggregation service (aggregator/config.cc maps flags, environment and config file onto it;
+// `sparsereduce-aggregator --help` lists every setting with its default).
 #pragma once
 
 #include <chrono>
@@ -13,17 +14,27 @@ namespace sparsereduce::aggregator {
 struct ServerOptions {
   std::vector<std::string> listen = {"0.0.0.0:19875"};  // HOST:PORT or [IPV6]:PORT; port 0 picks a free port
   uint32_t io_threads = 0;                              // 0: one per hardware thread
-  std::chrono::milliseconds handshake_timeout{10000};  // a connection must say Hello within this
+  std::string name;                                     // instance name for logs and metrics (default: hostname)
+  std::chrono::milliseconds handshake_timeout{10000};  // a connection must finish its handshake within this
   // A collective that makes no progress for this long is aborted, naming the ranks it still waits for.
   std::chrono::milliseconds stall_timeout{30000};
   tcp::LivenessOptions liveness;
+
+  // Limits. Going over one rejects that job or collective with RESOURCE_EXHAUSTED; other jobs are unaffected.
   uint32_t max_jobs = 1024;
   uint32_t max_world_size = 4096;
   uint32_t max_slots = 1024;
   uint32_t max_blocks_per_message = 4096;
-  // Bound on what one collective may hold on this aggregator: every rank's contributions of one round in every
-  // slot, W · S · K · (24 + B · element size) bytes, plus one RESULT per slot.
-  uint64_t max_collective_memory = 1ull << 30;
+  uint64_t max_tensor_bytes = 16ull << 30;  // element count x element size of one collective
+  // What one job's collective may hold on this aggregator: every rank's contributions of one round in every slot,
+  // W · S · K · (24 + B · element size) bytes, plus one RESULT per slot and the engine's index table.
+  uint64_t max_job_memory = 1ull << 30;
+  uint64_t max_total_memory = 8ull << 30;  // the same, summed over all jobs' running collectives
+
+  // Security (docs/SECURITY.md).
+  std::string job_secrets_dir;              // one file per job: name = decimal job id, content = shared secret
+  bool require_auth = false;                // reject jobs that have no secret in job_secrets_dir
+  std::vector<std::string> allow_networks;  // CIDRs whose clients may connect; empty: everyone
 };
 
 }  // namespace sparsereduce::aggregator

@@ -8,9 +8,13 @@
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/asio/as_tuple.hpp>
 
 #include "aggregator/job.h"
 #include "aggregator/job_registry.h"
+#include "aggregator/service_context.h"
+#include "protocol/auth.h"
 #include "protocol/control.h"
 
 namespace sparsereduce::aggregator {
@@ -56,19 +60,24 @@ Status ValidateHello(const proto::Hello& h, const ServerOptions& o) {
 
 }  // namespace
 
-Session::Session(tcp::Socket socket, JobRegistry& registry, const ServerOptions& options)
+Session::Session(tcp::Socket socket, JobRegistry& registry, ServiceContext& context)
     : socket_(std::move(socket)),
       executor_(socket_.get_executor()),
       registry_(registry),
-      options_(options),
+      context_(context),
       peer_(PeerName(socket_)) {}
+
+void Session::Send(std::shared_ptr<const ByteBuffer> frame) {
+  context_.metrics.BytesSent(frame->size());
+  writer_->Send(std::move(frame));
+}
 
 void Session::Start() {
   asio::co_spawn(socket_.get_executor(), [self = shared_from_this()] { return self->Handshake(); }, asio::detached);
 }
 
 void Session::SendControl(const proto::ControlMessage& message) {
-  writer_->Send(EncodeControl(message));
+  Send(std::make_shared<const ByteBuffer>(EncodeControl(message)));
 }
 
 void Session::Fail(const Status& error, uint64_t seq, const std::vector<uint32_t>& ranks) {
@@ -79,7 +88,7 @@ void Session::Fail(const Status& error, uint64_t seq, const std::vector<uint32_t
   e->set_message(error.message());
   e->set_seq(seq);
   for (uint32_t r : ranks) e->add_ranks(r);
-  writer_->Send(EncodeControl(message));
+  SendControl(message);
   Close();
 }
 
@@ -99,13 +108,34 @@ void Session::Close() {
 
 void Session::RejectBeforeJoin(const Status& error) {
   spdlog::warn("peer {}: rejected before joining: {}", peer_, error.ToString());
+  context_.metrics.Error(error.code());
   writer_ = std::make_unique<tcp::FrameWriter>(socket_, socket_.get_executor());
   Fail(error, 0, {});
 }
 
+asio::awaitable<Result<proto::ControlMessage>> Session::ReadControl() {
+  Result<FrameHeader> header = co_await tcp::ReadFrameHeader(socket_);
+  if (!header.ok()) co_return header.status();
+  if (header->type != FrameType::kControl) {
+    co_return ProtocolError(std::string("expected a CONTROL frame in the handshake, got ") +
+                            FrameTypeName(header->type));
+  }
+  context_.metrics.BytesReceived(kFrameHeaderSize + header->payload_length);
+  Result<ByteBuffer> payload = co_await tcp::ReadPayload(socket_, header->payload_length);
+  if (!payload.ok()) co_return payload.status();
+  co_return DecodeControl(payload->span());
+}
+
 asio::awaitable<void> Session::Handshake() {
-  // A connection that does not complete its Hello in time is dropped (slowloris).
-  asio::steady_timer deadline(socket_.get_executor(), options_.handshake_timeout);
+  boost::system::error_code ec;
+  const auto remote = socket_.remote_endpoint(ec);
+  if (!ec && !context_.allowlist.Allows(remote.address())) {
+    RejectBeforeJoin(Status(StatusCode::kPermissionDenied,
+                            "client " + peer_ + " is outside this aggregator's allowed networks (--allow-network)"));
+    co_return;
+  }
+  // A connection that does not complete its handshake in time is dropped (slowloris).
+  asio::steady_timer deadline(socket_.get_executor(), context_.options.handshake_timeout);
   bool timed_out = false;
   deadline.async_wait([this, &timed_out](const boost::system::error_code& ec) {
     if (!ec) {
@@ -114,43 +144,37 @@ asio::awaitable<void> Session::Handshake() {
       socket_.close(ignored);
     }
   });
-  Result<FrameHeader> header = co_await tcp::ReadFrameHeader(socket_);
-  Result<proto::ControlMessage> message = Status(StatusCode::kInternal, "unset");
-  if (header.ok()) {
-    if (header->type != FrameType::kControl) {
-      message = ProtocolError(std::string("first frame must be CONTROL Hello, got ") + FrameTypeName(header->type));
+  Result<proto::ControlMessage> message = co_await ReadControl();
+  Status st = message.ok() ? Status::Ok() : message.status();
+  if (st.ok() && message->body_case() != proto::ControlMessage::kHello) {
+    st = ProtocolError("first message must be Hello");
+  }
+  if (st.ok()) {
+    hello_ = message->hello();
+    st = ValidateHello(hello_, context_.options);
+    if (!st.ok()) {
+      st = st.WithContext("job " + std::to_string(hello_.job_id()) + " rank " + std::to_string(hello_.rank()) +
+                          " (" + peer_ + ") Hello");
+      if (auto job = registry_.Find(hello_.job_id())) {
+        asio::post(job->strand(), [job, st, rank = hello_.rank()] { job->AbortIfForming(st, rank); });
+      }
     } else {
-      Result<ByteBuffer> payload = co_await tcp::ReadPayload(socket_, header->payload_length);
-      message = payload.ok() ? DecodeControl(payload->span()) : Result<proto::ControlMessage>(payload.status());
+      st = co_await Authenticate();
     }
-  } else {
-    message = header.status();
   }
   deadline.cancel();
   if (timed_out) {
-    spdlog::warn("peer {}: no Hello within {} ms; connection dropped", peer_, options_.handshake_timeout.count());
+    spdlog::warn("peer {}: no complete handshake within {} ms; connection dropped", peer_,
+                 context_.options.handshake_timeout.count());
+    context_.metrics.Error(StatusCode::kDeadlineExceeded);
     co_return;
   }
-  if (!message.ok()) {
-    if (message.status().code() == StatusCode::kUnavailable) {
-      spdlog::info("peer {}: closed before Hello: {}", peer_, message.status().message());
+  if (!st.ok()) {
+    if (st.code() == StatusCode::kUnavailable) {
+      spdlog::info("peer {}: closed during the handshake: {}", peer_, st.message());
       co_return;
     }
-    RejectBeforeJoin(message.status().WithContext("handshake"));
-    co_return;
-  }
-  if (message->body_case() != proto::ControlMessage::kHello) {
-    RejectBeforeJoin(ProtocolError("first message must be Hello"));
-    co_return;
-  }
-  hello_ = message->hello();
-  if (Status st = ValidateHello(hello_, options_); !st.ok()) {
-    const Status error = st.WithContext("job " + std::to_string(hello_.job_id()) + " rank " +
-                                        std::to_string(hello_.rank()) + " (" + peer_ + ") Hello");
-    RejectBeforeJoin(error);
-    if (auto job = registry_.Find(hello_.job_id())) {
-      asio::post(job->strand(), [job, error, rank = hello_.rank()] { job->AbortIfForming(error, rank); });
-    }
+    RejectBeforeJoin(st.WithContext("handshake"));
     co_return;
   }
   Result<std::shared_ptr<Job>> job = registry_.FindOrCreate(hello_.job_id());
@@ -162,6 +186,59 @@ asio::awaitable<void> Session::Handshake() {
   asio::co_spawn((*job)->strand(), [self, job = *job] { return self->ReadLoop(job); }, asio::detached);
 }
 
+asio::awaitable<Status> Session::Authenticate() {
+  const std::string who = "job " + std::to_string(hello_.job_id()) + " rank " + std::to_string(hello_.rank()) +
+                          " (" + peer_ + ")";
+  Result<std::optional<std::string>> secret = context_.secrets.Lookup(hello_.job_id());
+  if (!secret.ok()) co_return secret.status();
+  const std::string& client_nonce = hello_.auth_nonce();
+  if (!*secret) {
+    if (context_.options.require_auth) {
+      co_return Status(StatusCode::kUnauthenticated,
+                       who + ": this aggregator requires authentication (--require-auth) and holds no secret for "
+                             "the job; add it to --job-secrets-dir");
+    }
+    if (!client_nonce.empty()) {
+      // The worker expects an authenticated job; going on without would silently drop the protection it asked for.
+      co_return Status(StatusCode::kUnauthenticated,
+                       who + ": the worker has a secret for the job but this aggregator holds none; add it to "
+                             "--job-secrets-dir or remove it from the worker");
+    }
+    co_return Status::Ok();
+  }
+  if (client_nonce.empty()) {
+    co_return Status(StatusCode::kUnauthenticated,
+                     who + ": the job requires authentication but the worker sent no credentials; give it the "
+                           "job's secret (SPARSEREDUCE_SECRET or SPARSEREDUCE_SECRET_FILE)");
+  }
+  if (client_nonce.size() != auth::kNonceSize) {
+    co_return ProtocolError("Hello auth_nonce of " + std::to_string(client_nonce.size()) + " bytes, expected " +
+                            std::to_string(auth::kNonceSize));
+  }
+  const std::string server_nonce = auth::RandomNonce();
+  const auth::Transcript transcript{hello_.job_id(), hello_.rank(), hello_.world_size(), hello_.aggregator_index(),
+                                    client_nonce, server_nonce};
+  proto::ControlMessage challenge;
+  challenge.mutable_auth_challenge()->set_server_nonce(server_nonce);
+  challenge.mutable_auth_challenge()->set_server_proof(auth::ServerProof(**secret, transcript));
+  const ByteBuffer frame = EncodeControl(challenge);
+  auto [write_error, written] = co_await asio::async_write(
+      socket_, asio::buffer(frame.data(), frame.size()), asio::as_tuple(asio::use_awaitable));
+  if (write_error) co_return Status(StatusCode::kUnavailable, "sending AuthChallenge: " + write_error.message());
+  context_.metrics.BytesSent(written);
+  Result<proto::ControlMessage> response = co_await ReadControl();
+  if (!response.ok()) co_return response.status();
+  if (response->body_case() != proto::ControlMessage::kAuthResponse) {
+    co_return ProtocolError("expected AuthResponse after AuthChallenge");
+  }
+  if (!auth::ProofMatches(auth::ClientProof(**secret, transcript), response->auth_response().client_proof())) {
+    co_return Status(StatusCode::kUnauthenticated,
+                     who + ": authentication failed: the worker's secret for the job differs from this aggregator's");
+  }
+  spdlog::debug("{}: authenticated", who);
+  co_return Status::Ok();
+}
+
 asio::awaitable<void> Session::ReadLoop(std::shared_ptr<Job> job) {
   // Now on the job's strand; the writer's completions run here too.
   executor_ = job->strand();
@@ -171,7 +248,12 @@ asio::awaitable<void> Session::ReadLoop(std::shared_ptr<Job> job) {
     Job::JoinOutcome outcome = job->Join(shared_from_this());
     if (outcome == Job::JoinOutcome::kRejected) co_return;
     if (outcome == Job::JoinOutcome::kJoined) break;
-    auto fresh = registry_.Replace(hello_.job_id(), job);
+    Result<std::shared_ptr<Job>> replaced = registry_.Replace(hello_.job_id(), job);
+    if (!replaced.ok()) {
+      Fail(replaced.status(), 0, {hello_.rank()});
+      co_return;
+    }
+    std::shared_ptr<Job> fresh = *replaced;
     if (fresh->strand() != job->strand()) {
       auto self = shared_from_this();
       asio::co_spawn(fresh->strand(), [self, fresh] { return self->ReadLoop(fresh); }, asio::detached);
@@ -181,12 +263,18 @@ asio::awaitable<void> Session::ReadLoop(std::shared_ptr<Job> job) {
   }
 
   const uint32_t rank = hello_.rank();
+  context_.metrics.WorkerJoined();
+  struct LeaveOnExit {
+    Metrics& metrics;
+    ~LeaveOnExit() { metrics.WorkerLeft(); }
+  } leave_on_exit{context_.metrics};
   while (true) {
     Result<FrameHeader> header = co_await tcp::ReadFrameHeader(socket_);
     if (!header.ok()) {
       job->OnDisconnect(rank, this, header.status());
       co_return;
     }
+    context_.metrics.BytesReceived(kFrameHeaderSize + header->payload_length);
     if (closed_ || job->dead()) {
       // Draining after an abort or goodbye: drop frames until the worker closes.
       if (Status st = co_await tcp::DiscardBytes(socket_, header->payload_length); !st.ok()) {

@@ -8,7 +8,6 @@
 #include <memory>
 #include <string>
 
-#include "aggregator/server_options.h"
 #include "core/status.h"
 #include "proto/control.pb.h"
 #include "transport/tcp/frame_stream.h"
@@ -17,10 +16,11 @@ namespace sparsereduce::aggregator {
 
 class Job;
 class JobRegistry;
+struct ServiceContext;
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::Socket socket, JobRegistry& registry, const ServerOptions& options);
+  Session(tcp::Socket socket, JobRegistry& registry, ServiceContext& context);
 
   // Runs the session to completion; call through co_spawn on the session's own strand.
   void Start();
@@ -30,7 +30,7 @@ class Session : public std::enable_shared_from_this<Session> {
   const proto::Hello& hello() const { return hello_; }
 
   // On the job strand, once joined:
-  void Send(std::shared_ptr<const ByteBuffer> frame) { writer_->Send(std::move(frame)); }
+  void Send(std::shared_ptr<const ByteBuffer> frame);
   void SendControl(const proto::ControlMessage& message);
   // Sends `error` as an Error message, then closes the connection.
   void Fail(const Status& error, uint64_t seq, const std::vector<uint32_t>& ranks);
@@ -38,13 +38,16 @@ class Session : public std::enable_shared_from_this<Session> {
 
  private:
   boost::asio::awaitable<void> Handshake();
+  boost::asio::awaitable<Result<proto::ControlMessage>> ReadControl();
+  // The job's HMAC challenge-response (docs/PROTOCOL.md §5.1), or its refusal; ok when the job needs none.
+  boost::asio::awaitable<Status> Authenticate();
   boost::asio::awaitable<void> ReadLoop(std::shared_ptr<Job> job);
   void RejectBeforeJoin(const Status& error);
 
   tcp::Socket socket_;
   boost::asio::any_io_executor executor_;  // the session strand, then the job strand
   JobRegistry& registry_;
-  const ServerOptions& options_;
+  ServiceContext& context_;
   std::string peer_;
   proto::Hello hello_;
   std::unique_ptr<tcp::FrameWriter> writer_;

@@ -24,6 +24,8 @@ enum class StatusCode {
   kUnavailable,
   kDeadlineExceeded,
   kAborted,
+  kUnauthenticated,
+  kPermissionDenied,
   kInternal,
 };
 

@@ -46,6 +46,7 @@ class ColumnEngine {
 
   // Statistics.
   uint64_t blocks_aggregated() const { return blocks_aggregated_; }
+  uint64_t owned_blocks() const { return layout_.BlocksOf(aggregator_); }
 
  private:
   struct Pending {

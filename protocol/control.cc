@@ -59,6 +59,8 @@ proto::ErrorCode ToProtoCode(StatusCode code) {
     case StatusCode::kShuttingDown: return proto::SHUTTING_DOWN;
     case StatusCode::kDeadlineExceeded: return proto::DEADLINE_EXCEEDED;
     case StatusCode::kAborted: return proto::ABORTED;
+    case StatusCode::kUnauthenticated: return proto::UNAUTHENTICATED;
+    case StatusCode::kPermissionDenied: return proto::PERMISSION_DENIED;
     case StatusCode::kUnavailable: return proto::UNAVAILABLE;
     default: return proto::ERROR_CODE_UNSPECIFIED;
   }
@@ -79,6 +81,8 @@ StatusCode FromProtoCode(proto::ErrorCode code) {
     case proto::SHUTTING_DOWN: return StatusCode::kShuttingDown;
     case proto::DEADLINE_EXCEEDED: return StatusCode::kDeadlineExceeded;
     case proto::ABORTED: return StatusCode::kAborted;
+    case proto::UNAUTHENTICATED: return StatusCode::kUnauthenticated;
+    case proto::PERMISSION_DENIED: return StatusCode::kPermissionDenied;
     case proto::UNAVAILABLE: return StatusCode::kUnavailable;
     default: return StatusCode::kInternal;
   }

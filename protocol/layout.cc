@@ -67,6 +67,15 @@ ColumnLayout::ColumnLayout(const JobShape& shape, uint64_t element_count, uint32
       num_blocks_((element_count + block_size - 1) / block_size),
       num_columns_(uint64_t{shape.num_aggregators} * shape.slots * shape.blocks_per_message) {}
 
+uint64_t ColumnLayout::BlocksOf(uint32_t aggregator) const {
+  uint64_t blocks = 0;
+  for (uint64_t column = aggregator; column < num_columns_ && column < num_blocks_;
+       column += shape_.num_aggregators) {
+    blocks += (num_blocks_ - column + num_columns_ - 1) / num_columns_;
+  }
+  return blocks;
+}
+
 uint32_t ColumnLayout::NonEmptyLanes(uint32_t aggregator, uint32_t slot) const {
   // Column(a, s, k) = A*(s + S*k) + a < NB  <=>  k < (NB - a - A*s) / (A*S), rounded up.
   const uint64_t first = Column(aggregator, slot, 0);

@@ -53,6 +53,8 @@ class ColumnLayout {
   uint64_t Column(uint32_t aggregator, uint32_t slot, uint32_t lane) const {
     return uint64_t{shape_.num_aggregators} * (slot + uint64_t{shape_.slots} * lane) + aggregator;
   }
+  // Blocks in the columns of `aggregator` (what it aggregates when every block is nonzero).
+  uint64_t BlocksOf(uint32_t aggregator) const;
   // Lanes 0..n-1 of a slot hold non-empty columns (columns grow with the lane, so they form a prefix).
   uint32_t NonEmptyLanes(uint32_t aggregator, uint32_t slot) const;
 

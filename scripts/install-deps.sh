@@ -10,7 +10,11 @@ packages=(
   libprotobuf-dev protobuf-compiler
   libgtest-dev libgmock-dev libbenchmark-dev
   libspdlog-dev libfmt-dev libcli11-dev
+  libssl-dev                  # HMAC-SHA256 for job authentication
+  libsystemd-dev              # sd_notify (Type=notify, watchdog)
+  prometheus-cpp-dev          # /metrics
   iproute2                    # ip netns + tc for the testbed partition test
+  dpkg-dev file systemd $(command -v npm >/dev/null || echo nodejs npm)  # cpack -G DEB, tests/deploy (npm if absent)
   "$@"
 )
 

@@ -296,7 +296,8 @@ class FaultTest : public ::testing::Test {
   // nullptr if it exited first (e.g. the port is still taken). Fails the test if neither happens in time.
   Child* TryStartAggregator(const std::string& name, const std::string& listen, uint16_t* port) {
     Child* c = Spawn(
-        name, {SPARSEREDUCE_AGGREGATOR_BIN, "--listen", listen, "--io-threads", "2", "--handshake-timeout-ms", "5000"});
+        name, {SPARSEREDUCE_AGGREGATOR_BIN, "--listen", listen, "--metrics-listen", "127.0.0.1:0", "--io-threads", "2",
+                "--handshake-timeout-ms", "5000"});
     const std::regex listening("listening on .*:([0-9]+)");
     std::optional<std::string> found;
     c->WaitForLines(

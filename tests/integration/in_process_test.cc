@@ -19,7 +19,7 @@ TEST(InProcess, TwoJobsInOneProcess) {
   const std::string dir = std::filesystem::temp_directory_path() / ("sr-inproc-" + std::to_string(getpid()));
   std::filesystem::create_directories(dir);
   auto daemon = tools::Subprocess::Spawn(
-      {SPARSEREDUCE_AGGREGATOR_BIN, "--listen", "127.0.0.1:0", "--port-file", dir + "/port", "--log-level", "warn"},
+      {SPARSEREDUCE_AGGREGATOR_BIN, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--port-file", dir + "/port", "--log-level", "warn"},
       false);
   ASSERT_TRUE(daemon.ok());
   auto port = tools::WaitForFileLine(dir + "/port", 10s, daemon->get());

@@ -21,7 +21,7 @@ trials=0 completed=0 failed_ok=0 hangs=0 wrong=0 unrestored=0 kills_worker=0 kil
 start_daemon() {  # $1 = index; prints the port
   local pf=$DIR/port$1
   rm -f "$pf"
-  "$AGG" --listen 127.0.0.1:0 --port-file "$pf" --log-level error --stall-timeout-ms 3000 > "$DIR/agg$1.log" 2>&1 &
+  "$AGG" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 --port-file "$pf" --log-level error --stall-timeout-ms 3000 > "$DIR/agg$1.log" 2>&1 &
   echo $! > "$DIR/agg$1.pid"
   for _ in $(seq 1 200); do [[ -s $pf ]] && break; sleep 0.02; done
   cat "$pf"

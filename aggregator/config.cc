@@ -1,0 +1,162 @@
+#include "aggregator/config.h"
+
+#include <spdlog/common.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <cctype>
+#include <cstdlib>
+#include <memory>
+
+#include "aggregator/network_allowlist.h"
+#include "transport/tcp/endpoint.h"
+
+namespace sparsereduce::aggregator {
+namespace {
+
+constexpr const char* kConfigFlag = "config";
+
+bool EnvironmentHas(const std::string& flag) {
+  const char* value = std::getenv(EnvironmentVariableFor(flag).c_str());
+  return value != nullptr && *value != '\0';
+}
+
+// CLI11 applies the config file before the environment and lets the file win. Dropping the file's entries that
+// the environment also sets gives the documented order flag > environment > file.
+class EnvironmentOverridesFile : public CLI::ConfigTOML {
+ public:
+  std::vector<CLI::ConfigItem> from_config(std::istream& input) const override {
+    std::vector<CLI::ConfigItem> items = CLI::ConfigTOML::from_config(input);
+    std::erase_if(items, [](const CLI::ConfigItem& item) {
+      return item.parents.empty() && !item.name.empty() && item.name != kConfigFlag && EnvironmentHas(item.name);
+    });
+    return items;
+  }
+};
+
+// Adds --flag with its SPARSEREDUCE_* variable, so every setting has all three sources.
+template <typename T>
+CLI::Option* Add(CLI::App& app, const std::string& flag, T& value, const std::string& help) {
+  return app.add_option("--" + flag, value, help)->envname(EnvironmentVariableFor(flag))->capture_default_str();
+}
+
+template <typename Rep, typename Period>
+CLI::Option* AddMilliseconds(CLI::App& app, const std::string& flag, std::chrono::duration<Rep, Period>& value,
+                             uint64_t& storage, const std::string& help) {
+  storage = std::chrono::duration_cast<std::chrono::milliseconds>(value).count();
+  return Add(app, flag, storage, help);
+}
+
+Status Validate(const DaemonConfig& config) {
+  if (config.server.listen.empty()) return InvalidArgument("--listen: at least one address is needed");
+  for (const std::string& text : config.server.listen) {
+    if (Result<tcp::HostPort> hp = tcp::ParseHostPort(text); !hp.ok()) {
+      return hp.status().WithContext("--listen");
+    }
+  }
+  if (!config.metrics_listen.empty()) {
+    if (Result<tcp::HostPort> hp = tcp::ParseHostPort(config.metrics_listen); !hp.ok()) {
+      return hp.status().WithContext("--metrics-listen");
+    }
+  }
+  if (Result<NetworkAllowlist> list = NetworkAllowlist::Parse(config.server.allow_networks); !list.ok()) {
+    return list.status().WithContext("--allow-network");
+  }
+  if (config.server.require_auth && config.server.job_secrets_dir.empty()) {
+    return InvalidArgument("--require-auth needs --job-secrets-dir");
+  }
+  if (config.server.max_jobs == 0 || config.server.max_world_size == 0 || config.server.max_job_memory == 0 ||
+      config.server.max_total_memory == 0 || config.server.max_tensor_bytes == 0) {
+    return InvalidArgument("the --max-* limits must be positive");
+  }
+  if (config.server.max_job_memory > config.server.max_total_memory) {
+    return InvalidArgument("--max-job-memory (" + std::to_string(config.server.max_job_memory) +
+                           ") exceeds --max-total-memory (" + std::to_string(config.server.max_total_memory) + ")");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::string EnvironmentVariableFor(const std::string& flag) {
+  std::string name = "SPARSEREDUCE_";
+  for (char c : flag) name += c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return name;
+}
+
+std::variant<DaemonConfig, int> ParseDaemonConfig(const std::vector<std::string>& args, std::ostream& out,
+                                                  std::ostream& err) {
+  DaemonConfig config;
+  ServerOptions& server = config.server;
+  CLI::App app{
+      "sparsereduce-aggregator: sums the nonzero blocks of sparse allreduces for many jobs at once.\n"
+      "Every flag can also be set as SPARSEREDUCE_<FLAG> in the environment (e.g. SPARSEREDUCE_MAX_JOBS) or as\n"
+      "`flag = value` in the --config TOML file; precedence: flag > environment > config file > default."};
+  app.config_formatter(std::make_shared<EnvironmentOverridesFile>());
+  // A config path that does not exist is an error, also when it comes from the environment.
+  const char* env_config = std::getenv(EnvironmentVariableFor(kConfigFlag).c_str());
+  const bool config_from_env = env_config != nullptr && *env_config != '\0';
+  app.set_config(std::string("--") + kConfigFlag, config_from_env ? env_config : "",
+                 "TOML config file (keys are the long flag names), also SPARSEREDUCE_CONFIG", config_from_env);
+  app.allow_config_extras(CLI::config_extras_mode::error);
+
+  Add(app, "listen", server.listen, "Data-plane address HOST:PORT or [IPV6]:PORT (repeatable or comma-separated)")
+      ->delimiter(',');
+  Add(app, "metrics-listen", config.metrics_listen, "HTTP address for /metrics, /healthz and /readyz; '' disables");
+  Add(app, "name", server.name, "Instance name in logs and metrics (default: the hostname)");
+  Add(app, "io-threads", server.io_threads, "I/O threads (0: one per hardware thread)");
+  uint64_t handshake_ms = 0, stall_ms = 0, drain_ms = 0;
+  AddMilliseconds(app, "handshake-timeout-ms", server.handshake_timeout, handshake_ms,
+                  "Drop connections that do not finish the handshake within this");
+  AddMilliseconds(app, "stall-timeout-ms", server.stall_timeout, stall_ms,
+                  "Abort a collective that makes no progress for this long, naming the ranks it waits for");
+  AddMilliseconds(app, "drain-timeout-ms", config.drain_timeout, drain_ms,
+                  "On SIGTERM, let running collectives finish for up to this long, then abort their jobs");
+  uint64_t keepalive_s = server.liveness.keepalive_idle.count();
+  Add(app, "keepalive-s", keepalive_s, "Idle seconds before TCP keepalive probes (1 s apart, 3 probes)")
+      ->check(CLI::Range(uint64_t{1}, uint64_t{7200}));
+  Add(app, "max-jobs", server.max_jobs, "Jobs served at once");
+  Add(app, "max-world-size", server.max_world_size, "Largest world size accepted");
+  Add(app, "max-tensor-bytes", server.max_tensor_bytes, "Largest tensor (elements x element size) of a collective");
+  Add(app, "max-job-memory", server.max_job_memory,
+      "Bytes one job's running collective may hold here ((W+1) x slots x frame size + index tables)");
+  Add(app, "max-total-memory", server.max_total_memory, "Bytes all jobs' running collectives may hold here");
+  Add(app, "job-secrets-dir", server.job_secrets_dir,
+      "Directory with one file per job (name: decimal job id, content: shared secret) for HMAC authentication")
+      ->check(CLI::ExistingDirectory);
+  app.add_flag("--require-auth", server.require_auth, "Reject jobs without a secret in --job-secrets-dir")
+      ->envname(EnvironmentVariableFor("require-auth"))
+      ->capture_default_str();
+  Add(app, "allow-network", server.allow_networks,
+      "Client network allowed to connect, CIDR (repeatable or comma-separated; default: all)")
+      ->delimiter(',');
+  Add(app, "log-level", config.log_level, "Log level")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error", "critical", "off"}));
+  Add(app, "log-format", config.log_format, "Log format")->check(CLI::IsMember({"text", "json"}));
+  Add(app, "port-file", config.port_file, "Write the first bound data port to this file once listening");
+  Add(app, "metrics-port-file", config.metrics_port_file, "Write the bound metrics port to this file");
+
+  std::vector<const char*> argv;
+  for (const std::string& a : args) argv.push_back(a.c_str());
+  try {
+    app.parse(static_cast<int>(argv.size()), argv.data());
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e, out, err);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e, out, err);
+  } catch (const CLI::ParseError& e) {
+    err << "sparsereduce-aggregator: invalid configuration: " << e.what() << "\n";
+    return 2;
+  }
+  server.handshake_timeout = std::chrono::milliseconds(handshake_ms);
+  server.stall_timeout = std::chrono::milliseconds(stall_ms);
+  config.drain_timeout = std::chrono::milliseconds(drain_ms);
+  server.liveness.keepalive_idle = std::chrono::seconds(keepalive_s);
+  if (Status st = Validate(config); !st.ok()) {
+    err << "sparsereduce-aggregator: invalid configuration: " << st.message() << "\n";
+    return 2;
+  }
+  return config;
+}
+
+}  // namespace sparsereduce::aggregator

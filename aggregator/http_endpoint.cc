@@ -1,0 +1,115 @@
+#include "aggregator/http_endpoint.h"
+
+#include <spdlog/spdlog.h>
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/core/flat_buffer.hpp>
+#include <boost/beast/core/tcp_stream.hpp>
+#include <boost/beast/http.hpp>
+#include <chrono>
+
+#include "transport/tcp/listener.h"
+
+namespace sparsereduce::aggregator {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using asio::ip::tcp;
+
+namespace {
+
+constexpr auto kRequestDeadline = std::chrono::seconds(10);
+constexpr size_t kMaxRequestBytes = 16 * 1024;  // a scrape or probe needs a few hundred
+
+http::response<http::string_body> Respond(const http::request<http::string_body>& request,
+                                          const HttpEndpoint::Handlers& handlers) {
+  http::response<http::string_body> response;
+  response.version(request.version());
+  response.keep_alive(request.keep_alive());
+  response.set(http::field::content_type, "text/plain; charset=utf-8");
+  const std::string_view target(request.target().data(), request.target().size());
+  const std::string_view path = target.substr(0, target.find('?'));
+  if (request.method() != http::verb::get && request.method() != http::verb::head) {
+    response.result(http::status::method_not_allowed);
+    response.set(http::field::allow, "GET, HEAD");
+    response.body() = "only GET and HEAD\n";
+  } else if (path == "/metrics") {
+    response.result(http::status::ok);
+    response.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
+    response.body() = handlers.metrics();
+  } else if (path == "/healthz") {
+    response.result(http::status::ok);
+    response.body() = "ok\n";
+  } else if (path == "/readyz") {
+    const bool ready = handlers.ready();
+    response.result(ready ? http::status::ok : http::status::service_unavailable);
+    response.body() = ready ? "ready\n" : "not ready (starting or draining)\n";
+  } else {
+    response.result(http::status::not_found);
+    response.body() = "not found; try /metrics, /healthz or /readyz\n";
+  }
+  response.prepare_payload();
+  if (request.method() == http::verb::head) response.body().clear();
+  return response;
+}
+
+asio::awaitable<void> Serve(beast::tcp_stream stream, const HttpEndpoint::Handlers& handlers) {
+  beast::flat_buffer buffer;
+  while (true) {
+    stream.expires_after(kRequestDeadline);
+    http::request_parser<http::string_body> parser;
+    parser.header_limit(kMaxRequestBytes);
+    parser.body_limit(kMaxRequestBytes);
+    auto [read_error, read] = co_await http::async_read(stream, buffer, parser, asio::as_tuple(asio::use_awaitable));
+    if (read_error) break;  // closed, timed out or malformed: nothing useful to answer
+    const http::request<http::string_body> request = parser.release();
+    http::response<http::string_body> response = Respond(request, handlers);
+    const bool keep_alive = response.keep_alive();
+    auto [write_error, written] =
+        co_await http::async_write(stream, response, asio::as_tuple(asio::use_awaitable));
+    if (write_error || !keep_alive) break;
+  }
+  boost::system::error_code ignored;
+  stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
+}
+
+}  // namespace
+
+HttpEndpoint::HttpEndpoint(asio::io_context& io, Handlers handlers) : io_(io), handlers_(std::move(handlers)) {}
+
+Result<tcp::endpoint> HttpEndpoint::Listen(const std::string& address) {
+  auto acceptor = sparsereduce::tcp::OpenListener(io_, address, "metrics address");
+  if (!acceptor.ok()) return acceptor.status();
+  acceptor_ = std::move(*acceptor);
+  return acceptor_->local_endpoint();
+}
+
+void HttpEndpoint::Start() { asio::co_spawn(io_, AcceptLoop(), asio::detached); }
+
+void HttpEndpoint::Stop() {
+  asio::dispatch(io_, [this] {
+    boost::system::error_code ignored;
+    if (acceptor_) acceptor_->close(ignored);
+  });
+}
+
+asio::awaitable<void> HttpEndpoint::AcceptLoop() {
+  while (acceptor_ && acceptor_->is_open()) {
+    auto [ec, socket] = co_await acceptor_->async_accept(asio::make_strand(io_), asio::as_tuple(asio::use_awaitable));
+    if (ec == asio::error::operation_aborted || !acceptor_->is_open()) break;
+    if (ec) {
+      spdlog::warn("metrics endpoint: accept failed: {}", ec.message());
+      continue;
+    }
+    auto executor = socket.get_executor();
+    asio::co_spawn(executor, Serve(beast::tcp_stream(std::move(socket)), handlers_), asio::detached);
+  }
+}
+
+}  // namespace sparsereduce::aggregator

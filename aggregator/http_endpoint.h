@@ -1,0 +1,39 @@
+// The operations HTTP endpoint (--metrics-listen): GET /metrics (Prometheus text format 0.0.4), /healthz (200
+// while the process serves) and /readyz (200 when ready, 503 while starting or draining). Boost.Beast, on the
+// daemon's io_context; each connection has a 10 s deadline per request and a small request size limit.
+#pragma once
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "core/status.h"
+
+namespace sparsereduce::aggregator {
+
+class HttpEndpoint {
+ public:
+  struct Handlers {
+    std::function<std::string()> metrics;  // the exposition text
+    std::function<bool()> ready;
+  };
+
+  HttpEndpoint(boost::asio::io_context& io, Handlers handlers);
+
+  // Binds HOST:PORT (port 0 picks one); returns the bound endpoint.
+  Result<boost::asio::ip::tcp::endpoint> Listen(const std::string& address);
+  void Start();
+  // Closes the listener; requests in progress finish.
+  void Stop();
+
+ private:
+  boost::asio::awaitable<void> AcceptLoop();
+  boost::asio::io_context& io_;
+  Handlers handlers_;
+  std::unique_ptr<boost::asio::ip::tcp::acceptor> acceptor_;
+};
+
+}  // namespace sparsereduce::aggregator

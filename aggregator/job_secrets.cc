@@ -1,0 +1,28 @@
+#include "aggregator/job_secrets.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "protocol/auth.h"
+
+namespace sparsereduce::aggregator {
+
+Result<std::optional<std::string>> JobSecrets::Lookup(uint64_t job) const {
+  if (directory_.empty()) return std::optional<std::string>();
+  const std::string path = directory_ + "/" + std::to_string(job);
+  std::ifstream file(path, std::ios::binary);
+  if (!file) {
+    if (errno == ENOENT) return std::optional<std::string>();
+    return Status(StatusCode::kInternal, "cannot read the secret of job " + std::to_string(job) + " from " + path +
+                                             ": " + std::strerror(errno));
+  }
+  std::ostringstream contents;
+  contents << file.rdbuf();
+  Result<std::string> secret = auth::NormalizeSecret(contents.str(), path);
+  if (!secret.ok()) return secret.status();
+  return std::optional<std::string>(std::move(*secret));
+}
+
+}  // namespace sparsereduce::aggregator

@@ -1,0 +1,56 @@
+#include "aggregator/network_allowlist.h"
+
+namespace sparsereduce::aggregator {
+
+namespace ip = boost::asio::ip;
+
+Result<NetworkAllowlist> NetworkAllowlist::Parse(const std::vector<std::string>& cidrs) {
+  NetworkAllowlist list;
+  for (const std::string& text : cidrs) {
+    std::string cidr = text;
+    boost::system::error_code ec;
+    if (cidr.find('/') == std::string::npos) {
+      const ip::address single = ip::make_address(cidr, ec);
+      if (!ec) cidr += single.is_v4() ? "/32" : "/128";
+    }
+    ec.clear();
+    if (cidr.find(':') == std::string::npos) {
+      const ip::network_v4 net = ip::make_network_v4(cidr, ec);
+      // A network with host bits set ("10.1.2.3/8") is almost always a typo for something else.
+      if (!ec && net != net.canonical()) {
+        return InvalidArgument("allowed network " + text + " has host bits set; did you mean " +
+                               net.canonical().to_string() + "?");
+      }
+      if (!ec) list.v4_.push_back(net);
+    } else {
+      const ip::network_v6 net = ip::make_network_v6(cidr, ec);
+      if (!ec && net != net.canonical()) {
+        return InvalidArgument("allowed network " + text + " has host bits set; did you mean " +
+                               net.canonical().to_string() + "?");
+      }
+      if (!ec) list.v6_.push_back(net);
+    }
+    if (ec) return InvalidArgument("allowed network '" + text + "' is not a CIDR such as 10.0.0.0/8 or fd00::/8");
+  }
+  return list;
+}
+
+bool NetworkAllowlist::Allows(const ip::address& address) const {
+  if (empty()) return true;
+  ip::address a = address;
+  if (a.is_v6() && a.to_v6().is_v4_mapped()) a = ip::make_address_v4(ip::v4_mapped, a.to_v6());
+  if (a.is_v4()) {
+    const ip::network_v4 host(a.to_v4(), 32);
+    for (const auto& net : v4_) {
+      if (host == net || host.is_subnet_of(net)) return true;
+    }
+    return false;
+  }
+  const ip::network_v6 host(a.to_v6(), 128);
+  for (const auto& net : v6_) {
+    if (host == net || host.is_subnet_of(net)) return true;
+  }
+  return false;
+}
+
+}  // namespace sparsereduce::aggregator

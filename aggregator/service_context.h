@@ -1,0 +1,34 @@
+// What every job and connection of one aggregator consults: its options, metrics, shared memory budget, job
+// secrets, allowed networks and whether it is draining. Owned by the Server; no globals.
+#pragma once
+
+#include <atomic>
+#include <string>
+
+#include "aggregator/job_secrets.h"
+#include "aggregator/memory_budget.h"
+#include "aggregator/metrics.h"
+#include "aggregator/network_allowlist.h"
+#include "aggregator/server_options.h"
+
+namespace sparsereduce::aggregator {
+
+struct ServiceContext {
+  ServiceContext(const ServerOptions& options, NetworkAllowlist allowlist)
+      : options(options),
+        metrics(options.name),
+        memory(options.max_total_memory),
+        secrets(options.job_secrets_dir),
+        allowlist(std::move(allowlist)) {}
+
+  const ServerOptions& options;
+  Metrics metrics;
+  MemoryBudget memory;
+  JobSecrets secrets;
+  NetworkAllowlist allowlist;
+  std::atomic<bool> draining{false};
+
+  std::string RenderMetrics() { return metrics.Render(memory.reserved(), draining.load()); }
+};
+
+}  // namespace sparsereduce::aggregator

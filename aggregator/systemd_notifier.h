@@ -1,0 +1,31 @@
+// systemd service notifications (Type=notify): READY=1 once every listener is bound, STOPPING=1 when draining
+// starts, and WATCHDOG=1 every half WatchdogSec while the event loop runs. Does nothing when the daemon was not
+// started by systemd (no NOTIFY_SOCKET).
+#pragma once
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <string>
+
+namespace sparsereduce::aggregator {
+
+class SystemdNotifier {
+ public:
+  explicit SystemdNotifier(boost::asio::io_context& io);
+
+  void Ready(const std::string& status);
+  void Stopping(const std::string& status);
+  // Starts the watchdog pings if systemd asked for them (WATCHDOG_USEC); the pings come from the io_context, so
+  // a stuck event loop stops them and systemd restarts the daemon.
+  void StartWatchdog();
+  void StopWatchdog();
+
+ private:
+  void Ping();
+
+  boost::asio::steady_timer watchdog_timer_;
+  std::chrono::microseconds watchdog_interval_{0};
+};
+
+}  // namespace sparsereduce::aggregator
