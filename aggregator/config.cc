@@ -76,6 +76,19 @@ Status Validate(const DaemonConfig& config) {
   return Status::Ok();
 }
 
+// CLI11 names the flag but not where its value came from; say so when it was the environment.
+std::string SourceHint(const std::string& error, const std::vector<std::string>& args) {
+  const size_t start = error.find("--");
+  if (start == std::string::npos) return "";
+  const size_t end = error.find_first_of(" =,:", start);
+  const std::string flag = error.substr(start, end == std::string::npos ? std::string::npos : end - start);
+  for (const std::string& arg : args) {
+    if (arg == flag || arg.starts_with(flag + "=")) return " (given on the command line)";
+  }
+  if (EnvironmentHas(flag.substr(2))) return " (from " + EnvironmentVariableFor(flag.substr(2)) + ")";
+  return "";
+}
+
 }  // namespace
 
 std::string EnvironmentVariableFor(const std::string& flag) {
@@ -145,7 +158,7 @@ std::variant<DaemonConfig, int> ParseDaemonConfig(const std::vector<std::string>
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e, out, err);
   } catch (const CLI::ParseError& e) {
-    err << "sparsereduce-aggregator: invalid configuration: " << e.what() << "\n";
+    err << "sparsereduce-aggregator: invalid configuration: " << e.what() << SourceHint(e.what(), args) << "\n";
     return 2;
   }
   server.handshake_timeout = std::chrono::milliseconds(handshake_ms);

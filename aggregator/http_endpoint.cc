@@ -81,19 +81,20 @@ asio::awaitable<void> Serve(beast::tcp_stream stream, const HttpEndpoint::Handle
 
 }  // namespace
 
-HttpEndpoint::HttpEndpoint(asio::io_context& io, Handlers handlers) : io_(io), handlers_(std::move(handlers)) {}
+HttpEndpoint::HttpEndpoint(asio::io_context& io, Handlers handlers)
+    : io_(io), strand_(asio::make_strand(io)), handlers_(std::move(handlers)) {}
 
 Result<tcp::endpoint> HttpEndpoint::Listen(const std::string& address) {
-  auto acceptor = sparsereduce::tcp::OpenListener(io_, address, "metrics address");
+  auto acceptor = sparsereduce::tcp::OpenListener(strand_, address, "metrics address");
   if (!acceptor.ok()) return acceptor.status();
   acceptor_ = std::move(*acceptor);
   return acceptor_->local_endpoint();
 }
 
-void HttpEndpoint::Start() { asio::co_spawn(io_, AcceptLoop(), asio::detached); }
+void HttpEndpoint::Start() { asio::co_spawn(strand_, AcceptLoop(), asio::detached); }
 
 void HttpEndpoint::Stop() {
-  asio::dispatch(io_, [this] {
+  asio::dispatch(strand_, [this] {
     boost::system::error_code ignored;
     if (acceptor_) acceptor_->close(ignored);
   });

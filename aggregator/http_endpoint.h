@@ -6,6 +6,7 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/strand.hpp>
 #include <functional>
 #include <memory>
 #include <string>
@@ -32,6 +33,7 @@ class HttpEndpoint {
  private:
   boost::asio::awaitable<void> AcceptLoop();
   boost::asio::io_context& io_;
+  boost::asio::strand<boost::asio::io_context::executor_type> strand_;  // the acceptor's
   Handlers handlers_;
   std::unique_ptr<boost::asio::ip::tcp::acceptor> acceptor_;
 };

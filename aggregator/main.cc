@@ -6,6 +6,9 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
+#include <boost/asio/dispatch.hpp>
+#include <boost/asio/post.hpp>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -48,7 +51,10 @@ int main(int argc, char** argv) {
   boost::asio::io_context io(static_cast<int>(threads));
   Server server(io, config.server);
   HttpEndpoint http(io, {[&server] { return server.context().RenderMetrics(); }, [&server] { return server.ready(); }});
-  SystemdNotifier systemd(io);
+  // Signals, the drain deadline and the watchdog run on one strand, so stopping them is never concurrent with
+  // their own handlers.
+  auto lifecycle = boost::asio::make_strand(io);
+  SystemdNotifier systemd(lifecycle);
 
   if (!config.metrics_listen.empty()) {
     auto bound = http.Listen(config.metrics_listen);
@@ -71,11 +77,11 @@ int main(int argc, char** argv) {
   WritePortFile(config.port_file, bound->front().port());
   server.StartAccepting();
   systemd.Ready("serving on " + std::to_string(bound->size()) + " address(es)");
-  systemd.StartWatchdog();
+  boost::asio::dispatch(lifecycle, [&] { systemd.StartWatchdog(); });
 
   // First SIGTERM/SIGINT: drain. A second one, or the drain deadline: abort what is left. Either way exit 0.
-  boost::asio::signal_set signals(io, SIGINT, SIGTERM);
-  boost::asio::steady_timer drain_deadline(io);
+  boost::asio::signal_set signals(lifecycle, SIGINT, SIGTERM);
+  boost::asio::steady_timer drain_deadline(lifecycle);
   auto finish = [&] {
     drain_deadline.cancel();
     signals.cancel();
@@ -102,7 +108,7 @@ int main(int argc, char** argv) {
       spdlog::warn("drain deadline of {} ms passed: aborting the remaining jobs", config.drain_timeout.count());
       finish();
     });
-    server.Drain([&] { boost::asio::post(io, [&] {
+    server.Drain([&] { boost::asio::post(lifecycle, [&] {
       spdlog::info("drained: no job left");
       finish();
     }); });

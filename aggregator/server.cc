@@ -29,6 +29,7 @@ NetworkAllowlist ParseAllowlist(const std::vector<std::string>& cidrs, Status* s
 
 Server::Server(asio::io_context& io, ServerOptions options)
     : io_(io),
+      acceptor_strand_(asio::make_strand(io)),
       options_(std::move(options)),
       context_(options_, ParseAllowlist(options_.allow_networks, &allowlist_status_)),
       registry_(io, context_) {}
@@ -37,7 +38,7 @@ Result<std::vector<tcp::endpoint>> Server::Listen() {
   if (!allowlist_status_.ok()) return allowlist_status_.WithContext("--allow-network");
   std::vector<tcp::endpoint> bound;
   for (const std::string& text : options_.listen) {
-    auto acceptor = sparsereduce::tcp::OpenListener(io_, text, "listen address");
+    auto acceptor = sparsereduce::tcp::OpenListener(acceptor_strand_, text, "listen address");
     if (!acceptor.ok()) return acceptor.status();
     std::unique_ptr<tcp::acceptor>& opened = *acceptor;
     bound.push_back(opened->local_endpoint());
@@ -48,7 +49,9 @@ Result<std::vector<tcp::endpoint>> Server::Listen() {
 }
 
 void Server::StartAccepting() {
-  for (auto& acceptor : acceptors_) Accept(*acceptor);
+  asio::dispatch(acceptor_strand_, [this] {
+    for (auto& acceptor : acceptors_) Accept(*acceptor);
+  });
 }
 
 void Server::Accept(tcp::acceptor& acceptor) {
@@ -75,7 +78,7 @@ void Server::CloseAcceptors() {
 }
 
 void Server::Drain(std::function<void()> on_drained) {
-  asio::dispatch(io_, [this, on_drained = std::move(on_drained)]() mutable {
+  asio::dispatch(acceptor_strand_, [this, on_drained = std::move(on_drained)]() mutable {
     if (stopping_) return;
     stopping_ = true;
     CloseAcceptors();
@@ -84,7 +87,7 @@ void Server::Drain(std::function<void()> on_drained) {
 }
 
 void Server::Stop() {
-  asio::dispatch(io_, [this] {
+  asio::dispatch(acceptor_strand_, [this] {
     stopping_ = true;
     context_.draining = true;
     CloseAcceptors();

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/strand.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <atomic>
 #include <functional>
@@ -39,6 +40,7 @@ class Server {
   void CloseAcceptors();
 
   boost::asio::io_context& io_;
+  boost::asio::strand<boost::asio::io_context::executor_type> acceptor_strand_;  // acceptors and stopping_
   ServerOptions options_;
   Status allowlist_status_;
   ServiceContext context_;

@@ -98,8 +98,8 @@ void Session::Close() {
   // Only the sending side: the read loop keeps draining what the worker still sends until it closes, so the
   // close never turns into a reset that could destroy the Error frame before the worker reads it.
   writer_->CloseAfterFlush(/*both=*/false);
-  auto timer = std::make_shared<asio::steady_timer>(executor_, std::chrono::seconds(5));
-  timer->async_wait([self = shared_from_this(), timer](const boost::system::error_code& ec) {
+  close_grace_ = std::make_shared<asio::steady_timer>(executor_, std::chrono::seconds(5));
+  close_grace_->async_wait([self = shared_from_this(), timer = close_grace_](const boost::system::error_code& ec) {
     if (ec) return;
     boost::system::error_code ignored;
     self->socket_.close(ignored);  // the worker did not close within the grace period
@@ -264,10 +264,15 @@ asio::awaitable<void> Session::ReadLoop(std::shared_ptr<Job> job) {
 
   const uint32_t rank = hello_.rank();
   context_.metrics.WorkerJoined();
-  struct LeaveOnExit {
-    Metrics& metrics;
-    ~LeaveOnExit() { metrics.WorkerLeft(); }
-  } leave_on_exit{context_.metrics};
+  // However the loop ends, the connection is done: no grace timer keeps the session (and the daemon's shutdown)
+  // waiting once the worker has closed its side.
+  struct OnExit {
+    Session& session;
+    ~OnExit() {
+      session.context_.metrics.WorkerLeft();
+      if (session.close_grace_) session.close_grace_->cancel();
+    }
+  } on_exit{*this};
   while (true) {
     Result<FrameHeader> header = co_await tcp::ReadFrameHeader(socket_);
     if (!header.ok()) {

@@ -4,6 +4,7 @@
 
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <memory>
 #include <string>
@@ -52,6 +53,7 @@ class Session : public std::enable_shared_from_this<Session> {
   proto::Hello hello_;
   std::unique_ptr<tcp::FrameWriter> writer_;
   bool closed_ = false;
+  std::shared_ptr<boost::asio::steady_timer> close_grace_;  // after Close: how long the worker may take to close
 };
 
 }  // namespace sparsereduce::aggregator

@@ -16,7 +16,7 @@ void Notify(const std::string& state) {
 
 }  // namespace
 
-SystemdNotifier::SystemdNotifier(boost::asio::io_context& io) : watchdog_timer_(io) {}
+SystemdNotifier::SystemdNotifier(const boost::asio::any_io_executor& executor) : watchdog_timer_(executor) {}
 
 void SystemdNotifier::Ready(const std::string& status) { Notify("READY=1\nSTATUS=" + status); }
 
@@ -30,9 +30,13 @@ void SystemdNotifier::StartWatchdog() {
   Ping();
 }
 
-void SystemdNotifier::StopWatchdog() { watchdog_timer_.cancel(); }
+void SystemdNotifier::StopWatchdog() {
+  stopped_ = true;
+  watchdog_timer_.cancel();
+}
 
 void SystemdNotifier::Ping() {
+  if (stopped_) return;
   Notify("WATCHDOG=1");
   watchdog_timer_.expires_after(watchdog_interval_);
   watchdog_timer_.async_wait([this](const boost::system::error_code& ec) {

@@ -5,3 +5,11 @@ gtest_discover_tests(protocol_simulation_test DISCOVERY_TIMEOUT 60)
 add_executable(engine_violation_test engine_violation_test.cc)
 target_link_libraries(engine_violation_test PRIVATE sparsereduce_protocol GTest::gtest_main)
 gtest_discover_tests(engine_violation_test DISCOVERY_TIMEOUT 60)
+
+add_executable(auth_test auth_test.cc)
+target_link_libraries(auth_test PRIVATE sparsereduce_protocol GTest::gtest_main)
+gtest_discover_tests(auth_test DISCOVERY_TIMEOUT 60)
+
+add_executable(aggregator_config_test aggregator_config_test.cc)
+target_link_libraries(aggregator_config_test PRIVATE sparsereduce_aggregator GTest::gtest_main)
+gtest_discover_tests(aggregator_config_test DISCOVERY_TIMEOUT 60)

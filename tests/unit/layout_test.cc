@@ -86,6 +86,18 @@ TEST(LayoutTest, EveryBlockHasExactlyOneHome) {
   }
 }
 
+TEST(LayoutTest, BlocksOfCountsEachAggregatorsBlocks) {
+  for (const Combo& c : AllCombos()) {
+    SCOPED_TRACE(Describe(c));
+    ColumnLayout layout(c.shape, c.n, c.b, 4);
+    std::vector<uint64_t> expected(c.shape.num_aggregators, 0);
+    for (uint64_t block = 0; block < layout.num_blocks(); ++block) {
+      ++expected[layout.AggregatorOf(layout.ColumnOf(block))];
+    }
+    for (uint32_t a = 0; a < c.shape.num_aggregators; ++a) EXPECT_EQ(layout.BlocksOf(a), expected[a]) << "a=" << a;
+  }
+}
+
 TEST(LayoutTest, NonEmptyLanesFormAPrefix) {
   for (const Combo& c : AllCombos()) {
     SCOPED_TRACE(Describe(c));

@@ -9,19 +9,19 @@ namespace sparsereduce::tcp {
 namespace asio = boost::asio;
 using asio::ip::tcp;
 
-Result<std::unique_ptr<tcp::acceptor>> OpenListener(asio::io_context& io, const std::string& address,
+Result<std::unique_ptr<tcp::acceptor>> OpenListener(const asio::any_io_executor& executor, const std::string& address,
                                                     const std::string& what) {
   Result<HostPort> hp = ParseHostPort(address);
   if (!hp.ok()) return hp.status().WithContext(what);
   boost::system::error_code ec;
-  tcp::resolver resolver(io);
+  tcp::resolver resolver(executor);
   auto results = resolver.resolve(hp->host, std::to_string(hp->port),
                                   tcp::resolver::passive | tcp::resolver::numeric_service, ec);
   if (ec || results.empty()) {
     return Status(StatusCode::kInvalidArgument, "cannot resolve " + what + " " + address + ": " + ec.message());
   }
   const tcp::endpoint endpoint = results.begin()->endpoint();
-  auto acceptor = std::make_unique<tcp::acceptor>(io);
+  auto acceptor = std::make_unique<tcp::acceptor>(executor);
   acceptor->open(endpoint.protocol(), ec);
   if (!ec) acceptor->set_option(tcp::acceptor::reuse_address(true), ec);
   if (!ec && endpoint.address().is_v6()) acceptor->set_option(asio::ip::v6_only(true), ec);

@@ -1,7 +1,7 @@
 // Opening a listening socket from "HOST:PORT" / "[IPV6]:PORT" text (port 0 picks a free port).
 #pragma once
 
-#include <boost/asio/io_context.hpp>
+#include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <memory>
 #include <string>
@@ -11,8 +11,9 @@
 namespace sparsereduce::tcp {
 
 // Resolves (numerically or by name), binds with SO_REUSEADDR (IPv6 listeners are v6-only, so "[::]:P" and
-// "0.0.0.0:P" can both be given) and listens. `what` names the address in errors ("listen address").
-Result<std::unique_ptr<boost::asio::ip::tcp::acceptor>> OpenListener(boost::asio::io_context& io,
+// "0.0.0.0:P" can both be given) and listens. `what` names the address in errors ("listen address"). The acceptor's
+// completions run on `executor` (a strand, so that closing it is serialized with its accepts).
+Result<std::unique_ptr<boost::asio::ip::tcp::acceptor>> OpenListener(const boost::asio::any_io_executor& executor,
                                                                      const std::string& address,
                                                                      const std::string& what);
 

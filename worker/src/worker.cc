@@ -12,9 +12,11 @@
 #include <thread>
 
 #include "core/dtype.h"
+#include "protocol/auth.h"
 #include "protocol/control.h"
 #include "protocol/worker_collective.h"
 #include "worker/src/aggregator_link.h"
+#include "worker/src/worker_environment.h"
 
 namespace sparsereduce {
 
@@ -35,6 +37,7 @@ class Worker::Impl : public AggregatorLink::Handler {
 
   // AggregatorLink::Handler (I/O thread)
   void OnControl(AggregatorLink& link, const proto::ControlMessage& message) override;
+  void OnAuthChallenge(AggregatorLink& link, const proto::AuthChallenge& challenge);
   Result<uint64_t> ResultLimit(AggregatorLink& link, const FrameHeader& header) override;
   void OnResult(AggregatorLink& link, const FrameHeader& header, ByteBuffer payload) override;
   void OnFailure(AggregatorLink& link, const Status& status) override;
@@ -80,6 +83,8 @@ class Worker::Impl : public AggregatorLink::Handler {
   std::optional<Status> broken_;
   uint32_t ready_links_ = 0;
   std::vector<bool> link_ready_;  // JobReady received, per aggregator
+  std::vector<std::string> auth_nonces_;     // per aggregator, when options_.secret is set
+  std::vector<bool> link_authenticated_;     // the aggregator proved it holds options_.secret
   std::promise<void> joined_;
   bool join_pending_ = true;
   std::deque<Request> queue_;
@@ -116,6 +121,8 @@ Worker::Impl::Impl(WorkerOptions options)
     links_.push_back(std::make_unique<AggregatorLink>(io_, a, options_.aggregators[a], *this));
   }
   link_ready_.assign(links_.size(), false);
+  link_authenticated_.assign(links_.size(), false);
+  for (size_t a = 0; a < links_.size() && !options_.secret.empty(); ++a) auth_nonces_.push_back(auth::RandomNonce());
   std::future<void> joined = joined_.get_future();
   const auto connect_deadline = std::chrono::steady_clock::now() + options_.connect_timeout;
   asio::post(io_, [this, connect_deadline] {
@@ -129,6 +136,7 @@ Worker::Impl::Impl(WorkerOptions options)
       hello.set_num_aggregators(shape_.num_aggregators);
       hello.set_slots(options_.slots);
       hello.set_blocks_per_message(options_.blocks_per_message);
+      if (!options_.secret.empty()) hello.set_auth_nonce(auth_nonces_[link->index()]);
       asio::co_spawn(io_, link->Run(hello, connect_deadline), asio::detached);
     }
     deadline_.expires_at(connect_deadline + options_.join_timeout);
@@ -242,12 +250,39 @@ void Worker::Impl::SendFrame(AggregatorLink& link, const OutgoingFrame& frame) {
   link.Send(std::move(buffers), std::move(prefix), bytes);
 }
 
+void Worker::Impl::OnAuthChallenge(AggregatorLink& link, const proto::AuthChallenge& challenge) {
+  if (options_.secret.empty() || !join_pending_ || link_authenticated_[link.index()]) {
+    return Fail(ProtocolError(link.Name() + " sent an unexpected AuthChallenge"), &link);
+  }
+  const auth::Transcript transcript{options_.job,         options_.rank,
+                                    options_.world_size,  link.index(),
+                                    auth_nonces_[link.index()], challenge.server_nonce()};
+  if (challenge.server_nonce().size() != auth::kNonceSize ||
+      !auth::ProofMatches(auth::ServerProof(options_.secret, transcript), challenge.server_proof())) {
+    return Fail(Status(StatusCode::kUnauthenticated,
+                       link.Name() + " failed to prove it holds the job's secret: its secret differs from this "
+                                     "worker's (or it is not the aggregator meant)"),
+                &link);
+  }
+  link_authenticated_[link.index()] = true;
+  proto::ControlMessage response;
+  response.mutable_auth_response()->set_client_proof(auth::ClientProof(options_.secret, transcript));
+  link.Send(EncodeControl(response));
+}
+
 void Worker::Impl::OnControl(AggregatorLink& link, const proto::ControlMessage& message) {
   if (broken_) return;
   switch (message.body_case()) {
+    case proto::ControlMessage::kAuthChallenge:
+      return OnAuthChallenge(link, message.auth_challenge());
     case proto::ControlMessage::kJobReady:
       if (!join_pending_ || link_ready_[link.index()]) {
         return Fail(ProtocolError(link.Name() + " sent JobReady twice"), &link);
+      }
+      if (!options_.secret.empty() && !link_authenticated_[link.index()]) {
+        return Fail(Status(StatusCode::kUnauthenticated,
+                           link.Name() + " admitted the job without proving it holds the job's secret"),
+                    &link);
       }
       link_ready_[link.index()] = true;
       if (++ready_links_ == links_.size()) {
@@ -385,7 +420,22 @@ void Worker::Impl::FinishFailure() {
 
 // --- public API ---
 
-Worker::Worker(WorkerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+namespace {
+
+WorkerOptions WithEnvironment(WorkerOptions options) {
+  const uint64_t job = options.job;
+  const uint32_t rank = options.rank;
+  Result<WorkerOptions> applied = worker::ApplyEnvironment(std::move(options));
+  if (!applied.ok()) {
+    throw Error(StatusCodeName(applied.status().code()), "sparsereduce: job " + std::to_string(job) + " rank " +
+                                                             std::to_string(rank) + ": " + applied.status().message());
+  }
+  return std::move(*applied);
+}
+
+}  // namespace
+
+Worker::Worker(WorkerOptions options) : impl_(std::make_unique<Impl>(WithEnvironment(std::move(options)))) {}
 Worker::~Worker() = default;
 
 void Worker::allreduce(std::span<float> tensor) { allreduce_async(tensor).get(); }

@@ -22,11 +22,18 @@
 namespace sparsereduce {
 
 struct WorkerOptions {
-  // Aggregators of the job, as HOST:PORT or [IPV6]:PORT; every rank must list them in the same order.
+  // Aggregators of the job, as HOST:PORT, DNS-NAME:PORT (e.g. StatefulSet pods,
+  // "sparsereduce-aggregator-0.sparsereduce-aggregator.ns.svc.cluster.local:19875") or [IPV6]:PORT; every rank
+  // must list them in the same order. Empty: taken from SPARSEREDUCE_AGGREGATORS (comma-separated).
   std::vector<std::string> aggregators;
   uint64_t job = 0;          // job id shared by all ranks
   uint32_t rank = 0;         // 0 .. world_size-1
   uint32_t world_size = 1;
+  // The job's shared secret, when the aggregators require authentication (docs/SECURITY.md). It never crosses the
+  // wire: worker and aggregator prove knowledge of it by HMAC challenge-response. Empty: taken from
+  // SPARSEREDUCE_SECRET, else from the file named by SPARSEREDUCE_SECRET_FILE (one trailing newline dropped), else
+  // none. A worker with a secret refuses aggregators that cannot prove they hold the same one.
+  std::string secret;
   uint32_t block_size = 256;         // elements per block
   uint32_t slots = 8;                // messages in flight per aggregator connection
   uint32_t blocks_per_message = 32;  // blocks fused into one message

@@ -1,0 +1,403 @@
+// The aggregator as a service, against the real daemon process with Workers in this process: metrics and probes,
+// job authentication, allowed networks, limits, SIGTERM drain and systemd notifications.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <boost/asio/connect.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <poll.h>
+#include <regex>
+#include <thread>
+
+#include "sparsereduce/worker.h"
+#include "tools/common/subprocess.h"
+#include "tools/common/synthetic_tensor.h"
+
+namespace sparsereduce::testing {
+namespace {
+
+using namespace std::chrono_literals;
+namespace http = boost::beast::http;
+
+struct HttpReply {
+  int status = 0;
+  std::string body;
+};
+
+HttpReply HttpGet(uint16_t port, const std::string& target) {
+  boost::asio::io_context io;
+  boost::beast::tcp_stream stream(io);
+  stream.expires_after(5s);
+  stream.connect(boost::asio::ip::tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), port));
+  http::request<http::empty_body> request(http::verb::get, target, 11);
+  request.set(http::field::host, "127.0.0.1");
+  http::write(stream, request);
+  boost::beast::flat_buffer buffer;
+  http::response<http::string_body> response;
+  http::read(stream, buffer, response);
+  return {static_cast<int>(response.result_int()), response.body()};
+}
+
+// The value of the first sample whose line matches `series` (a regex over the name and labels), or -1.
+double Sample(const std::string& metrics, const std::string& series) {
+  const std::regex line("^" + series + " ([0-9.e+-]+)$", std::regex::multiline);
+  std::smatch m;
+  return std::regex_search(metrics, m, line) ? std::stod(m[1]) : -1;
+}
+
+// Waits (bounded) until `condition` holds; for states only observable from outside, such as the daemon's metrics.
+template <typename F>
+bool Eventually(F condition, std::chrono::milliseconds timeout = 10s) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (condition()) return true;
+    std::this_thread::sleep_for(10ms);
+  }
+  return condition();
+}
+
+class Daemon {
+ public:
+  explicit Daemon(std::vector<std::string> extra = {}) {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("sr-service-" + std::to_string(getpid()) + "-" + std::to_string(counter_++));
+    std::filesystem::create_directories(dir_);
+    std::vector<std::string> argv = {SPARSEREDUCE_AGGREGATOR_BIN, "--listen",           "127.0.0.1:0",
+                                     "--metrics-listen",          "127.0.0.1:0",        "--port-file",
+                                     dir_ + "/port",              "--metrics-port-file", dir_ + "/metrics-port",
+                                     "--name",                    "svc",                "--log-level",
+                                     "warn"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    auto p = tools::Subprocess::Spawn(argv, false);
+    EXPECT_TRUE(p.ok()) << p.status().ToString();
+    if (!p.ok()) return;
+    process_ = std::move(*p);
+    auto port = tools::WaitForFileLine(dir_ + "/port", 10s, process_.get());
+    auto metrics_port = tools::WaitForFileLine(dir_ + "/metrics-port", 10s, process_.get());
+    EXPECT_TRUE(port.ok() && metrics_port.ok());
+    if (port.ok()) address_ = "127.0.0.1:" + *port;
+    if (metrics_port.ok()) metrics_port_ = static_cast<uint16_t>(std::stoi(*metrics_port));
+  }
+  ~Daemon() { std::filesystem::remove_all(dir_); }
+
+  const std::string& address() const { return address_; }
+  const std::string& dir() const { return dir_; }
+  std::string Metrics() const { return HttpGet(metrics_port_, "/metrics").body; }
+  HttpReply Get(const std::string& path) const { return HttpGet(metrics_port_, path); }
+  tools::Subprocess* process() { return process_.get(); }
+
+ private:
+  static inline int counter_ = 0;
+  std::string dir_;
+  std::unique_ptr<tools::Subprocess> process_;
+  std::string address_;
+  uint16_t metrics_port_ = 0;
+};
+
+WorkerOptions Options(const std::string& address, uint64_t job, uint32_t rank, uint32_t world_size,
+                      const std::string& secret = "") {
+  WorkerOptions o;
+  o.aggregators = {address};
+  o.job = job;
+  o.rank = rank;
+  o.world_size = world_size;
+  o.secret = secret;
+  o.connect_timeout = o.join_timeout = o.collective_timeout = 10s;
+  return o;
+}
+
+// Runs one collective of `spec` on a job of spec.world ranks, each rank on its own thread; returns per-rank
+// errors ("" when the result was bit-exact).
+std::vector<std::string> RunJob(const std::string& address, uint64_t job, const tools::SyntheticSpec& spec,
+                                const std::string& secret = "") {
+  std::vector<std::string> errors(spec.world_size);
+  std::vector<std::thread> threads;
+  for (uint32_t rank = 0; rank < spec.world_size; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        Worker worker(Options(address, job, rank, spec.world_size, secret));
+        std::vector<float> t(spec.elements);
+        tools::FillTensor(spec, rank, t);
+        worker.allreduce(std::span(t));
+        const auto ref = tools::ReferenceSumFloat(spec);
+        if (std::memcmp(t.data(), ref.data(), t.size() * sizeof(float)) != 0) errors[rank] = "wrong result";
+      } catch (const Error& e) {
+        errors[rank] = e.code() + ": " + e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+// Both Workers of a 2-rank job (their constructors wait for each other).
+std::pair<std::unique_ptr<Worker>, std::unique_ptr<Worker>> JoinPair(const std::string& address, uint64_t job) {
+  auto r1 = std::async(std::launch::async, [&] { return std::make_unique<Worker>(Options(address, job, 1, 2)); });
+  auto r0 = std::make_unique<Worker>(Options(address, job, 0, 2));
+  return {std::move(r0), r1.get()};
+}
+
+// The error a Worker of this job raises while joining alone (world size 1), or "" if it joined.
+std::pair<std::string, std::string> JoinError(const std::string& address, uint64_t job, const std::string& secret,
+                                              std::chrono::milliseconds connect_timeout = 10s) {
+  try {
+    WorkerOptions options = Options(address, job, 0, 1, secret);
+    options.connect_timeout = connect_timeout;
+    Worker worker(options);
+    return {"", ""};
+  } catch (const Error& e) {
+    return {e.code(), e.what()};
+  }
+}
+
+TEST(Service, MetricsAndProbesDescribeWhatHappened) {
+  Daemon daemon;
+  EXPECT_EQ(daemon.Get("/healthz").status, 200);
+  EXPECT_EQ(daemon.Get("/readyz").status, 200);
+  EXPECT_EQ(daemon.Get("/nothing").status, 404);
+  const tools::SyntheticSpec spec{10000, 256, 0.3, tools::Overlap::kRandom, 2, 99};
+  for (const auto& e : RunJob(daemon.address(), 1, spec)) EXPECT_EQ(e, "");
+
+  const std::string m = daemon.Metrics();
+  const std::string instance = R"(instance_name="svc")";
+  EXPECT_EQ(Sample(m, "sparsereduce_collectives_total\\{" + instance + ",outcome=\"completed\"\\}"), 1) << m;
+  EXPECT_EQ(Sample(m, "sparsereduce_collective_duration_seconds_count\\{" + instance + "\\}"), 1);
+  // One aggregator owns all 40 blocks: the union's blocks were aggregated, the others skipped.
+  const uint64_t blocks = (spec.elements + 255) / 256;
+  const double aggregated = Sample(m, "sparsereduce_blocks_aggregated_total\\{" + instance + "\\}");
+  const double skipped = Sample(m, "sparsereduce_blocks_skipped_total\\{" + instance + "\\}");
+  uint64_t union_blocks = 0;
+  for (uint64_t b = 0; b < blocks; ++b) {
+    union_blocks += tools::BlockIsNonzero(spec, 0, b) || tools::BlockIsNonzero(spec, 1, b);
+  }
+  EXPECT_EQ(aggregated, static_cast<double>(union_blocks));
+  EXPECT_DOUBLE_EQ(aggregated + skipped, blocks);
+  EXPECT_GT(skipped, 0);
+  EXPECT_GT(Sample(m, "sparsereduce_received_bytes_total\\{" + instance + "\\}"), aggregated * 1024);
+  EXPECT_GT(Sample(m, "sparsereduce_sent_bytes_total\\{" + instance + "\\}"), 2 * aggregated * 1024);
+  EXPECT_TRUE(Eventually([&] {
+    const std::string now = daemon.Metrics();
+    return Sample(now, "sparsereduce_connected_workers\\{" + instance + "\\}") == 0 &&
+           Sample(now, "sparsereduce_jobs\\{" + instance + "\\}") == 0;
+  }));
+  EXPECT_EQ(Sample(m, "sparsereduce_memory_reserved_bytes\\{" + instance + "\\}"), 0);
+}
+
+TEST(Service, JobSecretsAuthenticateBothSides) {
+  Daemon probe;  // for its directory
+  const std::string secrets = probe.dir() + "/secrets";
+  std::filesystem::create_directories(secrets);
+  std::ofstream(secrets + "/5") << "s3cret\n";  // as `echo s3cret > 5` writes it
+  Daemon daemon({"--job-secrets-dir", secrets});
+  const tools::SyntheticSpec spec{3000, 256, 0.5, tools::Overlap::kRandom, 2, 7};
+
+  for (const auto& e : RunJob(daemon.address(), 5, spec, "s3cret")) EXPECT_EQ(e, "");
+  auto [code, what] = JoinError(daemon.address(), 5, "wrong");
+  EXPECT_EQ(code, "UNAUTHENTICATED");
+  EXPECT_NE(what.find("failed to prove it holds the job's secret"), std::string::npos) << what;
+  std::tie(code, what) = JoinError(daemon.address(), 5, "");
+  EXPECT_EQ(code, "UNAUTHENTICATED");
+  EXPECT_NE(what.find("sent no credentials"), std::string::npos) << what;
+  // A job without a secret runs unauthenticated, but a worker that expects authentication is refused rather
+  // than silently downgraded.
+  for (const auto& e : RunJob(daemon.address(), 6, spec)) EXPECT_EQ(e, "");
+  std::tie(code, what) = JoinError(daemon.address(), 6, "s3cret");
+  EXPECT_EQ(code, "UNAUTHENTICATED");
+  EXPECT_NE(what.find("holds none"), std::string::npos) << what;
+  EXPECT_GE(Sample(daemon.Metrics(), R"(sparsereduce_errors_total\{instance_name="svc",kind="UNAUTHENTICATED"\})"),
+            2);
+}
+
+TEST(Service, RequireAuthRefusesJobsWithoutSecret) {
+  Daemon probe;
+  const std::string secrets = probe.dir() + "/secrets";
+  std::filesystem::create_directories(secrets);
+  Daemon daemon({"--job-secrets-dir", secrets, "--require-auth"});
+  auto [code, what] = JoinError(daemon.address(), 8, "");
+  EXPECT_EQ(code, "UNAUTHENTICATED");
+  EXPECT_NE(what.find("--require-auth"), std::string::npos) << what;
+  // Secrets are read at each handshake: adding one admits the job without a restart.
+  std::ofstream(secrets + "/8") << "k";
+  std::tie(code, what) = JoinError(daemon.address(), 8, "k");
+  EXPECT_EQ(code, "") << what;
+}
+
+TEST(Service, AllowedNetworksRefuseOtherClients) {
+  {
+    Daemon daemon({"--allow-network", "10.0.0.0/8"});
+    auto [code, what] = JoinError(daemon.address(), 1, "");
+    EXPECT_EQ(code, "PERMISSION_DENIED");
+    EXPECT_NE(what.find("127.0.0.1"), std::string::npos) << what;
+  }
+  Daemon daemon({"--allow-network", "10.0.0.0/8,127.0.0.0/8"});
+  EXPECT_EQ(JoinError(daemon.address(), 1, "").first, "");
+}
+
+TEST(Service, TensorLimitRefusesThatJobOnly) {
+  Daemon daemon({"--max-tensor-bytes", "40000"});
+  std::vector<std::string> big_errors;
+  std::thread big([&] { big_errors = RunJob(daemon.address(), 1, {20000, 256, 1.0, tools::Overlap::kRandom, 2, 1}); });
+  const auto small_errors = RunJob(daemon.address(), 2, {5000, 256, 0.5, tools::Overlap::kRandom, 2, 2});
+  big.join();
+  for (const auto& e : small_errors) EXPECT_EQ(e, "");
+  for (const auto& e : big_errors) {
+    EXPECT_NE(e.find("RESOURCE_EXHAUSTED"), std::string::npos) << e;
+    EXPECT_NE(e.find("--max-tensor-bytes"), std::string::npos) << e;
+  }
+}
+
+// Memory of one collective with W = 2, S = 8, K = 32, B = 256 fp32 (aggregator/job.cc, Admit): 3·8·32·(24+1024)
+// frame bytes plus 2·8·32·8 index bytes.
+constexpr uint64_t kCollectiveMemoryW2 = 3ull * 8 * 32 * (24 + 1024) + 2ull * 8 * 32 * 8;
+
+TEST(Service, TotalMemoryBudgetIsSharedAcrossJobs) {
+  Daemon daemon({"--max-job-memory", std::to_string(kCollectiveMemoryW2), "--max-total-memory",
+                 std::to_string(kCollectiveMemoryW2 + 1000)});
+  const tools::SyntheticSpec spec{4000, 256, 0.5, tools::Overlap::kRandom, 2, 3};
+  // Job 1 rank 0 starts a collective that waits for rank 1 and holds its memory meanwhile.
+  auto [r0, r1] = JoinPair(daemon.address(), 1);
+  std::vector<float> t0(spec.elements), t1(spec.elements);
+  tools::FillTensor(spec, 0, t0);
+  tools::FillTensor(spec, 1, t1);
+  std::future<void> first = r0->allreduce_async(std::span(t0));
+  ASSERT_TRUE(Eventually([&] {
+    return Sample(daemon.Metrics(), R"(sparsereduce_memory_reserved_bytes\{instance_name="svc"\})") ==
+           kCollectiveMemoryW2;
+  }));
+  // Job 2's collective does not fit beside it.
+  const auto refused = RunJob(daemon.address(), 2, spec);
+  for (const auto& e : refused) {
+    EXPECT_NE(e.find("RESOURCE_EXHAUSTED"), std::string::npos) << e;
+    EXPECT_NE(e.find("--max-total-memory"), std::string::npos) << e;
+  }
+  // Job 1 is unaffected and completes; then the memory is free again.
+  r1->allreduce(std::span(t1));
+  first.get();
+  const auto ref = tools::ReferenceSumFloat(spec);
+  EXPECT_EQ(std::memcmp(t0.data(), ref.data(), t0.size() * 4), 0);
+  EXPECT_EQ(std::memcmp(t1.data(), ref.data(), t1.size() * 4), 0);
+  for (const auto& e : RunJob(daemon.address(), 3, spec)) EXPECT_EQ(e, "");
+}
+
+TEST(Service, SigtermDrainsRunningCollectiveThenExitsZero) {
+  Daemon daemon({"--drain-timeout-ms", "20000"});
+  const tools::SyntheticSpec spec{4000, 256, 0.5, tools::Overlap::kRandom, 2, 4};
+  auto [r0, r1] = JoinPair(daemon.address(), 1);
+  std::vector<float> t0(spec.elements), t1(spec.elements);
+  tools::FillTensor(spec, 0, t0);
+  tools::FillTensor(spec, 1, t1);
+  std::future<void> first = r0->allreduce_async(std::span(t0));
+  ASSERT_TRUE(Eventually([&] {
+    return Sample(daemon.Metrics(), R"(sparsereduce_memory_reserved_bytes\{instance_name="svc"\})") > 0;
+  }));
+  daemon.process()->Signal(SIGTERM);
+  EXPECT_TRUE(Eventually([&] { return daemon.Get("/readyz").status == 503; }));
+  // A new job is not admitted while draining (the listener is closed).
+  EXPECT_EQ(JoinError(daemon.address(), 2, "", 300ms).first, "UNAVAILABLE");
+  // The running collective still completes, bit-exact.
+  r1->allreduce(std::span(t1));
+  first.get();
+  const auto ref = tools::ReferenceSumFloat(spec);
+  EXPECT_EQ(std::memcmp(t0.data(), ref.data(), t0.size() * 4), 0);
+  auto status = daemon.process()->Wait(10s);
+  ASSERT_TRUE(status.ok());
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << tools::DescribeExit(*status);
+  try {
+    r0->allreduce(std::span(t0));
+    ADD_FAILURE() << "a collective after the drain succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "SHUTTING_DOWN") << e.what();
+  }
+}
+
+TEST(Service, DrainDeadlineEndsStuckCollective) {
+  Daemon daemon({"--drain-timeout-ms", "300"});
+  auto [r0, r1] = JoinPair(daemon.address(), 1);
+  std::vector<float> t0(1000, 1.0f);
+  std::future<void> stuck = r0->allreduce_async(std::span(t0));  // rank 1 never joins in
+  ASSERT_TRUE(Eventually([&] {
+    return Sample(daemon.Metrics(), R"(sparsereduce_memory_reserved_bytes\{instance_name="svc"\})") > 0;
+  }));
+  daemon.process()->Signal(SIGTERM);
+  auto status = daemon.process()->Wait(10s);
+  ASSERT_TRUE(status.ok());
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << tools::DescribeExit(*status);
+  try {
+    stuck.get();
+    ADD_FAILURE() << "the stuck collective succeeded";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "SHUTTING_DOWN") << e.what();
+  }
+  EXPECT_EQ(t0, std::vector<float>(1000, 1.0f));  // restored
+}
+
+// A NOTIFY_SOCKET of our own, as systemd would pass it.
+class NotifySocket {
+ public:
+  NotifySocket() {
+    path_ = std::filesystem::temp_directory_path() / ("sr-notify-" + std::to_string(getpid()));
+    std::filesystem::remove(path_);
+    fd_ = socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::strncpy(addr.sun_path, path_.c_str(), sizeof addr.sun_path - 1);
+    EXPECT_EQ(bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0) << std::strerror(errno);
+  }
+  ~NotifySocket() {
+    close(fd_);
+    std::filesystem::remove(path_);
+  }
+  const std::string& path() const { return path_; }
+  // Waits for a datagram containing `state` (e.g. "READY=1"); collects everything received meanwhile.
+  bool WaitFor(const std::string& state, std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (true) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return false;
+      pollfd p{fd_, POLLIN, 0};
+      if (poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+      char buf[4096];
+      const ssize_t n = recv(fd_, buf, sizeof buf, 0);
+      if (n <= 0) continue;
+      received_ += std::string(buf, n) + "|";
+      if (std::string(buf, n).find(state) != std::string::npos) return true;
+    }
+  }
+  const std::string& received() const { return received_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  std::string received_;
+};
+
+TEST(Service, SystemdNotifyReadyWatchdogStopping) {
+  NotifySocket notify;
+  setenv("NOTIFY_SOCKET", notify.path().c_str(), 1);
+  setenv("WATCHDOG_USEC", "200000", 1);  // ping every 100 ms
+  Daemon daemon;
+  unsetenv("NOTIFY_SOCKET");
+  unsetenv("WATCHDOG_USEC");
+  ASSERT_TRUE(notify.WaitFor("READY=1", 10s)) << notify.received();
+  EXPECT_TRUE(notify.WaitFor("WATCHDOG=1", 10s)) << notify.received();
+  EXPECT_TRUE(notify.WaitFor("WATCHDOG=1", 10s)) << notify.received();
+  daemon.process()->Signal(SIGTERM);
+  EXPECT_TRUE(notify.WaitFor("STOPPING=1", 10s)) << notify.received();
+  auto status = daemon.process()->Wait(10s);
+  ASSERT_TRUE(status.ok());
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << tools::DescribeExit(*status);
+}
+
+}  // namespace
+}  // namespace sparsereduce::testing

@@ -1,0 +1,153 @@
+// The daemon's configuration (aggregator/config.h): flag > environment > config file > default, and invalid
+// configuration as exit code 2 with a message naming the setting.
+#include "aggregator/config.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "aggregator/logging.h"
+#include "aggregator/memory_budget.h"
+#include "aggregator/network_allowlist.h"
+
+namespace sparsereduce::aggregator {
+namespace {
+
+class ConfigTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() / ("sr-config-" + std::to_string(getpid()));
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override {
+    for (const auto& name : set_) unsetenv(name.c_str());
+    std::filesystem::remove_all(dir_);
+  }
+  void SetEnv(const std::string& name, const std::string& value) {
+    setenv(name.c_str(), value.c_str(), 1);
+    set_.push_back(name);
+  }
+  std::string WriteConfig(const std::string& text) {
+    const std::string path = dir_ + "/aggregator.toml";
+    std::ofstream(path) << text;
+    return path;
+  }
+  std::variant<DaemonConfig, int> Parse(std::vector<std::string> args) {
+    args.insert(args.begin(), "sparsereduce-aggregator");
+    out_.str("");
+    err_.str("");
+    return ParseDaemonConfig(args, out_, err_);
+  }
+  DaemonConfig ParseOk(std::vector<std::string> args) {
+    auto result = Parse(std::move(args));
+    EXPECT_TRUE(std::holds_alternative<DaemonConfig>(result)) << err_.str();
+    return std::holds_alternative<DaemonConfig>(result) ? std::get<DaemonConfig>(result) : DaemonConfig{};
+  }
+  void ExpectExit2(std::vector<std::string> args, const std::string& mention) {
+    auto result = Parse(std::move(args));
+    ASSERT_TRUE(std::holds_alternative<int>(result));
+    EXPECT_EQ(std::get<int>(result), 2);
+    EXPECT_NE(err_.str().find(mention), std::string::npos) << mention << ": " << err_.str();
+  }
+
+  std::string dir_;
+  std::vector<std::string> set_;
+  std::ostringstream out_, err_;
+};
+
+TEST_F(ConfigTest, Defaults) {
+  const DaemonConfig c = ParseOk({});
+  EXPECT_EQ(c.server.listen, std::vector<std::string>{"0.0.0.0:19875"});
+  EXPECT_EQ(c.metrics_listen, "0.0.0.0:19876");
+  EXPECT_EQ(c.server.stall_timeout, std::chrono::milliseconds(30000));
+  EXPECT_FALSE(c.server.require_auth);
+}
+
+TEST_F(ConfigTest, FlagBeatsEnvironmentBeatsFileBeatsDefault) {
+  const std::string path = WriteConfig(
+      "max-jobs = 10\nmax-world-size = 20\nstall-timeout-ms = 30\nlisten = [\"127.0.0.1:1\", \"127.0.0.1:2\"]\n");
+  SetEnv("SPARSEREDUCE_MAX_JOBS", "11");
+  SetEnv("SPARSEREDUCE_MAX_WORLD_SIZE", "21");
+  const DaemonConfig c = ParseOk({"--config", path, "--max-jobs", "12"});
+  EXPECT_EQ(c.server.max_jobs, 12u);                               // flag
+  EXPECT_EQ(c.server.max_world_size, 21u);                         // environment over file
+  EXPECT_EQ(c.server.stall_timeout, std::chrono::milliseconds(30));  // file
+  EXPECT_EQ(c.server.listen, (std::vector<std::string>{"127.0.0.1:1", "127.0.0.1:2"}));
+  EXPECT_EQ(c.server.max_tensor_bytes, ServerOptions{}.max_tensor_bytes);  // default
+}
+
+TEST_F(ConfigTest, ConfigPathFromEnvironment) {
+  SetEnv("SPARSEREDUCE_CONFIG", WriteConfig("max-jobs = 9\n"));
+  EXPECT_EQ(ParseOk({}).server.max_jobs, 9u);
+}
+
+TEST_F(ConfigTest, ListsFromEnvironmentAreCommaSeparated) {
+  SetEnv("SPARSEREDUCE_ALLOW_NETWORK", "10.0.0.0/8,fd00::/8");
+  EXPECT_EQ(ParseOk({}).server.allow_networks, (std::vector<std::string>{"10.0.0.0/8", "fd00::/8"}));
+}
+
+TEST_F(ConfigTest, InvalidConfigurationExitsWithCode2) {
+  ExpectExit2({"--max-jobs", "many"}, "--max-jobs");
+  ExpectExit2({"--no-such-flag"}, "--no-such-flag");
+  ExpectExit2({"--config", dir_ + "/missing.toml"}, "missing.toml");
+  ExpectExit2({"--config", WriteConfig("max-jbos = 3\n")}, "max-jbos");
+  ExpectExit2({"--listen", "nohostport"}, "--listen");
+  ExpectExit2({"--allow-network", "10.0.0.0/33"}, "10.0.0.0/33");
+  ExpectExit2({"--require-auth"}, "--job-secrets-dir");
+  ExpectExit2({"--job-secrets-dir", dir_ + "/nope"}, "nope");
+  ExpectExit2({"--log-level", "loud"}, "loud");
+  ExpectExit2({"--max-job-memory", "10", "--max-total-memory", "5"}, "--max-total-memory");
+  SetEnv("SPARSEREDUCE_MAX_JOBS", "x");
+  ExpectExit2({}, "MAX_JOBS");
+}
+
+TEST_F(ConfigTest, HelpListsEveryFlagWithItsVariableAndExitsZero) {
+  auto result = Parse({"--help"});
+  ASSERT_TRUE(std::holds_alternative<int>(result));
+  EXPECT_EQ(std::get<int>(result), 0);
+  for (const char* flag : {"--listen", "--metrics-listen", "--config", "--drain-timeout-ms", "--max-total-memory",
+                           "--job-secrets-dir", "--allow-network", "SPARSEREDUCE_MAX_JOBS"}) {
+    EXPECT_NE(out_.str().find(flag), std::string::npos) << flag;
+  }
+}
+
+TEST(NetworkAllowlist, MatchesV4V6AndMappedAddresses) {
+  auto list = NetworkAllowlist::Parse({"10.0.0.0/8", "192.168.1.7", "fd00::/8"});
+  ASSERT_TRUE(list.ok());
+  namespace ip = boost::asio::ip;
+  EXPECT_TRUE(list->Allows(ip::make_address("10.255.0.1")));
+  EXPECT_FALSE(list->Allows(ip::make_address("11.0.0.1")));
+  EXPECT_TRUE(list->Allows(ip::make_address("192.168.1.7")));
+  EXPECT_FALSE(list->Allows(ip::make_address("192.168.1.8")));
+  EXPECT_TRUE(list->Allows(ip::make_address("fd12::1")));
+  EXPECT_FALSE(list->Allows(ip::make_address("::1")));
+  EXPECT_TRUE(list->Allows(ip::make_address("::ffff:10.1.2.3")));
+  EXPECT_TRUE(NetworkAllowlist::Parse({})->Allows(ip::make_address("1.2.3.4")));
+  EXPECT_FALSE(NetworkAllowlist::Parse({"10.1.2.3/8"}).ok());  // host bits set
+  EXPECT_FALSE(NetworkAllowlist::Parse({"banana"}).ok());
+}
+
+TEST(MemoryBudget, ReservesUpToTheLimitAndReleases) {
+  MemoryBudget budget(100);
+  EXPECT_TRUE(budget.TryReserve(60));
+  EXPECT_FALSE(budget.TryReserve(41));
+  ASSERT_TRUE(budget.TryReserve(40));
+  {
+    MemoryReservation held(budget, 40);  // owns the 40 just reserved
+    EXPECT_EQ(budget.reserved(), 100u);
+  }
+  EXPECT_EQ(budget.reserved(), 60u);
+  EXPECT_TRUE(budget.TryReserve(40));
+  EXPECT_FALSE(budget.TryReserve(~uint64_t{0}));  // no overflow
+}
+
+TEST(Logging, JsonEscape) {
+  EXPECT_EQ(JsonEscape("a\"b\\c\nd\x01"), "a\\\"b\\\\c\\nd\\u0001");
+}
+
+}  // namespace
+}  // namespace sparsereduce::aggregator

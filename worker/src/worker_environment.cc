@@ -1,0 +1,56 @@
+#include "worker/src/worker_environment.h"
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "protocol/auth.h"
+
+namespace sparsereduce::worker {
+namespace {
+
+std::string Get(const char* name) {
+  const char* value = std::getenv(name);
+  return value ? value : "";
+}
+
+std::vector<std::string> SplitList(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream stream(text);
+  for (std::string item; std::getline(stream, item, ',');) {
+    const size_t begin = item.find_first_not_of(" \t");
+    const size_t end = item.find_last_not_of(" \t");
+    if (begin != std::string::npos) out.push_back(item.substr(begin, end - begin + 1));
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<WorkerOptions> ApplyEnvironment(WorkerOptions options) {
+  if (options.aggregators.empty()) options.aggregators = SplitList(Get("SPARSEREDUCE_AGGREGATORS"));
+  if (options.aggregators.empty()) {
+    return InvalidArgument("no aggregators given (WorkerOptions::aggregators or SPARSEREDUCE_AGGREGATORS)");
+  }
+  if (!options.secret.empty()) return options;
+  if (std::string secret = Get("SPARSEREDUCE_SECRET"); !secret.empty()) {
+    Result<std::string> normalized = auth::NormalizeSecret(std::move(secret), "SPARSEREDUCE_SECRET");
+    if (!normalized.ok()) return normalized.status();
+    options.secret = std::move(*normalized);
+  } else if (std::string path = Get("SPARSEREDUCE_SECRET_FILE"); !path.empty()) {
+    std::ifstream file(path, std::ios::binary);
+    if (!file) {
+      return InvalidArgument("cannot read SPARSEREDUCE_SECRET_FILE " + path + ": " + std::strerror(errno));
+    }
+    std::ostringstream contents;
+    contents << file.rdbuf();
+    Result<std::string> normalized = auth::NormalizeSecret(contents.str(), path);
+    if (!normalized.ok()) return normalized.status();
+    options.secret = std::move(*normalized);
+  }
+  return options;
+}
+
+}  // namespace sparsereduce::worker
