@@ -108,7 +108,7 @@ class Daemon {
 WorkerOptions Options(const std::string& address, uint64_t job, uint32_t rank, uint32_t world_size,
                       const std::string& secret = "") {
   WorkerOptions o;
-  o.aggregators = {address};
+  if (!address.empty()) o.aggregators = {address};
   o.job = job;
   o.rank = rank;
   o.world_size = world_size;
@@ -217,6 +217,37 @@ TEST(Service, JobSecretsAuthenticateBothSides) {
   EXPECT_NE(what.find("holds none"), std::string::npos) << what;
   EXPECT_GE(Sample(daemon.Metrics(), R"(sparsereduce_errors_total\{instance_name="svc",kind="UNAUTHENTICATED"\})"),
             2);
+}
+
+TEST(Service, AggregatorsAndSecretFromEnvironmentAndDnsNames) {
+  Daemon probe;
+  const std::string secrets = probe.dir() + "/secrets";
+  std::filesystem::create_directories(secrets);
+  std::ofstream(secrets + "/9") << "from-file\n";
+  std::ofstream(probe.dir() + "/worker-secret") << "from-file\n";
+  Daemon daemon({"--job-secrets-dir", secrets});
+  const std::string port = daemon.address().substr(daemon.address().rfind(':') + 1);
+  // A DNS name, as StatefulSet pods are addressed, given through the environment with the secret file.
+  setenv("SPARSEREDUCE_AGGREGATORS", ("localhost:" + port).c_str(), 1);
+  setenv("SPARSEREDUCE_SECRET_FILE", (probe.dir() + "/worker-secret").c_str(), 1);
+  std::string error;
+  try {
+    WorkerOptions options = Options("", 9, 0, 1);
+    options.aggregators.clear();
+    Worker worker(options);
+    std::vector<float> t(600, 2.0f);
+    worker.allreduce(std::span(t));
+    EXPECT_EQ(t, std::vector<float>(600, 2.0f));
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  EXPECT_EQ(error, "");
+  setenv("SPARSEREDUCE_SECRET_FILE", (probe.dir() + "/missing").c_str(), 1);
+  auto [code, what] = JoinError("", 9, "");
+  EXPECT_EQ(code, "INVALID_ARGUMENT");
+  EXPECT_NE(what.find("SPARSEREDUCE_SECRET_FILE"), std::string::npos) << what;
+  unsetenv("SPARSEREDUCE_AGGREGATORS");
+  unsetenv("SPARSEREDUCE_SECRET_FILE");
 }
 
 TEST(Service, RequireAuthRefusesJobsWithoutSecret) {
