@@ -14,6 +14,8 @@ packages=(
   libsystemd-dev              # sd_notify (Type=notify, watchdog)
   prometheus-cpp-dev          # /metrics
   iproute2                    # ip netns + tc for the testbed partition test
+  pybind11-dev python3-dev    # the Python module (python/)
+  python3-numpy python3-pytest python3-torch  # its ctest tests (the DDP hook test needs torch, about 1 GB)
   dpkg-dev file systemd $(command -v npm >/dev/null || echo nodejs npm)  # cpack -G DEB, tests/deploy (npm if absent)
   "$@"
 )

@@ -1,0 +1,80 @@
+"""sparsereduce: sparse allreduce through aggregator daemons (OmniReduce-style).
+
+    import numpy as np, sparsereduce
+    worker = sparsereduce.Worker(["10.0.0.5:19875"], job=7, rank=rank, world_size=4)
+    grad = np.zeros(1 << 20, dtype=np.float32)
+    worker.allreduce(grad)                      # in place, GIL released while waiting
+    handle = worker.allreduce_async(grad)       # handle.wait() / handle.done()
+
+Arrays are reduced in place without copies: NumPy arrays (or anything with the buffer protocol) and CPU torch
+tensors, C-contiguous, writable, float32 or int32. Failures raise sparsereduce.Error (a RuntimeError) whose
+message names the job, rank and aggregator and whose .code is a stable name. For PyTorch DDP see
+sparsereduce.torch.
+"""
+
+import pkgutil
+import sys
+
+# The extension is built into build/python/sparsereduce/ while this file stays in the source tree: let the
+# package span both when both are on sys.path (installed, they are one directory).
+__path__ = pkgutil.extend_path(__path__, __name__)
+
+from ._sparsereduce import CollectiveStats, Error, Handle  # noqa: E402
+from ._sparsereduce import Worker as _Worker  # noqa: E402
+
+__all__ = ["CollectiveStats", "Error", "Handle", "Worker", "as_buffer"]
+
+
+def as_buffer(array):
+    """The object the extension reduces: a CPU torch tensor becomes a NumPy view of its memory; anything else
+    is passed through and checked by the extension."""
+    torch = sys.modules.get("torch")  # no torch import unless the caller already uses torch
+    if torch is None or not isinstance(array, torch.Tensor):
+        return array
+    if array.layout != torch.strided:
+        raise TypeError(f"sparsereduce: expected a dense tensor, got layout {array.layout}")
+    if array.device.type != "cpu":
+        raise TypeError(f"sparsereduce: expected a CPU tensor, got one on {array.device}")
+    if array.dtype not in (torch.float32, torch.int32):
+        raise TypeError(f"sparsereduce: unsupported dtype {array.dtype}; only float32 and int32 are supported")
+    if not array.is_contiguous():
+        raise ValueError("sparsereduce: the tensor is not contiguous; allreduce works in place without copies, "
+                         "so pass tensor.contiguous() and copy the result back")
+    return array.detach().numpy()  # shares the tensor's memory
+
+
+class Worker(_Worker):
+    """A member of a sparsereduce job: Worker(aggregators, job, rank, world_size, *, secret='',
+    block_size=256, slots=8, blocks_per_message=32, connect_timeout=30.0, join_timeout=60.0,
+    collective_timeout=60.0), timeouts in seconds.
+
+    aggregators: a list of "HOST:PORT" or one comma-separated string, in the same order on every rank; empty
+    means the SPARSEREDUCE_AGGREGATORS environment variable. Returns once all ranks joined (GIL released).
+    """
+
+    def __init__(self, aggregators, job, rank, world_size, **options):
+        if isinstance(aggregators, str):
+            aggregators = [a.strip() for a in aggregators.split(",") if a.strip()]
+        super().__init__(list(aggregators), job, rank, world_size, **options)
+
+    def allreduce(self, array):
+        """Sums `array` over all ranks, in place; returns it."""
+        super().allreduce(as_buffer(array))
+        return array
+
+    def allreduce_async(self, array):
+        """Starts an allreduce of `array` in place and returns a Handle (wait(), done(), stats). The array must
+        not be touched until the handle is done."""
+        return super().allreduce_async(as_buffer(array))
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        if self.closed:
+            return "<sparsereduce.Worker closed>"
+        return (f"<sparsereduce.Worker job={self.job} rank={self.rank} world_size={self.world_size} "
+                f"aggregators={self.aggregators}>")

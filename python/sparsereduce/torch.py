@@ -1,0 +1,93 @@
+"""PyTorch DistributedDataParallel communication hook that reduces each gradient bucket through sparsereduce.
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    import sparsereduce.torch as srt
+
+    dist.init_process_group("gloo", ...)   # DDP still uses a process group for its setup (parameter broadcast)
+    ddp = DistributedDataParallel(model)
+    state = srt.SparseReduceState.from_process_group(["10.0.0.5:19875"], job=7)
+    ddp.register_comm_hook(state, srt.allreduce_hook)   # before the first backward
+
+Works with unmodified torch 1.13. One state (one Worker, one sparsereduce job) per process group. Buckets are
+float32 CPU tensors (a float64 or GPU model raises TypeError in the hook).
+"""
+
+import collections
+import queue
+import threading
+
+import torch
+import torch.distributed as dist
+
+import sparsereduce
+
+# One reduced bucket: DDP's bucket index, the bucket's flat buffer (it holds the averaged gradients until DDP's
+# next backward refills it) and the collective's CollectiveStats (None if the Worker had already replaced them).
+BucketRecord = collections.namedtuple("BucketRecord", "index buffer stats")
+
+
+class SparseReduceState:
+    """What the hook needs: the Worker of this rank and a thread that completes DDP's futures in order.
+
+    record=True keeps a BucketRecord per reduced bucket until take_records() (for measurements)."""
+
+    def __init__(self, worker, *, record=False):
+        self.worker = worker
+        self.world_size = worker.world_size
+        self.record = record
+        self._records = []
+        self._pending = queue.SimpleQueue()
+        # Collectives finish in submission order, so one thread waiting on them in that order completes every
+        # future as early as possible. It waits with the GIL released (Handle.wait).
+        self._completer = threading.Thread(target=self._complete_in_order, name="sparsereduce-ddp", daemon=True)
+        self._completer.start()
+
+    @classmethod
+    def from_process_group(cls, aggregators, job, process_group=None, *, record=False, **worker_options):
+        """A state whose Worker has the group's rank and size; `job` must be the same on every rank and
+        unique among the jobs the aggregators serve at the same time."""
+        rank = dist.get_rank(process_group)
+        world_size = dist.get_world_size(process_group)
+        worker = sparsereduce.Worker(aggregators, job, rank, world_size, **worker_options)
+        return cls(worker, record=record)
+
+    def take_records(self):
+        """The BucketRecords since the last call (record=True), in reduction order."""
+        records, self._records = self._records, []
+        return records
+
+    def close(self):
+        """Stops the completion thread and leaves the job. Call after the last backward has finished."""
+        self._pending.put(None)
+        self._completer.join()
+        self.worker.close()
+
+    def _complete_in_order(self):
+        while True:
+            item = self._pending.get()
+            if item is None:
+                return
+            handle, future, buffer, index = item
+            try:
+                handle.wait()
+            except BaseException as error:  # DDP re-raises it from backward() / the next forward
+                future.set_exception(error)
+                continue
+            if self.record:
+                self._records.append(BucketRecord(index, buffer, handle.stats))
+            future.set_result(buffer)
+
+
+def allreduce_hook(state, bucket):
+    """DDP comm hook: averages the bucket over the ranks with one sparsereduce allreduce.
+
+    Scales by 1/world_size before the sum, as DDP's built-in allreduce does (it multiplies each gradient by
+    1/world_size while copying it into the bucket), so results match it bit for bit whenever the summation
+    order does; zero blocks stay zero and are still skipped."""
+    buffer = bucket.buffer()
+    buffer.mul_(1.0 / state.world_size)
+    handle = state.worker.allreduce_async(buffer)
+    future = torch.futures.Future()
+    state._pending.put((handle, future, buffer, bucket.index()))
+    return future

@@ -1,0 +1,249 @@
+// The extension sparsereduce._sparsereduce: Worker, Handle (an allreduce in flight), CollectiveStats and the
+// Error exception. The pure-Python package (python/sparsereduce/) wraps it for torch tensors.
+//
+// GIL: released while a Worker connects and joins, while waiting for a collective and while destroying a
+// Worker, so other Python threads (training loop, DDP's autograd thread, other ranks in tests) keep running.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "held_buffer.h"
+#include "sparsereduce/worker.h"
+
+namespace py = pybind11;
+
+namespace sparsereduce::python {
+namespace {
+
+PyObject* g_error_type = nullptr;  // sparsereduce.Error, created once at import
+
+std::chrono::milliseconds Milliseconds(double seconds, const char* name) {
+  if (!(seconds >= 0)) throw py::value_error(std::string("sparsereduce: ") + name + " must be >= 0 seconds");
+  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0 + 0.5));
+}
+
+// One allreduce in flight. Holds the caller's buffer and the Worker until the collective has finished, so
+// neither can go away while the I/O thread still reads or writes the memory.
+class Handle {
+ public:
+  Handle(std::shared_ptr<Worker> worker, HeldBuffer buffer, std::shared_future<void> future, uint64_t seq)
+      : worker_(std::move(worker)), buffer_(std::move(buffer)), future_(std::move(future)), seq_(seq) {}
+
+  // Dropping a handle early must not let the Worker write into freed memory: wait for the collective first.
+  ~Handle() {
+    if (!finished_) {
+      py::gil_scoped_release release;
+      future_.wait();
+    }
+    buffer_.Release();  // the GIL is held again here
+  }
+
+  // Blocks (GIL released) until the allreduce finished; raises sparsereduce.Error if it failed, TimeoutError
+  // if `timeout` seconds passed first (the collective keeps running: wait again, or its deadline ends it).
+  void Wait(std::optional<double> timeout) {
+    bool ready = true;
+    {
+      py::gil_scoped_release release;
+      if (timeout) {
+        ready = future_.wait_for(std::chrono::duration<double>(*timeout)) == std::future_status::ready;
+      } else {
+        future_.wait();
+      }
+    }
+    if (!ready) {
+      PyErr_SetString(PyExc_TimeoutError, "sparsereduce: the allreduce did not finish within the timeout");
+      throw py::error_already_set();
+    }
+    Finish();
+    future_.get();  // rethrows the collective's Error
+  }
+
+  bool Done() {
+    if (finished_) return true;
+    if (future_.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return false;
+    Finish();
+    return true;
+  }
+
+  std::optional<CollectiveStats> stats() const { return stats_; }
+
+ private:
+  // The Worker only keeps the stats of its latest collective; they are this one's when the sequence numbers
+  // match (collectives are numbered from 1 in submission order), else a later one already replaced them.
+  void Finish() {
+    if (finished_) return;
+    finished_ = true;
+    buffer_.Release();
+    bool ok = true;
+    try {
+      future_.get();
+    } catch (...) {
+      ok = false;
+    }
+    if (ok) {
+      CollectiveStats s = worker_->last_stats();
+      if (s.seq == seq_) stats_ = s;
+    }
+  }
+
+  std::shared_ptr<Worker> worker_;
+  HeldBuffer buffer_;
+  std::shared_future<void> future_;
+  uint64_t seq_;
+  bool finished_ = false;
+  std::optional<CollectiveStats> stats_;
+};
+
+class PyWorker {
+ public:
+  explicit PyWorker(WorkerOptions options) {
+    // Joining waits for the other ranks, which may be threads of this process.
+    py::gil_scoped_release release;
+    worker_ = std::make_shared<Worker>(std::move(options));
+  }
+
+  std::unique_ptr<Handle> AllreduceAsync(py::handle array) {
+    HeldBuffer buffer = HeldBuffer::Acquire(array.ptr());
+    std::shared_ptr<Worker> worker = Get();
+    std::future<void> future;
+    uint64_t seq = 0;
+    {
+      // The mutex pairs each submission with its sequence number; taken without the GIL so that a thread
+      // holding it never waits for the GIL.
+      py::gil_scoped_release release;
+      std::lock_guard lock(submit_mutex_);
+      future = buffer.type() == ElementType::kFloat32 ? worker->allreduce_async(buffer.floats())
+                                                      : worker->allreduce_async(buffer.ints());
+      seq = ++submitted_;
+    }
+    return std::make_unique<Handle>(std::move(worker), std::move(buffer), future.share(), seq);
+  }
+
+  void Allreduce(py::handle array) { AllreduceAsync(array)->Wait(std::nullopt); }
+
+  CollectiveStats LastStats() { return Get()->last_stats(); }
+  WorkerOptions Options() { return Get()->options(); }
+
+  // Says goodbye to the aggregators now rather than at garbage collection. Handles still in flight keep the
+  // Worker alive until they finish.
+  void Close() {
+    std::shared_ptr<Worker> worker;
+    {
+      std::lock_guard lock(submit_mutex_);
+      worker = std::move(worker_);
+    }
+    py::gil_scoped_release release;
+    worker.reset();
+  }
+
+  bool closed() {
+    std::lock_guard lock(submit_mutex_);
+    return worker_ == nullptr;
+  }
+
+ private:
+  std::shared_ptr<Worker> Get() {
+    std::lock_guard lock(submit_mutex_);
+    if (!worker_) throw py::value_error("sparsereduce: the Worker is closed");
+    return worker_;
+  }
+
+  std::mutex submit_mutex_;
+  std::shared_ptr<Worker> worker_;
+  uint64_t submitted_ = 0;
+};
+
+void TranslateErrors(std::exception_ptr p) {
+  try {
+    if (p) std::rethrow_exception(p);
+  } catch (const Error& e) {
+    py::object error = py::reinterpret_borrow<py::object>(g_error_type)(e.what());
+    error.attr("code") = e.code();
+    PyErr_SetObject(g_error_type, error.ptr());
+  }
+}
+
+}  // namespace
+}  // namespace sparsereduce::python
+
+PYBIND11_MODULE(_sparsereduce, m) {
+  using namespace sparsereduce;
+  using namespace sparsereduce::python;
+  m.doc() = "sparsereduce worker library: sparse allreduce through aggregator daemons";
+
+  g_error_type = PyErr_NewExceptionWithDoc(
+      "sparsereduce.Error",
+      "A failure of the sparsereduce library. str(e) names the job, the rank and the aggregator involved; "
+      "e.code is a stable name such as 'SPEC_MISMATCH', 'PEER_LEFT', 'DEADLINE_EXCEEDED' or 'UNAVAILABLE'.",
+      PyExc_RuntimeError, nullptr);
+  if (!g_error_type) throw py::error_already_set();
+  py::handle(g_error_type).attr("code") = py::none();
+  m.add_object("Error", py::handle(g_error_type));
+  py::register_exception_translator(&TranslateErrors);
+
+  py::class_<CollectiveStats>(m, "CollectiveStats", "What one allreduce did, seen from this worker.")
+      .def_readonly("seq", &CollectiveStats::seq)
+      .def_readonly("element_count", &CollectiveStats::element_count)
+      .def_readonly("blocks", &CollectiveStats::blocks)
+      .def_readonly("nonzero_blocks", &CollectiveStats::nonzero_blocks, "this rank's nonzero blocks")
+      .def_readonly("bytes_sent", &CollectiveStats::bytes_sent)
+      .def_readonly("bytes_received", &CollectiveStats::bytes_received)
+      .def_readonly("seconds", &CollectiveStats::seconds)
+      .def("__repr__", [](const CollectiveStats& s) {
+        return "CollectiveStats(seq=" + std::to_string(s.seq) +
+               ", element_count=" + std::to_string(s.element_count) + ", blocks=" + std::to_string(s.blocks) +
+               ", nonzero_blocks=" + std::to_string(s.nonzero_blocks) +
+               ", bytes_sent=" + std::to_string(s.bytes_sent) +
+               ", bytes_received=" + std::to_string(s.bytes_received) +
+               ", seconds=" + std::to_string(s.seconds) + ")";
+      });
+
+  py::class_<Handle>(m, "Handle", "An allreduce in flight; the array must not be touched until it is done.")
+      .def("wait", &Handle::Wait, py::arg("timeout") = py::none(),
+           "Block until the allreduce finished (GIL released). Raises sparsereduce.Error if it failed, "
+           "TimeoutError if `timeout` seconds passed first.")
+      .def("done", &Handle::Done, "True once the allreduce finished, successfully or not.")
+      .def_property_readonly("stats", &Handle::stats,
+                             "CollectiveStats of this allreduce once done, or None if a later one already "
+                             "replaced them in the Worker.");
+
+  py::class_<PyWorker>(m, "Worker")
+      .def(py::init([](std::vector<std::string> aggregators, uint64_t job, uint32_t rank, uint32_t world_size,
+                       std::string secret, uint32_t block_size, uint32_t slots, uint32_t blocks_per_message,
+                       double connect_timeout, double join_timeout, double collective_timeout) {
+             WorkerOptions o;
+             o.aggregators = std::move(aggregators);
+             o.job = job;
+             o.rank = rank;
+             o.world_size = world_size;
+             o.secret = std::move(secret);
+             o.block_size = block_size;
+             o.slots = slots;
+             o.blocks_per_message = blocks_per_message;
+             o.connect_timeout = Milliseconds(connect_timeout, "connect_timeout");
+             o.join_timeout = Milliseconds(join_timeout, "join_timeout");
+             o.collective_timeout = Milliseconds(collective_timeout, "collective_timeout");
+             return std::make_unique<PyWorker>(std::move(o));
+           }),
+           py::arg("aggregators"), py::arg("job"), py::arg("rank"), py::arg("world_size"), py::kw_only(),
+           py::arg("secret") = "", py::arg("block_size") = 256, py::arg("slots") = 8,
+           py::arg("blocks_per_message") = 32, py::arg("connect_timeout") = 30.0,
+           py::arg("join_timeout") = 60.0, py::arg("collective_timeout") = 60.0)
+      .def("allreduce", &PyWorker::Allreduce, py::arg("array"),
+           "Sum `array` over all ranks, in place (GIL released while waiting).")
+      .def("allreduce_async", &PyWorker::AllreduceAsync, py::arg("array"),
+           "Start an allreduce of `array` in place and return a Handle.")
+      .def_property_readonly("last_stats", &PyWorker::LastStats)
+      .def_property_readonly("job", [](PyWorker& w) { return w.Options().job; })
+      .def_property_readonly("rank", [](PyWorker& w) { return w.Options().rank; })
+      .def_property_readonly("world_size", [](PyWorker& w) { return w.Options().world_size; })
+      .def_property_readonly("block_size", [](PyWorker& w) { return w.Options().block_size; })
+      .def_property_readonly("aggregators", [](PyWorker& w) { return w.Options().aggregators; })
+      .def_property_readonly("closed", &PyWorker::closed)
+      .def("close", &PyWorker::Close, "Leave the job now; later calls raise ValueError.");
+}

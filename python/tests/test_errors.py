@@ -1,0 +1,125 @@
+"""Errors: bad arrays are refused before anything is sent; library failures raise sparsereduce.Error carrying the
+library's code and message; a failed collective leaves the caller's array as it was."""
+
+import re
+import socket
+
+import numpy as np
+import pytest
+
+import sparsereduce
+from conftest import FAST, run_ranks
+
+
+def test_error_class():
+    assert issubclass(sparsereduce.Error, RuntimeError)
+    assert sparsereduce.Error.__module__ == "sparsereduce" and sparsereduce.Error("x").code is None
+
+
+@pytest.mark.parametrize("array, error, message", [
+    (np.zeros(8, dtype=np.float64), TypeError, "only float32 and int32"),
+    (np.zeros(8, dtype=np.int64), TypeError, "only float32 and int32"),
+    (np.zeros(8, dtype=np.float16), TypeError, "only float32 and int32"),
+    ([1.0, 2.0], TypeError, "expected a NumPy array"),
+    (np.zeros(16, dtype=np.float32)[::2], ValueError, "not C-contiguous"),
+    (np.zeros((4, 4), dtype=np.float32, order="F"), ValueError, "not C-contiguous"),
+    (np.frombuffer(bytes(32), dtype=np.float32), ValueError, "read-only"),
+    (np.zeros(8, dtype=np.float32).newbyteorder(">"), TypeError, "only float32 and int32"),
+])
+def test_bad_arrays_are_refused_and_the_worker_stays_usable(aggregator, job, array, error, message):
+    with sparsereduce.Worker(aggregator, job, 0, 1, **FAST) as w:
+        with pytest.raises(error, match=message):
+            w.allreduce(array)
+        with pytest.raises(error, match=message):
+            w.allreduce_async(array)
+        ok = np.ones(3, dtype=np.float32)
+        w.allreduce(ok)
+        np.testing.assert_array_equal(ok, np.ones(3, dtype=np.float32))
+
+
+def test_invalid_rank_names_the_job_and_rank(aggregator, job):
+    with pytest.raises(sparsereduce.Error) as info:
+        sparsereduce.Worker(aggregator, job, 2, 2, **FAST)
+    assert info.value.code == "INVALID_ARGUMENT"
+    assert f"job {job} rank 2" in str(info.value) and "out of range" in str(info.value)
+
+
+def test_invalid_options():
+    with pytest.raises(ValueError, match="connect_timeout"):
+        sparsereduce.Worker("127.0.0.1:1", 1, 0, 1, connect_timeout=-1)
+    with pytest.raises(TypeError):
+        sparsereduce.Worker("127.0.0.1:1", 1, -1, 1)  # negative rank: not an unsigned integer
+
+
+def test_no_aggregator_listening(job):
+    with socket.socket() as s:  # a port that was free a moment ago and has no listener now
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(sparsereduce.Error) as info:
+        sparsereduce.Worker(f"127.0.0.1:{port}", job, 0, 1, connect_timeout=0.5, join_timeout=0.5)
+    assert info.value.code in ("UNAVAILABLE", "DEADLINE_EXCEEDED")
+    assert f"job {job} rank 0" in str(info.value) and f"127.0.0.1:{port}" in str(info.value)
+
+
+def test_spec_mismatch_fails_every_rank_and_restores_the_array(aggregator, job):
+    sizes = [300, 600]  # the ranks disagree on the tensor
+
+    def rank(r):
+        w = sparsereduce.Worker(aggregator, job, r, 2, **FAST)
+        a = np.arange(sizes[r], dtype=np.float32) + 1
+        before = a.copy()
+        with pytest.raises(sparsereduce.Error) as info:
+            w.allreduce(a)
+        np.testing.assert_array_equal(a, before)  # bit for bit what it was: the step can be retried
+        with pytest.raises(sparsereduce.Error):  # after an error the Worker is unusable
+            w.allreduce(np.ones(4, dtype=np.float32))
+        w.close()
+        return info.value
+
+    for r, e in enumerate(run_ranks(2, rank)):
+        assert e.code == "SPEC_MISMATCH", e
+        assert f"job {job} rank {r}" in str(e) and "300" in str(e) and "600" in str(e)
+
+
+def test_async_failure_is_raised_by_wait(aggregator, job):
+    def rank(r):
+        w = sparsereduce.Worker(aggregator, job, r, 2, **FAST)
+        handle = w.allreduce_async(np.ones(10 + r, dtype=np.float32))
+        with pytest.raises(sparsereduce.Error) as info:
+            handle.wait()
+        assert handle.done() and handle.stats is None
+        w.close()
+        return info.value.code
+
+    assert run_ranks(2, rank) == ["SPEC_MISMATCH", "SPEC_MISMATCH"]
+
+
+def test_peer_leaving_fails_the_waiting_rank(aggregator, job):
+    workers = run_ranks(2, lambda r: sparsereduce.Worker(aggregator, job, r, 2, **FAST))
+    a = np.ones(1000, dtype=np.float32)
+    handle = workers[0].allreduce_async(a)
+    workers[1].close()  # rank 1 leaves without joining the collective
+    with pytest.raises(sparsereduce.Error) as info:
+        handle.wait(timeout=20)
+    assert info.value.code == "PEER_LEFT", info.value
+    # The wording depends on when the aggregator saw rank 1 go (Goodbye or closed socket, before or during the
+    # collective); every variant names it.
+    message = str(info.value)
+    assert f"job {job} rank 0" in message
+    assert re.search(r"rank(\(s\))? 1\b", message), message
+    np.testing.assert_array_equal(a, np.ones(1000, dtype=np.float32))
+    workers[0].close()
+
+
+def test_wait_timeout_then_completion(aggregator, job):
+    workers = run_ranks(2, lambda r: sparsereduce.Worker(aggregator, job, r, 2, **FAST))
+    arrays = [np.full(100, r + 1, dtype=np.int32) for r in range(2)]
+    first = workers[0].allreduce_async(arrays[0])
+    with pytest.raises(TimeoutError):
+        first.wait(timeout=0.05)  # rank 1 has not started its part
+    assert not first.done()
+    workers[1].allreduce(arrays[1])
+    first.wait(timeout=10)
+    np.testing.assert_array_equal(arrays[0], np.full(100, 3, dtype=np.int32))
+    for w in workers:
+        w.close()

@@ -1,0 +1,108 @@
+"""torch tensors through the Worker (in place, same memory) and the DDP hook driven by hand with fake buckets."""
+
+import torch_required  # noqa: F401  (fails clearly without torch)
+
+import pytest
+import torch
+
+import sparsereduce
+import sparsereduce.torch as srt
+from conftest import FAST, run_ranks
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32])
+def test_tensor_reduced_in_its_own_memory(aggregator, job, dtype):
+    def rank(r):
+        with sparsereduce.Worker(aggregator, job, r, 2, **FAST) as w:
+            t = torch.arange(1000, dtype=dtype) * (r + 1)
+            pointer = t.data_ptr()
+            assert w.allreduce(t) is t
+            h = w.allreduce_async(t)
+            h.wait()
+            return t, pointer
+
+    for t, pointer in run_ranks(2, rank):
+        assert t.data_ptr() == pointer
+        assert torch.equal(t, torch.arange(1000, dtype=dtype) * 6)  # (1 + 2), twice
+
+
+def test_gradient_and_slice_of_a_larger_tensor(aggregator, job):
+    def rank(r):
+        with sparsereduce.Worker(aggregator, job, r, 2, **FAST) as w:
+            p = torch.nn.Parameter(torch.zeros(300))
+            (p * (r + 1)).sum().backward()
+            w.allreduce(p)  # requires_grad: reduced through a detached view of the same memory
+            w.allreduce(p.grad)
+            base = torch.zeros(50, 20)
+            base[10:20] = r + 1
+            w.allreduce(base[10:20])  # rows 10..19 are contiguous
+            return p, base
+
+    for p, base in run_ranks(2, rank):
+        assert torch.equal(p.grad, torch.full((300,), 3.0))
+        assert torch.equal(base[10:20], torch.full((10, 20), 3.0))
+        assert not base[:10].any() and not base[20:].any()
+
+
+@pytest.mark.parametrize("tensor, error, message", [
+    (torch.zeros(8, dtype=torch.float64), TypeError, "unsupported dtype torch.float64"),
+    (torch.zeros(4, 4).t(), ValueError, "not contiguous"),
+    (torch.zeros(8).to_sparse(), TypeError, "dense tensor"),
+])
+def test_bad_tensors_are_refused(aggregator, job, tensor, error, message):
+    with sparsereduce.Worker(aggregator, job, 0, 1, **FAST) as w:
+        with pytest.raises(error, match=message):
+            w.allreduce(tensor)
+
+
+class FakeBucket:
+    """What the hook uses of torch.distributed.GradBucket."""
+
+    def __init__(self, buffer, index=0):
+        self._buffer, self._index = buffer, index
+
+    def buffer(self):
+        return self._buffer
+
+    def index(self):
+        return self._index
+
+
+def test_hook_averages_and_completes_futures_in_order(aggregator, job):
+    grads = {r: [torch.full((n,), float(r + 1)) for n in (100, 3000)] for r in range(2)}
+
+    def rank(r):
+        state = srt.SparseReduceState(sparsereduce.Worker(aggregator, job, r, 2, **FAST), record=True)
+        futures = [srt.allreduce_hook(state, FakeBucket(g, i)) for i, g in enumerate(grads[r])]
+        values = [f.wait() for f in futures]
+        records = state.take_records()
+        state.close()
+        return values, records
+
+    for r, (values, records) in enumerate(run_ranks(2, rank)):
+        for g, v in zip(grads[r], values):
+            assert v is g  # the bucket itself, averaged in place: (1 + 2) / 2
+            assert torch.equal(v, torch.full_like(v, 1.5))
+        assert [rec.index for rec in records] == [0, 1]
+        assert records[-1].stats is not None and records[-1].stats.element_count == 3000
+
+
+def test_hook_failure_sets_the_future_exception(aggregator, job):
+    def rank(r):
+        state = srt.SparseReduceState(sparsereduce.Worker(aggregator, job, r, 2, **FAST))
+        future = srt.allreduce_hook(state, FakeBucket(torch.ones(10 + r)))  # sizes differ: SPEC_MISMATCH
+        with pytest.raises(Exception) as info:
+            future.wait()
+        state.close()
+        return info.value
+
+    for e in run_ranks(2, rank):
+        assert "SPEC_MISMATCH" in str(e) or getattr(e, "code", None) == "SPEC_MISMATCH", repr(e)
+
+
+def test_hook_refuses_float64_buckets(aggregator, job):
+    state = srt.SparseReduceState(sparsereduce.Worker(aggregator, job, 0, 1, **FAST))
+    with pytest.raises(TypeError, match="float64"):
+        srt.allreduce_hook(state, FakeBucket(torch.ones(4, dtype=torch.float64)))
+    state.close()
+    assert state.worker.closed
