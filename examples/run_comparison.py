@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Runs each training example with DDP's built-in gloo allreduce and with the sparsereduce hook (4 CPU processes
+each, one aggregator on 127.0.0.1) and prints, per step: the loss of both runs (mean over the ranks), the
+largest difference between the runs over the ranks' losses, the block density of the gradient buckets (each
+rank's own, mean over ranks; and of the reduced sum), the bytes each rank sent, both step times (slowest rank)
+and how long the step's sparsereduce collectives ran.
+
+    /usr/bin/python3 examples/run_comparison.py [--build-dir build] [--world-size 4] [--markdown]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+SOURCE = HERE.parent
+EXAMPLES = {"embedding": "embedding_ddp.py", "fashion_mlp": "fashion_mlp_ddp.py"}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--build-dir", type=Path, default=SOURCE / "build")
+    p.add_argument("--world-size", type=int, default=4)
+    p.add_argument("--examples", default=",".join(EXAMPLES), help="comma-separated subset of " + ",".join(EXAMPLES))
+    p.add_argument("--markdown", action="store_true", help="print Markdown tables")
+    p.add_argument("extra", nargs="*", help="passed to every example (after --), e.g. -- --steps 10")
+    args = p.parse_args()
+    env = dict(os.environ, PYTHONPATH=f"{args.build_dir / 'python'}:{SOURCE / 'python'}")
+    with tempfile.TemporaryDirectory() as work, Aggregator(args.build_dir, Path(work)) as address:
+        for job, name in enumerate(args.examples.split(","), start=1):
+            runs = {}
+            for backend in ("gloo", "sparsereduce"):
+                out = Path(work) / f"{name}-{backend}.json"
+                command = [sys.executable, str(HERE / EXAMPLES[name]), "--backend", backend,
+                           "--world-size", str(args.world_size), "--aggregators", address, "--job", str(job),
+                           "--out", str(out), *args.extra]
+                print(f"# {' '.join(command[1:])}", file=sys.stderr, flush=True)
+                subprocess.run(command, env=env, check=True, timeout=1800)
+                runs[backend] = json.loads(out.read_text())
+            print_table(name, runs["gloo"], runs["sparsereduce"], args.markdown)
+
+
+class Aggregator:
+    """sparsereduce-aggregator from the build on 127.0.0.1, port chosen by the kernel, stopped on exit."""
+
+    def __init__(self, build_dir, work):
+        self.binary = build_dir / "aggregator" / "sparsereduce-aggregator"
+        self.port_file, self.log = work / "aggregator.port", work / "aggregator.log"
+
+    def __enter__(self):
+        with open(self.log, "w") as log:
+            self.process = subprocess.Popen(
+                [str(self.binary), "--listen", "127.0.0.1:0", "--metrics-listen", "", "--port-file",
+                 str(self.port_file)], stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and self.process.poll() is None:
+            text = self.port_file.read_text().strip() if self.port_file.exists() else ""
+            if text.isdigit() and int(text) > 0:
+                return f"127.0.0.1:{text}"
+            time.sleep(0.02)  # poll interval
+        self.__exit__()
+        raise SystemExit(f"the aggregator did not start:\n{self.log.read_text()}")
+
+    def __exit__(self, *exc):
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+def print_table(name, gloo, sr, markdown):
+    header = ["step", "loss gloo", "loss sparsereduce", "max abs diff", "density local", "density union",
+              "sent MB/rank", "step ms gloo", "step ms sparsereduce", "of which collectives"]
+    rows, identical, worst = [], 0, 0.0
+    for g, s in zip(gloo["steps"], sr["steps"]):
+        diff = max(abs(a - b) for a, b in zip(g["losses"], s["losses"]))
+        identical += g["losses"] == s["losses"]
+        worst = max(worst, diff)
+        rows.append([str(g["step"]), f"{mean(g['losses']):.6f}", f"{mean(s['losses']):.6f}", f"{diff:.1e}",
+                     percent(s["local_density"]), percent(s["union_density"]),
+                     "n/a" if s["bytes_sent_rank_mean"] is None else f"{s['bytes_sent_rank_mean'] / 1e6:.2f}",
+                     f"{g['time_s'] * 1e3:.1f}", f"{s['time_s'] * 1e3:.1f}",
+                     "n/a" if s["collective_s_rank_mean"] is None else f"{s['collective_s_rank_mean'] * 1e3:.1f}"])
+    dense_mb = gloo["gradient_elements"] * 4 / 1e6
+    print(f"\n## {name}: {gloo['world_size']} ranks, {gloo['gradient_elements']:,} parameters "
+          f"({dense_mb:.1f} MB of fp32 gradients per step)\n")
+    if markdown:
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
+        for r in rows:
+            print("| " + " | ".join(r) + " |")
+    else:
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+        for r in [header, *rows]:
+            print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
+    later = slice(1, None)  # step 1 includes connection set-up and DDP's bucket rebuild
+    tg = statistics.median(s["time_s"] for s in gloo["steps"][later]) * 1e3
+    ts = statistics.median(s["time_s"] for s in sr["steps"][later]) * 1e3
+    print(f"\nloss identical on every rank in {identical} of {len(rows)} steps (largest difference {worst:.1e}); "
+          f"median step time from step 2: gloo {tg:.1f} ms, sparsereduce {ts:.1f} ms")
+
+
+def mean(values):
+    return sum(values) / len(values)
+
+
+def percent(x):
+    return "n/a" if x is None else f"{100 * x:.2f}%"
+
+
+if __name__ == "__main__":
+    main()
