@@ -134,6 +134,8 @@ std::variant<DaemonConfig, int> ParseDaemonConfig(const std::vector<std::string>
   Add(app, "max-job-memory", server.max_job_memory,
       "Bytes one job's running collective may hold here ((W+1) x slots x frame size + index tables)");
   Add(app, "max-total-memory", server.max_total_memory, "Bytes all jobs' running collectives may hold here");
+  Add(app, "buffer-pool-bytes", server.buffer_pool_bytes,
+      "Bytes of free frame buffers kept for reuse, on top of what running collectives hold");
   Add(app, "job-secrets-dir", server.job_secrets_dir,
       "Directory with one file per job (name: decimal job id, content: shared secret) for HMAC authentication")
       ->check(CLI::ExistingDirectory);

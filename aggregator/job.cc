@@ -219,7 +219,8 @@ void Job::OnCollectiveBegin(uint32_t rank, const proto::CollectiveBegin& begin) 
     active_->seq = begin.seq();
     active_->spec = *spec;
     active_->begun.assign(shape_.world_size, false);
-    active_->engine = std::make_unique<ColumnEngine>(shape_, aggregator_index_, id_, begin.seq(), *spec);
+    active_->engine = std::make_unique<ColumnEngine>(shape_, aggregator_index_, id_, begin.seq(), *spec,
+                                                     context_.buffers);
     Progress();
     ArmStallTimer(last_progress_ + context_.options.stall_timeout);
   } else if (begin.seq() != active_->seq || active_->begun[rank]) {

@@ -30,6 +30,8 @@ struct ServerOptions {
   // W · S · K · (24 + B · element size) bytes, plus one RESULT per slot and the engine's index table.
   uint64_t max_job_memory = 1ull << 30;
   uint64_t max_total_memory = 8ull << 30;  // the same, summed over all jobs' running collectives
+  // Free frame buffers kept for reuse (core/buffer_pool.h), on top of what the running collectives hold.
+  uint64_t buffer_pool_bytes = 256ull << 20;
 
   // Security (docs/SECURITY.md).
   std::string job_secrets_dir;              // one file per job: name = decimal job id, content = shared secret

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <memory>
 #include <string>
 
 #include "aggregator/job_secrets.h"
@@ -10,6 +11,7 @@
 #include "aggregator/metrics.h"
 #include "aggregator/network_allowlist.h"
 #include "aggregator/server_options.h"
+#include "core/buffer_pool.h"
 
 namespace sparsereduce::aggregator {
 
@@ -19,13 +21,16 @@ struct ServiceContext {
         metrics(options.name),
         memory(options.max_total_memory),
         secrets(options.job_secrets_dir),
-        allowlist(std::move(allowlist)) {}
+        allowlist(std::move(allowlist)),
+        buffers(BufferPool::Create(options.buffer_pool_bytes)) {}
 
   const ServerOptions& options;
   Metrics metrics;
   MemoryBudget memory;
   JobSecrets secrets;
   NetworkAllowlist allowlist;
+  // Frame buffers (contributions read, results built) recycled across frames and jobs.
+  std::shared_ptr<BufferPool> buffers;
   std::atomic<bool> draining{false};
 
   std::string RenderMetrics() { return metrics.Render(memory.reserved(), draining.load()); }

@@ -306,7 +306,8 @@ asio::awaitable<void> Session::ReadLoop(std::shared_ptr<Job> job) {
         job->OnDisconnect(rank, this, limit.status());
         co_return;
       }
-      Result<ByteBuffer> payload = co_await tcp::ReadPayload(socket_, header->payload_length);
+      Result<ByteBuffer> payload =
+          co_await tcp::ReadPayload(socket_, header->payload_length, context_.buffers.get());
       if (!payload.ok()) {
         job->OnDisconnect(rank, this, payload.status());
         co_return;

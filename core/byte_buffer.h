@@ -1,4 +1,5 @@
-// An owned, uninitialized byte buffer (std::vector<std::byte> would zero-fill every frame we receive).
+// An owned, uninitialized byte buffer (std::vector<std::byte> would zero-fill every frame we receive). A buffer
+// taken from a BufferPool goes back to that pool when it is destroyed instead of to the allocator.
 #pragma once
 
 #include <cstddef>
@@ -7,10 +8,12 @@
 
 namespace sparsereduce {
 
+class BufferPool;
+
 class ByteBuffer {
  public:
   ByteBuffer() = default;
-  explicit ByteBuffer(size_t size) : data_(size ? new std::byte[size] : nullptr), size_(size) {}
+  explicit ByteBuffer(size_t size) : data_(size ? new std::byte[size] : nullptr, Release{}), size_(size) {}
 
   ByteBuffer(ByteBuffer&&) noexcept = default;
   ByteBuffer& operator=(ByteBuffer&&) noexcept = default;
@@ -24,7 +27,17 @@ class ByteBuffer {
   std::span<const std::byte> span() const { return {data_.get(), size_}; }
 
  private:
-  std::unique_ptr<std::byte[]> data_;
+  friend class BufferPool;
+  // Where the memory goes back to: the allocator (no pool), or the pool it came from with its real capacity.
+  struct Release {
+    std::shared_ptr<BufferPool> pool;
+    size_t capacity;
+    void operator()(std::byte* data) const;
+  };
+  ByteBuffer(std::byte* data, size_t size, std::shared_ptr<BufferPool> pool, size_t capacity)
+      : data_(data, Release{std::move(pool), capacity}), size_(size) {}
+
+  std::unique_ptr<std::byte[], Release> data_;
   size_t size_ = 0;
 };
 

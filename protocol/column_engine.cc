@@ -8,7 +8,7 @@
 namespace sparsereduce {
 
 ColumnEngine::ColumnEngine(const JobShape& shape, uint32_t aggregator_index, uint64_t job, uint64_t seq,
-                           const CollectiveSpec& spec)
+                           const CollectiveSpec& spec, std::shared_ptr<BufferPool> pool)
     : shape_(shape),
       aggregator_(aggregator_index),
       job_(job),
@@ -17,6 +17,7 @@ ColumnEngine::ColumnEngine(const JobShape& shape, uint32_t aggregator_index, uin
       kernels_(FindReduceKernels(spec.dtype, spec.op)),
       element_size_(FindDType(spec.dtype)->size),
       layout_(shape, spec.element_count, spec.block_size, element_size_),
+      pool_(std::move(pool)),
       slots_(shape.slots) {
   const uint32_t W = shape_.world_size;
   for (uint32_t s = 0; s < shape_.slots; ++s) {
@@ -200,7 +201,8 @@ void ColumnEngine::AggregateReply(Slot& slot, uint32_t s, std::vector<Broadcast>
     const uint64_t cur = slot.cur[lane];
     if (cur != kEndOfColumn) entries.push_back(Entry{cur, 0, layout_.BlockBytes(cur)});
   }
-  auto frame = std::make_shared<ByteBuffer>(kFrameHeaderSize + DataPayloadLength(entries));
+  const size_t frame_size = kFrameHeaderSize + DataPayloadLength(entries);
+  auto frame = std::make_shared<ByteBuffer>(pool_ ? pool_->Acquire(frame_size) : ByteBuffer(frame_size));
 
   // Sum straight into the outgoing frame: per lane, contributors in ascending rank order. Each contributor's
   // entries are in lane order, so one cursor per rank finds its entry for the lane.

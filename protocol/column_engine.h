@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/buffer_pool.h"
 #include "core/byte_buffer.h"
 #include "core/reduce_kernels.h"
 #include "core/status.h"
@@ -22,9 +23,9 @@ class ColumnEngine {
     std::shared_ptr<const ByteBuffer> frame;
   };
 
-  // `spec` must have passed ValidateSpec.
+  // `spec` must have passed ValidateSpec. RESULT frames are built in buffers from `pool` when one is given.
   ColumnEngine(const JobShape& shape, uint32_t aggregator_index, uint64_t job, uint64_t seq,
-               const CollectiveSpec& spec);
+               const CollectiveSpec& spec, std::shared_ptr<BufferPool> pool = nullptr);
 
   ColumnEngine(const ColumnEngine&) = delete;
   ColumnEngine& operator=(const ColumnEngine&) = delete;
@@ -80,6 +81,7 @@ class ColumnEngine {
   const ReduceKernels* kernels_;
   uint32_t element_size_;
   ColumnLayout layout_;
+  std::shared_ptr<BufferPool> pool_;
   std::vector<Slot> slots_;
   uint32_t active_slots_ = 0;
   uint64_t blocks_aggregated_ = 0;

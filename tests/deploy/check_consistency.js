@@ -96,9 +96,9 @@ const quantity = (q) => {
   return m ? Number(m[1]) * 1024 ** ['', 'Ki', 'Mi', 'Gi', 'Ti'].indexOf(m[2] || '') : NaN;
 };
 const memoryLimit = quantity(container.resources.limits.memory);
-check(config['max-total-memory'] < memoryLimit,
-  `max-total-memory ${config['max-total-memory']} does not fit in the memory limit ` +
-  `${container.resources.limits.memory}`);
+check(config['max-total-memory'] + config['buffer-pool-bytes'] < memoryLimit,
+  `max-total-memory ${config['max-total-memory']} + buffer-pool-bytes ${config['buffer-pool-bytes']} ` +
+  `does not fit in the memory limit ${container.resources.limits.memory}`);
 
 // Stop deadlines: the drain must finish before Kubernetes or systemd kill the daemon.
 check(pod.spec.terminationGracePeriodSeconds * 1000 > config['drain-timeout-ms'],

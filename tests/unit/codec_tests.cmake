@@ -2,7 +2,8 @@
 # Included from tests/unit/CMakeLists.txt. One executable per test file.
 include(GoogleTest)
 
-foreach(sparsereduce_codec_test IN ITEMS coding_test frame_test block_scan_test layout_test reduce_kernels_test)
+foreach(sparsereduce_codec_test IN ITEMS coding_test frame_test block_scan_test layout_test reduce_kernels_test
+        buffer_pool_test)
   add_executable(${sparsereduce_codec_test} ${CMAKE_CURRENT_SOURCE_DIR}/${sparsereduce_codec_test}.cc)
   target_link_libraries(${sparsereduce_codec_test} PRIVATE sparsereduce_protocol GTest::gtest_main)
   gtest_discover_tests(${sparsereduce_codec_test} DISCOVERY_TIMEOUT 60)

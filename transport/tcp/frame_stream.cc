@@ -30,8 +30,8 @@ asio::awaitable<Result<FrameHeader>> ReadFrameHeader(Socket& socket) {
   co_return DecodeFrameHeader(bytes);
 }
 
-asio::awaitable<Result<ByteBuffer>> ReadPayload(Socket& socket, uint64_t size) {
-  ByteBuffer payload(size);
+asio::awaitable<Result<ByteBuffer>> ReadPayload(Socket& socket, uint64_t size, BufferPool* pool) {
+  ByteBuffer payload = pool ? pool->Acquire(size) : ByteBuffer(size);
   if (size == 0) co_return payload;
   auto [ec, n] = co_await asio::async_read(socket, asio::buffer(payload.data(), size),
                                            asio::as_tuple(asio::use_awaitable));

@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "core/buffer_pool.h"
 #include "core/byte_buffer.h"
 #include "core/status.h"
 #include "protocol/frame.h"
@@ -23,8 +24,8 @@ using Socket = asio::ip::tcp::socket;
 
 // Reads and decodes a frame header. End of stream before the first byte is kUnavailable "connection closed".
 asio::awaitable<Result<FrameHeader>> ReadFrameHeader(Socket& socket);
-// Reads exactly `size` payload bytes.
-asio::awaitable<Result<ByteBuffer>> ReadPayload(Socket& socket, uint64_t size);
+// Reads exactly `size` payload bytes, into a buffer from `pool` when one is given.
+asio::awaitable<Result<ByteBuffer>> ReadPayload(Socket& socket, uint64_t size, BufferPool* pool = nullptr);
 // Reads and drops `size` bytes through a small scratch buffer (for frames of a job that no longer exists).
 asio::awaitable<Status> DiscardBytes(Socket& socket, uint64_t size);
 

@@ -15,11 +15,13 @@ namespace sparsereduce::worker {
 namespace asio = boost::asio;
 using asio::ip::tcp;
 
-AggregatorLink::AggregatorLink(asio::io_context& io, uint32_t index, std::string address, Handler& handler)
+AggregatorLink::AggregatorLink(asio::io_context& io, uint32_t index, std::string address, Handler& handler,
+                               BufferPool& pool)
     : io_(io),
       index_(index),
       address_(std::move(address)),
       handler_(handler),
+      pool_(pool),
       socket_(io),
       writer_(socket_, io.get_executor()),
       write_error_grace_(io) {
@@ -128,7 +130,8 @@ asio::awaitable<void> AggregatorLink::Run(proto::Hello hello, std::chrono::stead
                                               " bytes exceeds the limit of " + std::to_string(limit)));
       co_return;
     }
-    Result<ByteBuffer> payload = co_await sparsereduce::tcp::ReadPayload(socket_, header->payload_length);
+    Result<ByteBuffer> payload = co_await sparsereduce::tcp::ReadPayload(
+        socket_, header->payload_length, header->type == FrameType::kResult ? &pool_ : nullptr);
     if (!payload.ok()) {
       if (!closing_) handler_.OnFailure(*this, payload.status());
       co_return;

@@ -31,7 +31,9 @@ class AggregatorLink {
     virtual void OnWriterIdle(AggregatorLink& link) = 0;
   };
 
-  AggregatorLink(boost::asio::io_context& io, uint32_t index, std::string address, Handler& handler);
+  // RESULT payloads are read into buffers from `pool`, which must outlive the link.
+  AggregatorLink(boost::asio::io_context& io, uint32_t index, std::string address, Handler& handler,
+                 BufferPool& pool);
 
   // Connects (retrying until `deadline`), sends `hello`, then reads until the connection ends.
   boost::asio::awaitable<void> Run(proto::Hello hello, std::chrono::steady_clock::time_point deadline);
@@ -64,6 +66,7 @@ class AggregatorLink {
   uint32_t index_;
   std::string address_;
   Handler& handler_;
+  BufferPool& pool_;
   tcp::Socket socket_;
   tcp::FrameWriter writer_;
   bool connected_ = false;

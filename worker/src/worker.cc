@@ -14,6 +14,7 @@
 #include "core/dtype.h"
 #include "protocol/auth.h"
 #include "protocol/control.h"
+#include "protocol/frame_format.h"
 #include "protocol/worker_collective.h"
 #include "worker/src/aggregator_link.h"
 #include "worker/src/worker_environment.h"
@@ -73,6 +74,8 @@ class Worker::Impl : public AggregatorLink::Handler {
 
   WorkerOptions options_;
   JobShape shape_;
+  // RESULT payloads; at most S x A of them are in flight, so that many (of 4-byte elements) are kept for reuse.
+  std::shared_ptr<BufferPool> result_buffers_;
   asio::io_context io_;
   asio::executor_work_guard<asio::io_context::executor_type> work_;
   std::vector<std::unique_ptr<AggregatorLink>> links_;
@@ -117,8 +120,11 @@ Worker::Impl::Impl(WorkerOptions options)
     if (st.ok()) st = ValidateFrameSize(shape_, spec);
     if (!st.ok()) throw MakeError(st);
   }
+  const uint64_t max_frame =
+      uint64_t{options_.blocks_per_message} * (kEntrySize + Pad8(uint64_t{options_.block_size} * sizeof(float)));
+  result_buffers_ = BufferPool::Create(uint64_t{options_.slots} * options_.aggregators.size() * max_frame);
   for (uint32_t a = 0; a < options_.aggregators.size(); ++a) {
-    links_.push_back(std::make_unique<AggregatorLink>(io_, a, options_.aggregators[a], *this));
+    links_.push_back(std::make_unique<AggregatorLink>(io_, a, options_.aggregators[a], *this, *result_buffers_));
   }
   link_ready_.assign(links_.size(), false);
   link_authenticated_.assign(links_.size(), false);
