@@ -132,7 +132,7 @@ std::variant<DaemonConfig, int> ParseDaemonConfig(const std::vector<std::string>
   Add(app, "max-world-size", server.max_world_size, "Largest world size accepted");
   Add(app, "max-tensor-bytes", server.max_tensor_bytes, "Largest tensor (elements x element size) of a collective");
   Add(app, "max-job-memory", server.max_job_memory,
-      "Bytes one job's running collective may hold here ((W+1) x slots x frame size + index tables)");
+      "Bytes one job's running collective may hold here ((W+1) x columns x block bytes + index tables)");
   Add(app, "max-total-memory", server.max_total_memory, "Bytes all jobs' running collectives may hold here");
   Add(app, "buffer-pool-bytes", server.buffer_pool_bytes,
       "Bytes of free frame buffers kept for reuse, on top of what running collectives hold");

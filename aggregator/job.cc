@@ -260,16 +260,18 @@ Result<uint64_t> Job::Admit(const CollectiveSpec& spec) {
                       " bytes exceeds this aggregator's --max-tensor-bytes of " +
                       std::to_string(limits.max_tensor_bytes));
   }
-  const uint64_t frame =
-      uint64_t{shape_.blocks_per_message} * (kEntrySize + Pad8(uint64_t{spec.block_size} * element_size));
-  // Frames of one round per rank and slot, a RESULT per slot, and the engine's next-index table.
-  const uint64_t memory = (uint64_t{shape_.world_size} + 1) * shape_.slots * frame +
-                          uint64_t{shape_.world_size} * shape_.slots * shape_.blocks_per_message * 8;
+  // Frames of one round per rank and slot, a RESULT per slot, and the engine's next-index table, for the columns
+  // of this collective that this aggregator serves (a small tensor leaves most of the job's lanes empty).
+  const ColumnLayout layout(shape_, spec.element_count, spec.block_size, element_size);
+  uint64_t columns = 0;
+  for (uint32_t s = 0; s < shape_.slots; ++s) columns += layout.NonEmptyLanes(aggregator_index_, s);
+  const uint64_t entry = kEntrySize + Pad8(uint64_t{spec.block_size} * element_size);
+  const uint64_t memory = (uint64_t{shape_.world_size} + 1) * columns * entry + uint64_t{shape_.world_size} * columns * 8;
   if (memory > limits.max_job_memory) {
     return Status(StatusCode::kResourceExhausted,
                   "the collective would hold up to " + std::to_string(memory) + " bytes on this aggregator ((" +
-                      std::to_string(shape_.world_size) + " ranks + 1) x " + std::to_string(shape_.slots) +
-                      " slots x " + std::to_string(frame) + "-byte frames, plus index tables), above its " +
+                      std::to_string(shape_.world_size) + " ranks + 1) x " + std::to_string(columns) +
+                      " columns x " + std::to_string(entry) + " bytes per block, plus index tables), above its " +
                       "--max-job-memory of " + std::to_string(limits.max_job_memory) +
                       "; use fewer slots or blocks per message");
   }

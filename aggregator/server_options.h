@@ -27,7 +27,8 @@ struct ServerOptions {
   uint32_t max_blocks_per_message = 4096;
   uint64_t max_tensor_bytes = 16ull << 30;  // element count x element size of one collective
   // What one job's collective may hold on this aggregator: every rank's contributions of one round in every slot,
-  // W · S · K · (24 + B · element size) bytes, plus one RESULT per slot and the engine's index table.
+  // W · L · (24 + B · element size) bytes for its L ≤ S · K non-empty columns, plus one RESULT per slot and the
+  // engine's index table.
   uint64_t max_job_memory = 1ull << 30;
   uint64_t max_total_memory = 8ull << 30;  // the same, summed over all jobs' running collectives
   // Free frame buffers kept for reuse (core/buffer_pool.h), on top of what the running collectives hold.

@@ -45,7 +45,7 @@ def as_buffer(array):
 
 class Worker(_Worker):
     """A member of a sparsereduce job: Worker(aggregators, job, rank, world_size, *, secret='',
-    block_size=256, slots=8, blocks_per_message=32, connect_timeout=30.0, join_timeout=60.0,
+    block_size=256, slots=8, blocks_per_message=128, connect_timeout=30.0, join_timeout=60.0,
     collective_timeout=60.0), timeouts in seconds.
 
     aggregators: a list of "HOST:PORT" or one comma-separated string, in the same order on every rank; empty

@@ -232,7 +232,7 @@ PYBIND11_MODULE(_sparsereduce, m) {
            }),
            py::arg("aggregators"), py::arg("job"), py::arg("rank"), py::arg("world_size"), py::kw_only(),
            py::arg("secret") = "", py::arg("block_size") = 256, py::arg("slots") = 8,
-           py::arg("blocks_per_message") = 32, py::arg("connect_timeout") = 30.0,
+           py::arg("blocks_per_message") = 128, py::arg("connect_timeout") = 30.0,
            py::arg("join_timeout") = 60.0, py::arg("collective_timeout") = 60.0)
       .def("allreduce", &PyWorker::Allreduce, py::arg("array"),
            "Sum `array` over all ranks, in place (GIL released while waiting).")

@@ -288,9 +288,9 @@ TEST(Service, TensorLimitRefusesThatJobOnly) {
   }
 }
 
-// Memory of one collective with W = 2, S = 8, K = 32, B = 256 fp32 (aggregator/job.cc, Admit): 3·8·32·(24+1024)
-// frame bytes plus 2·8·32·8 index bytes.
-constexpr uint64_t kCollectiveMemoryW2 = 3ull * 8 * 32 * (24 + 1024) + 2ull * 8 * 32 * 8;
+// Memory of one collective of 4000 fp32 elements (16 blocks of B = 256, so 16 non-empty columns with the default
+// S and K) and W = 2 (aggregator/job.cc, Admit): 3·16·(24+1024) frame bytes plus 2·16·8 index bytes.
+constexpr uint64_t kCollectiveMemoryW2 = 3ull * 16 * (24 + 1024) + 2ull * 16 * 8;
 
 TEST(Service, TotalMemoryBudgetIsSharedAcrossJobs) {
   Daemon daemon({"--max-job-memory", std::to_string(kCollectiveMemoryW2), "--max-total-memory",

@@ -35,7 +35,7 @@ struct Config {
   std::string dtype = "float";
   double density = 1.0;
   std::string overlap = "random";
-  uint32_t block_size = 256, slots = 8, blocks_per_message = 32;
+  uint32_t block_size = 256, slots = 8, blocks_per_message = 128;
   std::vector<std::string> aggregators;
   uint64_t job = 1;
   uint32_t rank = 0, world_size = 1;

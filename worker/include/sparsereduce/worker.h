@@ -36,7 +36,9 @@ struct WorkerOptions {
   std::string secret;
   uint32_t block_size = 256;         // elements per block
   uint32_t slots = 8;                // messages in flight per aggregator connection
-  uint32_t blocks_per_message = 32;  // blocks fused into one message
+  // Blocks fused into one message. 128 (128 KiB frames of fp32 at B = 256) halves the CPU per byte of 32 on
+  // loopback and is no slower on sparse tensors (BENCHMARKS.md); each round-0 announce costs 24 bytes per column.
+  uint32_t blocks_per_message = 128;
   // Connecting keeps retrying (the aggregator may not be up yet) until this passes.
   std::chrono::milliseconds connect_timeout{30'000};
   // After connecting: how long to wait for the other ranks to join.
