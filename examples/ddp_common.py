@@ -28,13 +28,23 @@ def parse_args(description, steps):
                    help="HOST:PORT,... of the aggregators (default: $SPARSEREDUCE_AGGREGATORS)")
     p.add_argument("--job", type=int, default=1, help="sparsereduce job id, unique on the aggregators")
     p.add_argument("--out", required=True, help="JSON file for the per-step results")
+    p.add_argument("--rank", type=int, default=None,
+                   help="run only this rank (one process per host, e.g. on the testbed); needs --store")
+    p.add_argument("--store", default=None,
+                   help="with --rank: FileStore path every rank can reach, new for each run")
     return p
 
 
 def launch(args, build, batches, loss_fn, make_optimizer):
-    """Runs `args.world_size` ranks (spawned processes, gloo process group over a FileStore)."""
+    """Runs `args.world_size` ranks (spawned processes, gloo process group over a FileStore), or with --rank just
+    that one (the others run elsewhere with the same --store)."""
     if args.backend == "sparsereduce" and not args.aggregators:
         raise SystemExit("--backend sparsereduce needs --aggregators (or SPARSEREDUCE_AGGREGATORS)")
+    if args.rank is not None:
+        if args.store is None or not 0 <= args.rank < args.world_size:
+            raise SystemExit("--rank needs --store and 0 <= rank < --world-size")
+        _rank_main(args.rank, args, args.store, build, batches, loss_fn, make_optimizer)
+        return
     with tempfile.TemporaryDirectory() as work:
         mp.start_processes(_rank_main, args=(args, f"{work}/store", build, batches, loss_fn, make_optimizer),
                            nprocs=args.world_size, start_method="spawn")

@@ -1,16 +1,23 @@
 #!/usr/bin/env python3
 """Runs each training example with DDP's built-in gloo allreduce and with the sparsereduce hook (4 CPU processes
-each, one aggregator on 127.0.0.1) and prints, per step: the loss of both runs (mean over the ranks), the
-largest difference between the runs over the ranks' losses, the block density of the gradient buckets (each
-rank's own, mean over ranks; and of the reduced sum), the bytes each rank sent, both step times (slowest rank)
-and how long the step's sparsereduce collectives ran.
+each, one aggregator) and prints, per step: the loss of both runs (mean over the ranks), the largest difference
+between the runs over the ranks' losses, the block density of the gradient buckets (each rank's own, mean over
+ranks; and of the reduced sum), the bytes each rank sent, both step times (slowest rank) and how long the step's
+sparsereduce collectives ran.
 
     /usr/bin/python3 examples/run_comparison.py [--build-dir build] [--world-size 4] [--markdown]
+    /usr/bin/python3 examples/run_comparison.py --testbed [--rate 1gbit] ...   # as root
+
+By default everything runs on 127.0.0.1 with one aggregator. With --testbed, each rank gets a host of its own on
+the network-namespace testbed (tools/testbed), each link shaped to --rate in both directions, and every host also
+runs an aggregator (the colocated layout OmniReduce deploys: the same hosts and links gloo uses); the testbed is
+deleted on exit, also on failure or Ctrl-C.
 """
 
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -29,40 +36,51 @@ def main():
     p.add_argument("--world-size", type=int, default=4)
     p.add_argument("--examples", default=",".join(EXAMPLES), help="comma-separated subset of " + ",".join(EXAMPLES))
     p.add_argument("--markdown", action="store_true", help="print Markdown tables")
+    p.add_argument("--testbed", action="store_true", help="one network-namespace host per process (root)")
+    p.add_argument("--rate", default="1gbit", help="with --testbed: link rate in both directions (tc tbf)")
     p.add_argument("extra", nargs="*", help="passed to every example (after --), e.g. -- --steps 10")
     args = p.parse_args()
     env = dict(os.environ, PYTHONPATH=f"{args.build_dir / 'python'}:{SOURCE / 'python'}")
-    with tempfile.TemporaryDirectory() as work, Aggregator(args.build_dir, Path(work)) as address:
-        for job, name in enumerate(args.examples.split(","), start=1):
-            runs = {}
-            for backend in ("gloo", "sparsereduce"):
-                out = Path(work) / f"{name}-{backend}.json"
-                command = [sys.executable, str(HERE / EXAMPLES[name]), "--backend", backend,
-                           "--world-size", str(args.world_size), "--aggregators", address, "--job", str(job),
-                           "--out", str(out), *args.extra]
-                print(f"# {' '.join(command[1:])}", file=sys.stderr, flush=True)
-                subprocess.run(command, env=env, check=True, timeout=1800)
-                runs[backend] = json.loads(out.read_text())
-            print_table(name, runs["gloo"], runs["sparsereduce"], args.markdown)
+    # SIGTERM ends the run like Ctrl-C, so the context managers below stop the processes and delete the testbed.
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with tempfile.TemporaryDirectory() as work:
+        cluster = (Testbed(args.build_dir, Path(work), args.world_size, args.rate) if args.testbed
+                   else Aggregator(args.build_dir, Path(work)))
+        with cluster:
+            for job, name in enumerate(args.examples.split(","), start=1):
+                runs = {}
+                for backend in ("gloo", "sparsereduce"):
+                    out = Path(work) / f"{name}-{backend}.json"
+                    command = [sys.executable, str(HERE / EXAMPLES[name]), "--backend", backend,
+                               "--world-size", str(args.world_size), "--aggregators", cluster.address,
+                               "--job", str(job), "--out", str(out), *args.extra]
+                    print(f"# {' '.join(command[1:])}", file=sys.stderr, flush=True)
+                    cluster.run(command, env, Path(work) / f"{name}-{backend}.store")
+                    runs[backend] = json.loads(out.read_text())
+                print_table(name, runs["gloo"], runs["sparsereduce"], args.markdown)
 
 
 class Aggregator:
-    """sparsereduce-aggregator from the build on 127.0.0.1, port chosen by the kernel, stopped on exit."""
+    """sparsereduce-aggregator from the build on 127.0.0.1, port chosen by the kernel, stopped on exit; the
+    example spawns its ranks itself."""
 
-    def __init__(self, build_dir, work):
+    def __init__(self, build_dir, work, listen="127.0.0.1:0", prefix=()):
         self.binary = build_dir / "aggregator" / "sparsereduce-aggregator"
         self.port_file, self.log = work / "aggregator.port", work / "aggregator.log"
+        self.listen, self.prefix = listen, list(prefix)
+        self.address = None
 
     def __enter__(self):
         with open(self.log, "w") as log:
             self.process = subprocess.Popen(
-                [str(self.binary), "--listen", "127.0.0.1:0", "--metrics-listen", "", "--port-file",
+                [*self.prefix, str(self.binary), "--listen", self.listen, "--metrics-listen", "", "--port-file",
                  str(self.port_file)], stdout=log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline and self.process.poll() is None:
             text = self.port_file.read_text().strip() if self.port_file.exists() else ""
             if text.isdigit() and int(text) > 0:
-                return f"127.0.0.1:{text}"
+                self.address = f"{self.listen.rsplit(':', 1)[0]}:{text}"
+                return self
             time.sleep(0.02)  # poll interval
         self.__exit__()
         raise SystemExit(f"the aggregator did not start:\n{self.log.read_text()}")
@@ -73,6 +91,63 @@ class Aggregator:
             self.process.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.process.kill()
+
+    def run(self, command, env, store):
+        subprocess.run(command, env=env, check=True, timeout=1800)
+
+
+class Testbed:
+    """tools/testbed with world_size hosts; host r + 1 runs rank r and aggregator r. Each rank runs the example
+    with --rank (gloo over the hosts' eth0, a FileStore on the shared file system)."""
+
+    def __init__(self, build_dir, work, world_size, rate):
+        self.script = SOURCE / "tools" / "testbed" / "testbed.sh"
+        self.name = f"ex{os.getpid()}"
+        self.world_size, self.rate = world_size, rate
+        self.build_dir, self.work = build_dir, work
+        self.aggregators = []
+
+    def __enter__(self):
+        try:
+            subprocess.run(["bash", str(self.script), "up", self.name, str(self.world_size), "--rate", self.rate],
+                           check=True, stdout=sys.stderr, timeout=120)
+            for host in range(1, self.world_size + 1):
+                work = self.work / f"aggregator{host}"
+                work.mkdir()
+                self.aggregators.append(Aggregator(self.build_dir, work, listen=f"{self.addr(host)}:19875",
+                                                   prefix=self.exec_prefix(host)).__enter__())
+            self.address = ",".join(a.address for a in self.aggregators)
+            return self
+        except BaseException:
+            self.__exit__()
+            raise
+
+    def __exit__(self, *exc):
+        for aggregator in self.aggregators:
+            aggregator.__exit__()
+        subprocess.run(["bash", str(self.script), "down", self.name], timeout=120)
+
+    def addr(self, host):
+        return subprocess.run(["bash", str(self.script), "addr", self.name, str(host)], check=True, timeout=30,
+                              capture_output=True, text=True).stdout.strip()
+
+    def exec_prefix(self, host):
+        return ["ip", "netns", "exec", f"{self.name}-h{host}"]
+
+    def run(self, command, env, store):
+        env = dict(env, GLOO_SOCKET_IFNAME="eth0")  # gloo's address: the host's testbed interface
+        ranks = [subprocess.Popen([*self.exec_prefix(r + 1), *command, "--rank", str(r), "--store", str(store)],
+                                  env=env) for r in range(self.world_size)]
+        try:
+            deadline = time.monotonic() + 1800
+            for p in ranks:
+                if p.wait(timeout=max(1, deadline - time.monotonic())) != 0:
+                    raise SystemExit(f"a rank failed: {' '.join(p.args)}")
+        finally:
+            for p in ranks:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
 
 
 def print_table(name, gloo, sr, markdown):
