@@ -16,6 +16,7 @@
 #include "aggregator/service_context.h"
 #include "protocol/auth.h"
 #include "protocol/control.h"
+#include "transport/tcp/channel.h"
 
 namespace sparsereduce::aggregator {
 
@@ -69,7 +70,7 @@ Session::Session(tcp::Socket socket, JobRegistry& registry, ServiceContext& cont
 
 void Session::Send(std::shared_ptr<const ByteBuffer> frame) {
   context_.metrics.BytesSent(frame->size());
-  writer_->Send(std::move(frame));
+  channel_->Send(std::move(frame));
 }
 
 void Session::Start() {
@@ -97,19 +98,18 @@ void Session::Close() {
   closed_ = true;
   // Only the sending side: the read loop keeps draining what the worker still sends until it closes, so the
   // close never turns into a reset that could destroy the Error frame before the worker reads it.
-  writer_->CloseAfterFlush(/*both=*/false);
+  channel_->CloseAfterFlush(/*both=*/false);
   close_grace_ = std::make_shared<asio::steady_timer>(executor_, std::chrono::seconds(5));
   close_grace_->async_wait([self = shared_from_this(), timer = close_grace_](const boost::system::error_code& ec) {
     if (ec) return;
-    boost::system::error_code ignored;
-    self->socket_.close(ignored);  // the worker did not close within the grace period
+    self->channel_->Abort();  // the worker did not close within the grace period
   });
 }
 
 void Session::RejectBeforeJoin(const Status& error) {
   spdlog::warn("peer {}: rejected before joining: {}", peer_, error.ToString());
   context_.metrics.Error(error.code());
-  writer_ = std::make_unique<tcp::FrameWriter>(socket_, socket_.get_executor());
+  channel_ = std::make_unique<tcp::TcpChannel>(std::move(socket_), executor_);
   Fail(error, 0, {});
 }
 
@@ -242,8 +242,8 @@ asio::awaitable<Status> Session::Authenticate() {
 asio::awaitable<void> Session::ReadLoop(std::shared_ptr<Job> job) {
   // Now on the job's strand; the writer's completions run here too.
   executor_ = job->strand();
-  writer_ = std::make_unique<tcp::FrameWriter>(socket_, job->strand());
-  writer_->set_error_handler([](const Status&) {});  // the read side reports the failure
+  if (!channel_) channel_ = std::make_unique<tcp::TcpChannel>(std::move(socket_), executor_);
+  channel_->set_error_handler([](const Status&) {});  // the read side reports the failure
   while (true) {
     Job::JoinOutcome outcome = job->Join(shared_from_this());
     if (outcome == Job::JoinOutcome::kRejected) co_return;
@@ -274,7 +274,7 @@ asio::awaitable<void> Session::ReadLoop(std::shared_ptr<Job> job) {
     }
   } on_exit{*this};
   while (true) {
-    Result<FrameHeader> header = co_await tcp::ReadFrameHeader(socket_);
+    Result<FrameHeader> header = co_await channel_->ReadHeader();
     if (!header.ok()) {
       job->OnDisconnect(rank, this, header.status());
       co_return;
@@ -282,14 +282,14 @@ asio::awaitable<void> Session::ReadLoop(std::shared_ptr<Job> job) {
     context_.metrics.BytesReceived(kFrameHeaderSize + header->payload_length);
     if (closed_ || job->dead()) {
       // Draining after an abort or goodbye: drop frames until the worker closes.
-      if (Status st = co_await tcp::DiscardBytes(socket_, header->payload_length); !st.ok()) {
+      if (Status st = co_await channel_->Discard(header->payload_length); !st.ok()) {
         job->OnDisconnect(rank, this, st);
         co_return;
       }
       continue;
     }
     if (header->type == FrameType::kControl) {
-      Result<ByteBuffer> payload = co_await tcp::ReadPayload(socket_, header->payload_length);
+      Result<ByteBuffer> payload = co_await channel_->ReadPayload(header->payload_length, nullptr);
       if (!payload.ok()) {
         job->OnDisconnect(rank, this, payload.status());
         co_return;
@@ -306,8 +306,7 @@ asio::awaitable<void> Session::ReadLoop(std::shared_ptr<Job> job) {
         job->OnDisconnect(rank, this, limit.status());
         co_return;
       }
-      Result<ByteBuffer> payload =
-          co_await tcp::ReadPayload(socket_, header->payload_length, context_.buffers.get());
+      Result<ByteBuffer> payload = co_await channel_->ReadPayload(header->payload_length, context_.buffers.get());
       if (!payload.ok()) {
         job->OnDisconnect(rank, this, payload.status());
         co_return;

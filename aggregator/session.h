@@ -11,6 +11,7 @@
 
 #include "core/status.h"
 #include "proto/control.pb.h"
+#include "transport/channel.h"
 #include "transport/tcp/frame_stream.h"
 
 namespace sparsereduce::aggregator {
@@ -45,13 +46,14 @@ class Session : public std::enable_shared_from_this<Session> {
   boost::asio::awaitable<void> ReadLoop(std::shared_ptr<Job> job);
   void RejectBeforeJoin(const Status& error);
 
-  tcp::Socket socket_;
+  tcp::Socket socket_;  // the handshake runs on it; then it moves into channel_
   boost::asio::any_io_executor executor_;  // the session strand, then the job strand
   JobRegistry& registry_;
   ServiceContext& context_;
   std::string peer_;
   proto::Hello hello_;
-  std::unique_ptr<tcp::FrameWriter> writer_;
+  // Frames after the handshake (and the Error of a refused handshake), on executor_.
+  std::unique_ptr<transport::Channel> channel_;
   bool closed_ = false;
   std::shared_ptr<boost::asio::steady_timer> close_grace_;  // after Close: how long the worker may take to close
 };

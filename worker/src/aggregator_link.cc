@@ -7,6 +7,7 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include "protocol/control.h"
+#include "transport/tcp/channel.h"
 #include "transport/tcp/endpoint.h"
 #include "transport/tcp/socket_options.h"
 
@@ -23,23 +24,29 @@ AggregatorLink::AggregatorLink(asio::io_context& io, uint32_t index, std::string
       handler_(handler),
       pool_(pool),
       socket_(io),
-      writer_(socket_, io.get_executor()),
-      write_error_grace_(io) {
-  writer_.set_error_handler([this](const Status& st) {
+      write_error_grace_(io) {}
+
+void AggregatorLink::UseChannel(std::unique_ptr<transport::Channel> channel) {
+  channel_ = std::move(channel);
+  channel_->set_error_handler([this](const Status& st) {
     if (closing_) return;
     write_error_grace_.expires_after(std::chrono::milliseconds(500));
     write_error_grace_.async_wait([this, st](const boost::system::error_code& ec) {
       if (!ec && !closing_) handler_.OnFailure(*this, st);
     });
   });
-  writer_.set_idle_handler([this] { handler_.OnWriterIdle(*this); });
+  channel_->set_idle_handler([this] { handler_.OnWriterIdle(*this); });
 }
 
 void AggregatorLink::Abort() {
   closing_ = true;
   write_error_grace_.cancel();
-  boost::system::error_code ignored;
-  socket_.close(ignored);
+  if (channel_) {
+    channel_->Abort();
+  } else {
+    boost::system::error_code ignored;
+    socket_.close(ignored);
+  }
 }
 
 std::string AggregatorLink::Name() const { return "aggregator " + std::to_string(index_) + " (" + address_ + ")"; }
@@ -48,7 +55,7 @@ void AggregatorLink::Close() {
   closing_ = true;
   write_error_grace_.cancel();
   if (connected_) {
-    writer_.CloseAfterFlush();
+    channel_->CloseAfterFlush(/*both=*/true);
   } else {
     boost::system::error_code ignored;
     socket_.close(ignored);
@@ -103,12 +110,13 @@ asio::awaitable<void> AggregatorLink::Run(proto::Hello hello, std::chrono::stead
     co_return;
   }
   connected_ = true;
+  UseChannel(std::make_unique<sparsereduce::tcp::TcpChannel>(std::move(socket_), io_.get_executor()));
   proto::ControlMessage message;
   *message.mutable_hello() = std::move(hello);
   Send(EncodeControl(message));
 
   while (true) {
-    Result<FrameHeader> header = co_await sparsereduce::tcp::ReadFrameHeader(socket_);
+    Result<FrameHeader> header = co_await channel_->ReadHeader();
     if (!header.ok()) {
       if (!closing_) handler_.OnFailure(*this, header.status());
       co_return;
@@ -130,8 +138,8 @@ asio::awaitable<void> AggregatorLink::Run(proto::Hello hello, std::chrono::stead
                                               " bytes exceeds the limit of " + std::to_string(limit)));
       co_return;
     }
-    Result<ByteBuffer> payload = co_await sparsereduce::tcp::ReadPayload(
-        socket_, header->payload_length, header->type == FrameType::kResult ? &pool_ : nullptr);
+    Result<ByteBuffer> payload =
+        co_await channel_->ReadPayload(header->payload_length, header->type == FrameType::kResult ? &pool_ : nullptr);
     if (!payload.ok()) {
       if (!closing_) handler_.OnFailure(*this, payload.status());
       co_return;

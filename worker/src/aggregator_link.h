@@ -14,6 +14,7 @@
 #include "core/status.h"
 #include "proto/control.pb.h"
 #include "protocol/frame.h"
+#include "transport/channel.h"
 #include "transport/tcp/frame_stream.h"
 
 namespace sparsereduce::worker {
@@ -38,15 +39,21 @@ class AggregatorLink {
   // Connects (retrying until `deadline`), sends `hello`, then reads until the connection ends.
   boost::asio::awaitable<void> Run(proto::Hello hello, std::chrono::steady_clock::time_point deadline);
 
-  void Send(ByteBuffer frame) { Count(frame.size()); writer_.Send(std::move(frame)); }
+  // Frames are sent only once connected (Run has sent Hello).
+  void Send(ByteBuffer frame) {
+    Count(frame.size());
+    channel_->Send(std::move(frame));
+  }
   void Send(std::vector<boost::asio::const_buffer> buffers, std::shared_ptr<const void> owner, uint64_t bytes) {
     Count(bytes);
-    writer_.Send(std::move(buffers), std::move(owner));
+    channel_->Send(std::move(buffers), std::move(owner));
   }
-  void Close();  // flushes queued frames, then shuts the socket down
+  void Close();  // flushes queued frames, then shuts the connection down
   // Forgets frames not yet started (the one being written is finished, so the stream stays framed).
-  void DropQueued() { writer_.DropQueued(); }
-  bool writer_idle() const { return writer_.idle(); }
+  void DropQueued() {
+    if (channel_) channel_->DropQueued();
+  }
+  bool writer_idle() const { return !channel_ || channel_->idle(); }
   // Closes the socket now; pending operations complete with an error.
   void Abort();
 
@@ -61,14 +68,15 @@ class AggregatorLink {
  private:
   boost::asio::awaitable<Status> Connect(std::chrono::steady_clock::time_point deadline);
   void Count(uint64_t bytes) { bytes_sent_ += bytes; }
+  void UseChannel(std::unique_ptr<transport::Channel> channel);
 
   boost::asio::io_context& io_;
   uint32_t index_;
   std::string address_;
   Handler& handler_;
   BufferPool& pool_;
-  tcp::Socket socket_;
-  tcp::FrameWriter writer_;
+  tcp::Socket socket_;  // while connecting; then it moves into channel_
+  std::unique_ptr<transport::Channel> channel_;
   bool connected_ = false;
   bool closing_ = false;
   // A write error is reported only after a grace period, so that an Error frame the aggregator sent before closing

@@ -1,0 +1,67 @@
+// One end of a worker-aggregator connection once its transport is set up: frames in both directions, reliable and
+// in order. TCP (transport/tcp), shared memory (transport/shm) and RDMA (transport/rdma) implement it; the daemon's
+// Session and the worker's AggregatorLink use nothing else, so the protocol above never changes per transport.
+//
+// Threading: a channel belongs to one executor (the worker's I/O thread, or the job strand in the daemon). Reads
+// run in one coroutine at a time on it; Send and the other calls are made on it; handlers are called on it.
+#pragma once
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/buffer.hpp>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "core/buffer_pool.h"
+#include "core/byte_buffer.h"
+#include "core/status.h"
+#include "protocol/frame.h"
+
+namespace sparsereduce::transport {
+
+class Channel {
+ public:
+  using ErrorHandler = std::function<void(const Status&)>;
+  using IdleHandler = std::function<void()>;
+
+  Channel() = default;
+  Channel(const Channel&) = delete;
+  Channel& operator=(const Channel&) = delete;
+  virtual ~Channel() = default;
+
+  // "tcp", "shm" or "rdma".
+  virtual const char* kind() const = 0;
+
+  // Reads and decodes a frame header. End of stream before its first byte is kUnavailable "connection closed by
+  // peer"; inside a frame it is a protocol error.
+  virtual boost::asio::awaitable<Result<FrameHeader>> ReadHeader() = 0;
+  // Reads exactly `size` payload bytes (the caller has checked `size` against its limit), into a buffer from
+  // `pool` when one is given.
+  virtual boost::asio::awaitable<Result<ByteBuffer>> ReadPayload(uint64_t size, BufferPool* pool) = 0;
+  // Reads and drops `size` bytes.
+  virtual boost::asio::awaitable<Status> Discard(uint64_t size) = 0;
+
+  // Queues one frame made of `parts`; frames go out in Send order. `owner` keeps the memory of `parts` alive
+  // until the channel no longer needs it.
+  virtual void Send(std::vector<boost::asio::const_buffer> parts, std::shared_ptr<const void> owner) = 0;
+  void Send(std::shared_ptr<const ByteBuffer> frame);
+  void Send(ByteBuffer frame) { Send(std::make_shared<const ByteBuffer>(std::move(frame))); }
+
+  // Called once with the first write error.
+  virtual void set_error_handler(ErrorHandler handler) = 0;
+  // Called whenever the send queue runs empty (also after an error).
+  virtual void set_idle_handler(IdleHandler handler) = 0;
+  // True when nothing is queued or being written: no part given to Send is still in use.
+  virtual bool idle() const = 0;
+
+  // After the queued frames are written, ends the sending direction (the peer reads them, then end of stream);
+  // with `both`, the receiving direction too.
+  virtual void CloseAfterFlush(bool both) = 0;
+  // Forgets queued frames that have not started; a frame being written is finished, so the stream stays framed.
+  virtual void DropQueued() = 0;
+  // Closes both directions now; pending reads and writes complete with errors.
+  virtual void Abort() = 0;
+};
+
+}  // namespace sparsereduce::transport
