@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "aggregator/network_allowlist.h"
+#include "transport/ring/byte_ring.h"
 #include "transport/tcp/endpoint.h"
 
 namespace sparsereduce::aggregator {
@@ -68,6 +69,15 @@ Status Validate(const DaemonConfig& config) {
   if (config.server.max_jobs == 0 || config.server.max_world_size == 0 || config.server.max_job_memory == 0 ||
       config.server.max_total_memory == 0 || config.server.max_tensor_bytes == 0) {
     return InvalidArgument("the --max-* limits must be positive");
+  }
+  bool tcp = false;
+  for (const std::string& t : config.server.transports) {
+    if (t != "tcp" && t != "shm") return InvalidArgument("--transports: unknown transport '" + t + "' (tcp, shm)");
+    tcp = tcp || t == "tcp";
+  }
+  if (!tcp) return InvalidArgument("--transports must include tcp: every connection starts on it");
+  if (Status st = transport::ByteRing::CheckCapacity(config.server.shm_ring_bytes); !st.ok()) {
+    return st.WithContext("--shm-ring-bytes");
   }
   if (config.server.max_job_memory > config.server.max_total_memory) {
     return InvalidArgument("--max-job-memory (" + std::to_string(config.server.max_job_memory) +
@@ -136,6 +146,11 @@ std::variant<DaemonConfig, int> ParseDaemonConfig(const std::vector<std::string>
   Add(app, "max-total-memory", server.max_total_memory, "Bytes all jobs' running collectives may hold here");
   Add(app, "buffer-pool-bytes", server.buffer_pool_bytes,
       "Bytes of free frame buffers kept for reuse, on top of what running collectives hold");
+  Add(app, "transports", server.transports,
+      "Transports offered besides TCP (always on): shm for workers on this host (comma-separated)")
+      ->delimiter(',');
+  Add(app, "shm-ring-bytes", server.shm_ring_bytes,
+      "Bytes of each direction's ring of a shared-memory connection (a power of two, at least 4096)");
   Add(app, "job-secrets-dir", server.job_secrets_dir,
       "Directory with one file per job (name: decimal job id, content: shared secret) for HMAC authentication")
       ->check(CLI::ExistingDirectory);

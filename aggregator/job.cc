@@ -112,9 +112,12 @@ Job::JoinOutcome Job::Join(const std::shared_ptr<Session>& session) {
   spdlog::info("job {}: rank {} joined from {} ({}/{})", id_, rank, session->peer(), joined_, shape_.world_size);
   if (joined_ == shape_.world_size) {
     formed_ = true;
-    proto::ControlMessage ready;
-    ready.mutable_job_ready()->set_protocol_version(kProtocolVersion);
-    for (auto& m : members_) m->SendControl(ready);
+    for (auto& m : members_) {
+      proto::ControlMessage ready;
+      ready.mutable_job_ready()->set_protocol_version(kProtocolVersion);
+      ready.mutable_job_ready()->set_transport(m->transport());
+      m->SendControl(ready);
+    }
     spdlog::info("job {}: formed with {}", id_, shape_.ToString());
   }
   return JoinOutcome::kJoined;

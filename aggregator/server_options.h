@@ -34,6 +34,10 @@ struct ServerOptions {
   // Free frame buffers kept for reuse (core/buffer_pool.h), on top of what the running collectives hold.
   uint64_t buffer_pool_bytes = 256ull << 20;
 
+  // Transports a worker's connection may switch to besides TCP (always offered): "shm" for workers on this host.
+  std::vector<std::string> transports = {"tcp", "shm"};
+  uint64_t shm_ring_bytes = 2ull << 20;  // per direction of each shm connection (a power of two)
+
   // Security (docs/SECURITY.md).
   std::string job_secrets_dir;              // one file per job: name = decimal job id, content = shared secret
   bool require_auth = false;                // reject jobs that have no secret in job_secrets_dir

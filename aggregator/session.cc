@@ -10,6 +10,9 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
+#include <algorithm>
+#include <variant>
 
 #include "aggregator/job.h"
 #include "aggregator/job_registry.h"
@@ -109,7 +112,7 @@ void Session::Close() {
 void Session::RejectBeforeJoin(const Status& error) {
   spdlog::warn("peer {}: rejected before joining: {}", peer_, error.ToString());
   context_.metrics.Error(error.code());
-  channel_ = std::make_unique<tcp::TcpChannel>(std::move(socket_), executor_);
+  channel_ = MakeChannel(executor_);
   Fail(error, 0, {});
 }
 
@@ -160,6 +163,7 @@ asio::awaitable<void> Session::Handshake() {
       }
     } else {
       st = co_await Authenticate();
+      if (st.ok()) st = co_await OfferTransport(deadline.expiry());
     }
   }
   deadline.cancel();
@@ -221,11 +225,7 @@ asio::awaitable<Status> Session::Authenticate() {
   proto::ControlMessage challenge;
   challenge.mutable_auth_challenge()->set_server_nonce(server_nonce);
   challenge.mutable_auth_challenge()->set_server_proof(auth::ServerProof(**secret, transcript));
-  const ByteBuffer frame = EncodeControl(challenge);
-  auto [write_error, written] = co_await asio::async_write(
-      socket_, asio::buffer(frame.data(), frame.size()), asio::as_tuple(asio::use_awaitable));
-  if (write_error) co_return Status(StatusCode::kUnavailable, "sending AuthChallenge: " + write_error.message());
-  context_.metrics.BytesSent(written);
+  if (Status st = co_await WriteControl(challenge); !st.ok()) co_return st.WithContext("sending AuthChallenge");
   Result<proto::ControlMessage> response = co_await ReadControl();
   if (!response.ok()) co_return response.status();
   if (response->body_case() != proto::ControlMessage::kAuthResponse) {
@@ -239,10 +239,63 @@ asio::awaitable<Status> Session::Authenticate() {
   co_return Status::Ok();
 }
 
+asio::awaitable<Status> Session::WriteControl(const proto::ControlMessage& message) {
+  const ByteBuffer frame = EncodeControl(message);
+  auto [ec, written] = co_await asio::async_write(socket_, asio::buffer(frame.data(), frame.size()),
+                                                  asio::as_tuple(asio::use_awaitable));
+  if (ec) co_return Status(StatusCode::kUnavailable, "write failed: " + ec.message());
+  context_.metrics.BytesSent(written);
+  co_return Status::Ok();
+}
+
+asio::awaitable<Status> Session::OfferTransport(std::chrono::steady_clock::time_point deadline) {
+  auto listed = [](const auto& list, const std::string& kind) {
+    return std::find(list.begin(), list.end(), kind) != list.end();
+  };
+  if (!listed(hello_.transports(), "shm") || !listed(context_.options.transports, "shm")) co_return Status::Ok();
+  const std::string who = "job " + std::to_string(hello_.job_id()) + " rank " + std::to_string(hello_.rank()) +
+                          " (" + peer_ + ")";
+  Result<std::unique_ptr<shm::ShmOffer>> offer = shm::ShmOffer::Create(executor_, context_.options.shm_ring_bytes);
+  if (!offer.ok()) {
+    spdlog::warn("{}: cannot offer shared memory, staying on TCP: {}", who, offer.status().ToString());
+    co_return Status::Ok();
+  }
+  proto::ControlMessage message;
+  proto::TransportOffer* o = message.mutable_transport_offer();
+  o->set_kind("shm");
+  o->set_shm_socket((*offer)->socket_name());
+  o->set_token((*offer)->token());
+  if (Status st = co_await WriteControl(message); !st.ok()) co_return st.WithContext("sending TransportOffer");
+  // The worker either fetches the segment from the socket (and from then on talks over it), or says on TCP why it
+  // cannot (another host).
+  using namespace asio::experimental::awaitable_operators;
+  std::variant<Status, Result<proto::ControlMessage>> outcome =
+      co_await ((*offer)->Handoff(deadline) || ReadControl());
+  if (outcome.index() == 0) {
+    const Status& st = std::get<0>(outcome);
+    if (!st.ok()) co_return st.WithContext("shared-memory handoff");
+    shm_ = std::move(*offer);
+    spdlog::debug("{}: connection moved to shared memory", who);
+    co_return Status::Ok();
+  }
+  const Result<proto::ControlMessage>& reply = std::get<1>(outcome);
+  if (!reply.ok()) co_return reply.status();
+  if (reply->body_case() != proto::ControlMessage::kTransportDecline) {
+    co_return ProtocolError("expected TransportDecline (or the shm handoff) after TransportOffer");
+  }
+  spdlog::debug("{}: stays on TCP: {}", who, reply->transport_decline().reason());
+  co_return Status::Ok();
+}
+
+std::unique_ptr<transport::Channel> Session::MakeChannel(const asio::any_io_executor& executor) {
+  if (shm_) return shm_->MakeChannel(std::move(socket_), executor);
+  return std::make_unique<tcp::TcpChannel>(std::move(socket_), executor);
+}
+
 asio::awaitable<void> Session::ReadLoop(std::shared_ptr<Job> job) {
   // Now on the job's strand; the writer's completions run here too.
   executor_ = job->strand();
-  if (!channel_) channel_ = std::make_unique<tcp::TcpChannel>(std::move(socket_), executor_);
+  if (!channel_) channel_ = MakeChannel(executor_);
   channel_->set_error_handler([](const Status&) {});  // the read side reports the failure
   while (true) {
     Job::JoinOutcome outcome = job->Join(shared_from_this());

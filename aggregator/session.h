@@ -6,12 +6,14 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
+#include <chrono>
 #include <memory>
 #include <string>
 
 #include "core/status.h"
 #include "proto/control.pb.h"
 #include "transport/channel.h"
+#include "transport/shm/handoff.h"
 #include "transport/tcp/frame_stream.h"
 
 namespace sparsereduce::aggregator {
@@ -30,6 +32,8 @@ class Session : public std::enable_shared_from_this<Session> {
   const std::string& peer() const { return peer_; }
   uint32_t rank() const { return hello_.rank(); }
   const proto::Hello& hello() const { return hello_; }
+  // "tcp" or "shm": what the connection runs on after the handshake.
+  const char* transport() const { return shm_ ? "shm" : "tcp"; }
 
   // On the job strand, once joined:
   void Send(std::shared_ptr<const ByteBuffer> frame);
@@ -43,6 +47,12 @@ class Session : public std::enable_shared_from_this<Session> {
   boost::asio::awaitable<Result<proto::ControlMessage>> ReadControl();
   // The job's HMAC challenge-response (docs/PROTOCOL.md §5.1), or its refusal; ok when the job needs none.
   boost::asio::awaitable<Status> Authenticate();
+  // Offers shared memory when the worker can take it and this aggregator allows it (docs/PROTOCOL.md §10); ok when
+  // the connection stays on TCP because the worker declined.
+  boost::asio::awaitable<Status> OfferTransport(std::chrono::steady_clock::time_point deadline);
+  boost::asio::awaitable<Status> WriteControl(const proto::ControlMessage& message);
+  // The channel for the rest of the connection, on `executor`: over the shm segment handed off, or over socket_.
+  std::unique_ptr<transport::Channel> MakeChannel(const boost::asio::any_io_executor& executor);
   boost::asio::awaitable<void> ReadLoop(std::shared_ptr<Job> job);
   void RejectBeforeJoin(const Status& error);
 
@@ -54,6 +64,7 @@ class Session : public std::enable_shared_from_this<Session> {
   proto::Hello hello_;
   // Frames after the handshake (and the Error of a refused handshake), on executor_.
   std::unique_ptr<transport::Channel> channel_;
+  std::unique_ptr<shm::ShmOffer> shm_;  // set once the worker took the segment
   bool closed_ = false;
   std::shared_ptr<boost::asio::steady_timer> close_grace_;  // after Close: how long the worker may take to close
 };

@@ -128,6 +128,7 @@ class PyWorker {
 
   CollectiveStats LastStats() { return Get()->last_stats(); }
   WorkerOptions Options() { return Get()->options(); }
+  std::vector<std::string> Transports() { return Get()->transports(); }
 
   // Says goodbye to the aggregators now rather than at garbage collection. Handles still in flight keep the
   // Worker alive until they finish.
@@ -215,7 +216,8 @@ PYBIND11_MODULE(_sparsereduce, m) {
   py::class_<PyWorker>(m, "Worker")
       .def(py::init([](std::vector<std::string> aggregators, uint64_t job, uint32_t rank, uint32_t world_size,
                        std::string secret, uint32_t block_size, uint32_t slots, uint32_t blocks_per_message,
-                       double connect_timeout, double join_timeout, double collective_timeout) {
+                       double connect_timeout, double join_timeout, double collective_timeout,
+                       std::string transport) {
              WorkerOptions o;
              o.aggregators = std::move(aggregators);
              o.job = job;
@@ -228,12 +230,13 @@ PYBIND11_MODULE(_sparsereduce, m) {
              o.connect_timeout = Milliseconds(connect_timeout, "connect_timeout");
              o.join_timeout = Milliseconds(join_timeout, "join_timeout");
              o.collective_timeout = Milliseconds(collective_timeout, "collective_timeout");
+             o.transport = std::move(transport);
              return std::make_unique<PyWorker>(std::move(o));
            }),
            py::arg("aggregators"), py::arg("job"), py::arg("rank"), py::arg("world_size"), py::kw_only(),
            py::arg("secret") = "", py::arg("block_size") = 256, py::arg("slots") = 8,
            py::arg("blocks_per_message") = 128, py::arg("connect_timeout") = 30.0,
-           py::arg("join_timeout") = 60.0, py::arg("collective_timeout") = 60.0)
+           py::arg("join_timeout") = 60.0, py::arg("collective_timeout") = 60.0, py::arg("transport") = "")
       .def("allreduce", &PyWorker::Allreduce, py::arg("array"),
            "Sum `array` over all ranks, in place (GIL released while waiting).")
       .def("allreduce_async", &PyWorker::AllreduceAsync, py::arg("array"),
@@ -244,6 +247,8 @@ PYBIND11_MODULE(_sparsereduce, m) {
       .def_property_readonly("world_size", [](PyWorker& w) { return w.Options().world_size; })
       .def_property_readonly("block_size", [](PyWorker& w) { return w.Options().block_size; })
       .def_property_readonly("aggregators", [](PyWorker& w) { return w.Options().aggregators; })
+      .def_property_readonly("transports", &PyWorker::Transports,
+                             "Per aggregator, what the connection runs on: 'tcp' or 'shm'.")
       .def_property_readonly("closed", &PyWorker::closed)
       .def("close", &PyWorker::Close, "Leave the job now; later calls raise ValueError.");
 }

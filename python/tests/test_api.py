@@ -143,6 +143,25 @@ def test_options_and_properties(aggregator, job, monkeypatch):
         np.testing.assert_array_equal(a, np.full(1000, 2, dtype=np.float32))
 
 
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_transport_option(aggregator, job, transport):
+    def rank(r):
+        with sparsereduce.Worker([aggregator], job, r, 2, transport=transport, **FAST) as w:
+            a = np.arange(5000, dtype=np.float32)
+            w.allreduce(a)
+            return w.transports, a
+
+    for transports, a in run_ranks(2, rank):
+        assert transports == [transport]  # the aggregator is on this host: "shm" is available, "tcp" is honoured
+        np.testing.assert_array_equal(a, 2 * np.arange(5000, dtype=np.float32))
+
+
+def test_unknown_transport_is_refused(aggregator, job):
+    with pytest.raises(sparsereduce.Error, match="unknown transport 'carrier-pigeon'") as raised:
+        sparsereduce.Worker([aggregator], job, 0, 1, transport="carrier-pigeon", **FAST)
+    assert raised.value.code == "INVALID_ARGUMENT"
+
+
 def test_closed_worker_refuses_calls(aggregator, job):
     w = sparsereduce.Worker(aggregator, job, 0, 1, **FAST)
     w.close()

@@ -88,6 +88,7 @@ int main(int argc, char** argv) {
   FaultOutput fault_output;
   bool stop_on_stdin = false;
   bool same_input = false;
+  bool print_transports = false;
   CLI::App app{"sparsereduce test worker"};
   app.add_option("--aggregators", options.aggregators)->delimiter(',')->required();
   app.add_option("--job", options.job)->required();
@@ -107,6 +108,8 @@ int main(int argc, char** argv) {
   app.add_flag("--error-timestamp", fault_output.error_timestamp);
   app.add_flag("--stop-on-stdin", stop_on_stdin);
   app.add_flag("--same-input", same_input);
+  app.add_option("--transport", options.transport);
+  app.add_flag("--print-transports", print_transports, "Print 'TRANSPORTS tcp,shm,...' once joined");
   CLI11_PARSE(app, argc, argv);
   options.connect_timeout = options.join_timeout = options.collective_timeout = std::chrono::milliseconds(timeout_ms);
   const auto overlap_kind = overlap == "full"       ? sparsereduce::tools::Overlap::kFull
@@ -114,6 +117,12 @@ int main(int argc, char** argv) {
                                                     : sparsereduce::tools::Overlap::kRandom;
   try {
     sparsereduce::Worker worker(options);
+    if (print_transports) {
+      std::string list;
+      for (const std::string& t : worker.transports()) list += (list.empty() ? "" : ",") + t;
+      std::printf("TRANSPORTS %s\n", list.c_str());
+      std::fflush(stdout);
+    }
     // With --same-input: collective 0's input and reference, kept; t_i/t_f are the tensors reduced (reused).
     std::vector<int32_t> input_i, ref_i, t_i;
     std::vector<float> input_f, ref_f, t_f;

@@ -44,6 +44,7 @@ struct Config {
   std::string aggregator_bin;
   uint64_t seed = 1;
   uint64_t timeout_ms = 120000;
+  std::string transport;  // empty: SPARSEREDUCE_TRANSPORT, else auto
 };
 
 struct Row {
@@ -119,10 +120,12 @@ Row RunSize(sparsereduce::Worker& worker, const Config& c, uint64_t bytes) {
   return row;
 }
 
-void PrintHeader(const Config& c) {
+void PrintHeader(const Config& c, const std::vector<std::string>& transports) {
+  std::string used;
+  for (const std::string& t : transports) used += (used.empty() ? "" : ",") + t;
   std::printf("# sparsereduce-perf: %u ranks, %zu aggregators, %s, density %g, overlap %s, block %u, slots %u, "
-              "blocks/message %u\n", c.world_size, c.aggregators.size(), c.dtype.c_str(), c.density,
-              c.overlap.c_str(), c.block_size, c.slots, c.blocks_per_message);
+              "blocks/message %u, rank 0 transports %s\n", c.world_size, c.aggregators.size(), c.dtype.c_str(),
+              c.density, c.overlap.c_str(), c.block_size, c.slots, c.blocks_per_message, used.c_str());
   std::printf("# time: median over %u iterations of the slowest rank; GB = 1e9 B; busbw = algbw*2(n-1)/n; "
               "sent/recv: bytes on the wire per rank 0\n", c.iters);
   std::printf("#%11s %12s %6s %6s %11s %12s %12s %7s %8s %7s %12s %12s\n", "size", "count", "type", "redop",
@@ -172,13 +175,14 @@ int RunRank(const Config& c) {
   options.block_size = c.block_size;
   options.slots = c.slots;
   options.blocks_per_message = c.blocks_per_message;
+  options.transport = c.transport;
   options.connect_timeout = options.join_timeout = options.collective_timeout =
       std::chrono::milliseconds(c.timeout_ms);
   std::vector<Row> rows;
   bool any_wrong = false;
   try {
     sparsereduce::Worker worker(options);
-    if (c.rank == 0) PrintHeader(c);
+    if (c.rank == 0) PrintHeader(c, worker.transports());
     for (double size = static_cast<double>(*min_bytes); size <= static_cast<double>(*max_bytes) * 1.0000001;
          size *= c.step_factor) {
       const uint64_t elem = c.dtype == "int32" ? sizeof(int32_t) : sizeof(float);
@@ -282,6 +286,10 @@ int main(int argc, char** argv) {
   app.add_option("--json", c.json, "Also write the results as JSON to this file");
   app.add_option("--seed", c.seed, "Seed of the synthetic tensors")->capture_default_str();
   app.add_option("--timeout-ms", c.timeout_ms, "Connect/join/collective timeout")->capture_default_str();
+  app.add_option("--transport", c.transport,
+                 "auto (shared memory with aggregators on this host, else TCP), tcp or shm; default "
+                 "SPARSEREDUCE_TRANSPORT, else auto")
+      ->check(CLI::IsMember({"auto", "tcp", "shm"}));
   CLI11_PARSE(app, argc, argv);
   if (!c.spawn.empty()) return Spawn(c, argv, argc);
   if (c.aggregators.empty()) {

@@ -36,6 +36,9 @@ class TcpChannel final : public transport::Channel {
     socket_.close(ignored);
   }
 
+  // Gives the socket back, e.g. to keep it beside a shared-memory channel. Only when idle().
+  Socket ReleaseSocket() { return std::move(socket_); }
+
  private:
   Socket socket_;
   FrameWriter writer_;

@@ -7,6 +7,7 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include "protocol/control.h"
+#include "transport/shm/handoff.h"
 #include "transport/tcp/channel.h"
 #include "transport/tcp/endpoint.h"
 #include "transport/tcp/socket_options.h"
@@ -17,12 +18,14 @@ namespace asio = boost::asio;
 using asio::ip::tcp;
 
 AggregatorLink::AggregatorLink(asio::io_context& io, uint32_t index, std::string address, Handler& handler,
-                               BufferPool& pool)
+                               BufferPool& pool, std::string transport, std::chrono::milliseconds setup_timeout)
     : io_(io),
       index_(index),
       address_(std::move(address)),
       handler_(handler),
       pool_(pool),
+      transport_option_(std::move(transport)),
+      setup_timeout_(setup_timeout),
       socket_(io),
       write_error_grace_(io) {}
 
@@ -104,6 +107,29 @@ asio::awaitable<Status> AggregatorLink::Connect(std::chrono::steady_clock::time_
   co_return Status(StatusCode::kUnavailable, "cannot connect: " + last_error);
 }
 
+asio::awaitable<Status> AggregatorLink::TakeOffer(const proto::TransportOffer& offer) {
+  if (transport_option_ == "tcp" || offer.kind() != "shm" || std::string_view(channel_->kind()) != "tcp") {
+    co_return ProtocolError("unexpected TransportOffer of '" + offer.kind() + "' (this worker asked for " +
+                            transport_option_ + ")");
+  }
+  Result<shm::ShmAttachment> attached = co_await shm::AttachShm(
+      io_.get_executor(), offer.shm_socket(), offer.token(), std::chrono::steady_clock::now() + setup_timeout_);
+  if (!attached.ok()) {
+    // Unreachable socket: another host (or network namespace). Anything else is a broken handoff.
+    if (attached.status().code() == StatusCode::kUnavailable && transport_option_ == "auto") {
+      proto::ControlMessage decline;
+      decline.mutable_transport_decline()->set_reason(attached.status().message());
+      Send(EncodeControl(decline));
+      co_return Status::Ok();
+    }
+    co_return attached.status().WithContext("moving the connection to shared memory");
+  }
+  if (!channel_->idle()) co_return Status(StatusCode::kInternal, "TCP writes pending while switching to shared memory");
+  auto* tcp_channel = static_cast<sparsereduce::tcp::TcpChannel*>(channel_.get());
+  UseChannel(attached->MakeChannel(tcp_channel->ReleaseSocket(), io_.get_executor()));
+  co_return Status::Ok();
+}
+
 asio::awaitable<void> AggregatorLink::Run(proto::Hello hello, std::chrono::steady_clock::time_point deadline) {
   if (Status st = co_await Connect(deadline); !st.ok()) {
     if (!closing_) handler_.OnFailure(*this, st);
@@ -150,6 +176,13 @@ asio::awaitable<void> AggregatorLink::Run(proto::Hello hello, std::chrono::stead
       if (!control.ok()) {
         handler_.OnFailure(*this, control.status());
         co_return;
+      }
+      if (control->body_case() == proto::ControlMessage::kTransportOffer) {
+        if (Status st = co_await TakeOffer(control->transport_offer()); !st.ok()) {
+          if (!closing_) handler_.OnFailure(*this, st);
+          co_return;
+        }
+        continue;
       }
       handler_.OnControl(*this, *control);
     } else {

@@ -32,9 +32,10 @@ class AggregatorLink {
     virtual void OnWriterIdle(AggregatorLink& link) = 0;
   };
 
-  // RESULT payloads are read into buffers from `pool`, which must outlive the link.
+  // RESULT payloads are read into buffers from `pool`, which must outlive the link. `transport` is the worker's
+  // option ("auto", "tcp" or "shm"); `setup_timeout` bounds taking a shared-memory offer.
   AggregatorLink(boost::asio::io_context& io, uint32_t index, std::string address, Handler& handler,
-                 BufferPool& pool);
+                 BufferPool& pool, std::string transport, std::chrono::milliseconds setup_timeout);
 
   // Connects (retrying until `deadline`), sends `hello`, then reads until the connection ends.
   boost::asio::awaitable<void> Run(proto::Hello hello, std::chrono::steady_clock::time_point deadline);
@@ -62,6 +63,8 @@ class AggregatorLink {
   // "aggregator 1 (10.0.0.5:19875)"
   std::string Name() const;
   bool connected() const { return connected_; }
+  // "tcp" or "shm" once connected (the handshake may move a connection from TCP to shared memory).
+  const char* transport() const { return channel_ ? channel_->kind() : "tcp"; }
   uint64_t bytes_sent() const { return bytes_sent_; }
   uint64_t bytes_received() const { return bytes_received_; }
 
@@ -69,12 +72,17 @@ class AggregatorLink {
   boost::asio::awaitable<Status> Connect(std::chrono::steady_clock::time_point deadline);
   void Count(uint64_t bytes) { bytes_sent_ += bytes; }
   void UseChannel(std::unique_ptr<transport::Channel> channel);
+  // Moves the connection to shared memory, or declines the offer over TCP when the aggregator is on another host
+  // and the transport is "auto".
+  boost::asio::awaitable<Status> TakeOffer(const proto::TransportOffer& offer);
 
   boost::asio::io_context& io_;
   uint32_t index_;
   std::string address_;
   Handler& handler_;
   BufferPool& pool_;
+  std::string transport_option_;
+  std::chrono::milliseconds setup_timeout_;
   tcp::Socket socket_;  // while connecting; then it moves into channel_
   std::unique_ptr<transport::Channel> channel_;
   bool connected_ = false;

@@ -35,6 +35,8 @@ class Worker::Impl : public AggregatorLink::Handler {
     return last_stats_;
   }
   const WorkerOptions& options() const { return options_; }
+  // Written on the I/O thread before the join completes, read-only afterwards.
+  const std::vector<std::string>& transports() const { return transports_; }
 
   // AggregatorLink::Handler (I/O thread)
   void OnControl(AggregatorLink& link, const proto::ControlMessage& message) override;
@@ -86,6 +88,7 @@ class Worker::Impl : public AggregatorLink::Handler {
   std::optional<Status> broken_;
   uint32_t ready_links_ = 0;
   std::vector<bool> link_ready_;  // JobReady received, per aggregator
+  std::vector<std::string> transports_;  // per aggregator, as reported in JobReady
   std::vector<std::string> auth_nonces_;     // per aggregator, when options_.secret is set
   std::vector<bool> link_authenticated_;     // the aggregator proved it holds options_.secret
   std::promise<void> joined_;
@@ -124,9 +127,11 @@ Worker::Impl::Impl(WorkerOptions options)
       uint64_t{options_.blocks_per_message} * (kEntrySize + Pad8(uint64_t{options_.block_size} * sizeof(float)));
   result_buffers_ = BufferPool::Create(uint64_t{options_.slots} * options_.aggregators.size() * max_frame);
   for (uint32_t a = 0; a < options_.aggregators.size(); ++a) {
-    links_.push_back(std::make_unique<AggregatorLink>(io_, a, options_.aggregators[a], *this, *result_buffers_));
+    links_.push_back(std::make_unique<AggregatorLink>(io_, a, options_.aggregators[a], *this, *result_buffers_,
+                                                      options_.transport, options_.connect_timeout));
   }
   link_ready_.assign(links_.size(), false);
+  transports_.assign(links_.size(), "tcp");
   link_authenticated_.assign(links_.size(), false);
   for (size_t a = 0; a < links_.size() && !options_.secret.empty(); ++a) auth_nonces_.push_back(auth::RandomNonce());
   std::future<void> joined = joined_.get_future();
@@ -143,6 +148,7 @@ Worker::Impl::Impl(WorkerOptions options)
       hello.set_slots(options_.slots);
       hello.set_blocks_per_message(options_.blocks_per_message);
       if (!options_.secret.empty()) hello.set_auth_nonce(auth_nonces_[link->index()]);
+      if (options_.transport != "tcp") hello.add_transports("shm");
       asio::co_spawn(io_, link->Run(hello, connect_deadline), asio::detached);
     }
     deadline_.expires_at(connect_deadline + options_.join_timeout);
@@ -290,6 +296,18 @@ void Worker::Impl::OnControl(AggregatorLink& link, const proto::ControlMessage& 
                            link.Name() + " admitted the job without proving it holds the job's secret"),
                     &link);
       }
+      if (message.job_ready().transport() != link.transport()) {
+        return Fail(ProtocolError(link.Name() + " reports transport '" + message.job_ready().transport() +
+                                  "' but the connection is on " + link.transport()),
+                    &link);
+      }
+      if (options_.transport == "shm" && std::string_view(link.transport()) != "shm") {
+        return Fail(Status(StatusCode::kUnavailable,
+                           link.Name() + " did not offer shared memory (transport \"shm\" was required): it runs on "
+                                         "another host, or with --transports tcp"),
+                    &link);
+      }
+      transports_[link.index()] = link.transport();
       link_ready_[link.index()] = true;
       if (++ready_links_ == links_.size()) {
         join_pending_ = false;
@@ -456,5 +474,6 @@ std::future<void> Worker::allreduce_async(std::span<int32_t> tensor) {
 
 CollectiveStats Worker::last_stats() const { return impl_->last_stats(); }
 const WorkerOptions& Worker::options() const { return impl_->options(); }
+std::vector<std::string> Worker::transports() const { return impl_->transports(); }
 
 }  // namespace sparsereduce

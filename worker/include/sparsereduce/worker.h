@@ -39,6 +39,10 @@ struct WorkerOptions {
   // Blocks fused into one message. 128 (128 KiB frames of fp32 at B = 256) halves the CPU per byte of 32 on
   // loopback and is no slower on sparse tensors (BENCHMARKS.md); each round-0 announce costs 24 bytes per column.
   uint32_t blocks_per_message = 128;
+  // How each aggregator connection carries its frames: "auto" (shared memory when the aggregator offers it and
+  // runs on this host, i.e. in this network namespace, else TCP), "tcp", or "shm" (fail unless every aggregator
+  // is reachable through shared memory). Empty: SPARSEREDUCE_TRANSPORT, else "auto".
+  std::string transport;
   // Connecting keeps retrying (the aggregator may not be up yet) until this passes.
   std::chrono::milliseconds connect_timeout{30'000};
   // After connecting: how long to wait for the other ranks to join.
@@ -90,6 +94,9 @@ class Worker {
 
   // Statistics of the most recent completed allreduce.
   CollectiveStats last_stats() const;
+
+  // The transport of each aggregator connection ("tcp" or "shm"), in the order of options().aggregators.
+  std::vector<std::string> transports() const;
 
   const WorkerOptions& options() const;
 

@@ -1,0 +1,217 @@
+#include "transport/shm/handoff.h"
+
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <array>
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <cerrno>
+#include <cstring>
+#include <random>
+
+#include "transport/shm/channel.h"
+
+namespace sparsereduce::shm {
+
+namespace asio = boost::asio;
+using Unix = asio::local::stream_protocol;
+
+namespace {
+
+constexpr size_t kFdCount = 5;  // memfd, then the four eventfds in SegmentFds order
+constexpr char kHandoffByte = 'S';
+
+std::string RandomBytes(size_t n) {
+  std::random_device random;
+  std::string bytes(n, '\0');
+  for (char& c : bytes) c = static_cast<char>(random());
+  return bytes;
+}
+
+std::string Hex(const std::string& bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string hex;
+  for (unsigned char c : bytes) {
+    hex += kDigits[c >> 4];
+    hex += kDigits[c & 15];
+  }
+  return hex;
+}
+
+Unix::endpoint AbstractEndpoint(const std::string& name) { return Unix::endpoint(std::string(1, '\0') + name); }
+
+// Closes `closable` at `deadline` unless cancelled first: bounds any wait on it.
+template <typename Closable>
+class Deadline {
+ public:
+  Deadline(const asio::any_io_executor& executor, std::chrono::steady_clock::time_point when, Closable& closable)
+      : timer_(executor, when) {
+    timer_.async_wait([&closable, expired = expired_](const boost::system::error_code& ec) {
+      if (ec) return;
+      *expired = true;
+      boost::system::error_code ignored;
+      closable.close(ignored);
+    });
+  }
+  ~Deadline() { timer_.cancel(); }
+  bool expired() const { return *expired_; }
+
+ private:
+  asio::steady_timer timer_;
+  std::shared_ptr<bool> expired_ = std::make_shared<bool>(false);
+};
+
+// Sends one byte with the segment's descriptors attached (SCM_RIGHTS).
+Status SendDescriptors(int socket, const SegmentFds& fds) {
+  std::array<int, kFdCount> numbers = {fds.memory.get(), fds.events[0].get(), fds.events[1].get(),
+                                       fds.events[2].get(), fds.events[3].get()};
+  char byte = kHandoffByte;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kFdCount)] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
+  cmsg->cmsg_level = SOL_SOCKET;
+  cmsg->cmsg_type = SCM_RIGHTS;
+  cmsg->cmsg_len = CMSG_LEN(sizeof(int) * kFdCount);
+  std::memcpy(CMSG_DATA(cmsg), numbers.data(), sizeof(int) * kFdCount);
+  // One byte into an empty Unix socket buffer: it does not block.
+  if (sendmsg(socket, &msg, MSG_NOSIGNAL) != 1) {
+    return Status(StatusCode::kUnavailable, std::string("sending the shm descriptors: ") + std::strerror(errno));
+  }
+  return Status::Ok();
+}
+
+// Receives the byte and the descriptors sent by SendDescriptors. kUnavailable with EAGAIN's message when nothing
+// has arrived yet.
+Result<SegmentFds> ReceiveDescriptors(int socket, bool* again) {
+  *again = false;
+  char byte = 0;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kFdCount)] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  const ssize_t n = recvmsg(socket, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+    *again = true;
+    return Status(StatusCode::kUnavailable, "no descriptors yet");
+  }
+  if (n < 0) return Status(StatusCode::kUnavailable, std::string("receiving the shm descriptors: ") + std::strerror(errno));
+  // Take ownership of whatever arrived before judging it, so nothing leaks.
+  std::vector<UniqueFd> received;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+      received.emplace_back(fd);
+    }
+  }
+  if (n == 0) return Status(StatusCode::kUnavailable, "the aggregator closed the shm socket without a handoff");
+  if (byte != kHandoffByte || (msg.msg_flags & MSG_CTRUNC) || received.size() != kFdCount) {
+    return ProtocolError("the shm handoff carried " + std::to_string(received.size()) + " descriptors, expected " +
+                         std::to_string(kFdCount));
+  }
+  SegmentFds fds;
+  fds.memory = std::move(received[0]);
+  for (size_t i = 0; i < 4; ++i) fds.events[i] = std::move(received[i + 1]);
+  for (const UniqueFd& e : fds.events) {
+    std::array<char, 64> link{};
+    const std::string path = "/proc/self/fd/" + std::to_string(e.get());
+    const ssize_t len = readlink(path.c_str(), link.data(), link.size() - 1);
+    if (len <= 0 || std::string(link.data(), static_cast<size_t>(len)) != "anon_inode:[eventfd]") {
+      return ProtocolError("the shm handoff carried a descriptor that is not an eventfd");
+    }
+  }
+  return fds;
+}
+
+}  // namespace
+
+Result<std::unique_ptr<ShmOffer>> ShmOffer::Create(const asio::any_io_executor& executor, uint64_t ring_capacity) {
+  auto created = Segment::Create(ring_capacity);
+  if (!created.ok()) return created.status();
+  const std::string name = "sparsereduce/" + Hex(RandomBytes(16));
+  Unix::acceptor acceptor(executor);
+  boost::system::error_code ec;
+  acceptor.open(Unix(), ec);
+  if (!ec) acceptor.bind(AbstractEndpoint(name), ec);
+  if (!ec) acceptor.listen(4, ec);
+  if (ec) return Status(StatusCode::kUnavailable, "listening on the shm socket @" + name + ": " + ec.message());
+  return std::unique_ptr<ShmOffer>(new ShmOffer(std::move(acceptor), name, RandomBytes(kTokenBytes),
+                                                std::move(created->first), std::move(created->second)));
+}
+
+asio::awaitable<Status> ShmOffer::Handoff(std::chrono::steady_clock::time_point deadline) {
+  const asio::any_io_executor executor = co_await asio::this_coro::executor;
+  Deadline accept_deadline(executor, deadline, acceptor_);
+  while (true) {
+    auto [ec, peer] = co_await acceptor_.async_accept(asio::as_tuple(asio::use_awaitable));
+    if (accept_deadline.expired()) co_return Status(StatusCode::kDeadlineExceeded, "no worker took the shm offer in time");
+    if (ec == asio::error::operation_aborted) co_return Status(StatusCode::kAborted, "shm offer withdrawn");
+    if (ec) co_return Status(StatusCode::kUnavailable, "accepting on the shm socket: " + ec.message());
+    std::string token(kTokenBytes, '\0');
+    Deadline read_deadline(executor, deadline, peer);
+    auto [rec, n] = co_await asio::async_read(peer, asio::buffer(token), asio::as_tuple(asio::use_awaitable));
+    if (rec || token != token_) continue;  // a stranger, or a worker that gave up: wait for the right one
+    if (Status st = SendDescriptors(peer.native_handle(), fds_); !st.ok()) co_return st;
+    boost::system::error_code ignored;
+    acceptor_.close(ignored);
+    co_return Status::Ok();
+  }
+}
+
+std::unique_ptr<transport::Channel> ShmOffer::MakeChannel(asio::ip::tcp::socket liveness,
+                                                          const asio::any_io_executor& executor) {
+  return std::make_unique<ShmChannel>(std::move(segment_), std::move(fds_), Direction::kToAggregator,
+                                      std::move(liveness), executor);
+}
+
+std::unique_ptr<transport::Channel> ShmAttachment::MakeChannel(asio::ip::tcp::socket liveness,
+                                                               const asio::any_io_executor& executor) {
+  return std::make_unique<ShmChannel>(std::move(segment), std::move(fds), Direction::kToWorker, std::move(liveness),
+                                      executor);
+}
+
+asio::awaitable<Result<ShmAttachment>> AttachShm(const asio::any_io_executor& executor, const std::string& socket_name,
+                                                 const std::string& token,
+                                                 std::chrono::steady_clock::time_point deadline) {
+  if (token.size() != kTokenBytes) co_return ProtocolError("shm offer token of " + std::to_string(token.size()) + " bytes");
+  if (socket_name.empty() || socket_name.size() > 100) co_return ProtocolError("shm offer with a bad socket name");
+  Unix::socket socket(executor);
+  Deadline bound(executor, deadline, socket);
+  auto [ec] = co_await socket.async_connect(AbstractEndpoint(socket_name), asio::as_tuple(asio::use_awaitable));
+  if (ec) {
+    co_return Status(StatusCode::kUnavailable, "the aggregator's shared-memory socket @" + socket_name +
+                                                   " is not reachable from here (" + ec.message() +
+                                                   "): it runs on another host or in another network namespace");
+  }
+  auto [wec, written] = co_await asio::async_write(socket, asio::buffer(token), asio::as_tuple(asio::use_awaitable));
+  if (wec) co_return Status(StatusCode::kUnavailable, "presenting the shm token: " + wec.message());
+  while (true) {
+    auto [rec] = co_await socket.async_wait(Unix::socket::wait_read, asio::as_tuple(asio::use_awaitable));
+    if (bound.expired()) co_return Status(StatusCode::kDeadlineExceeded, "no shm descriptors within the deadline");
+    if (rec) co_return Status(StatusCode::kUnavailable, "waiting for the shm descriptors: " + rec.message());
+    bool again = false;
+    Result<SegmentFds> fds = ReceiveDescriptors(socket.native_handle(), &again);
+    if (again) continue;
+    if (!fds.ok()) co_return fds.status();
+    Result<std::shared_ptr<Segment>> segment = Segment::Attach(*fds);
+    if (!segment.ok()) co_return segment.status();
+    co_return ShmAttachment{std::move(*segment), std::move(*fds)};
+  }
+}
+
+}  // namespace sparsereduce::shm

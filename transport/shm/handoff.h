@@ -1,0 +1,74 @@
+// Setting up a shm connection beside an established TCP connection (docs/PROTOCOL.md §10). The aggregator creates
+// the segment and listens on a fresh abstract Unix socket, whose name and a random token it sends over TCP; the
+// worker connects to that socket, presents the token and receives the segment's descriptors. Abstract sockets
+// belong to a network namespace, so the worker reaches it exactly when it shares the aggregator's host (and
+// network namespace), which is when shared memory is the right transport.
+#pragma once
+
+#include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/local/stream_protocol.hpp>
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "core/status.h"
+#include "transport/channel.h"
+#include "transport/shm/segment.h"
+
+namespace sparsereduce::shm {
+
+inline constexpr size_t kTokenBytes = 16;
+
+// The aggregator's side.
+class ShmOffer {
+ public:
+  // Creates a segment with rings of `ring_capacity` bytes and listens for its worker.
+  static Result<std::unique_ptr<ShmOffer>> Create(const boost::asio::any_io_executor& executor,
+                                                  uint64_t ring_capacity);
+
+  // The abstract socket's name (without the leading NUL) and the token, for the offer sent over TCP.
+  const std::string& socket_name() const { return name_; }
+  const std::string& token() const { return token_; }
+
+  // Accepts connections until one presents the token, then hands it the segment. Connections with a wrong token
+  // are closed. Ends with kDeadlineExceeded at `deadline`, kAborted when cancelled.
+  boost::asio::awaitable<Status> Handoff(std::chrono::steady_clock::time_point deadline);
+
+  // After Handoff: the aggregator's end of the connection.
+  std::unique_ptr<transport::Channel> MakeChannel(boost::asio::ip::tcp::socket liveness,
+                                                  const boost::asio::any_io_executor& executor);
+
+ private:
+  ShmOffer(boost::asio::local::stream_protocol::acceptor acceptor, std::string name, std::string token,
+           std::shared_ptr<Segment> segment, SegmentFds fds)
+      : acceptor_(std::move(acceptor)),
+        name_(std::move(name)),
+        token_(std::move(token)),
+        segment_(std::move(segment)),
+        fds_(std::move(fds)) {}
+
+  boost::asio::local::stream_protocol::acceptor acceptor_;
+  std::string name_;
+  std::string token_;
+  std::shared_ptr<Segment> segment_;
+  SegmentFds fds_;
+};
+
+// The worker's side: the segment received from an aggregator.
+struct ShmAttachment {
+  std::shared_ptr<Segment> segment;
+  SegmentFds fds;
+
+  std::unique_ptr<transport::Channel> MakeChannel(boost::asio::ip::tcp::socket liveness,
+                                                  const boost::asio::any_io_executor& executor);
+};
+
+// Connects to the offered socket, presents the token and maps the segment it receives. kUnavailable when the socket
+// cannot be reached (the aggregator is on another host).
+boost::asio::awaitable<Result<ShmAttachment>> AttachShm(const boost::asio::any_io_executor& executor,
+                                                        const std::string& socket_name, const std::string& token,
+                                                        std::chrono::steady_clock::time_point deadline);
+
+}  // namespace sparsereduce::shm
