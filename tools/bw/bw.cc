@@ -1,34 +1,47 @@
 // sparsereduce-bw: point-to-point transport throughput, in the style of perftest's ib_write_bw, so a user can check
-// a link before blaming the allreduce. The client streams data frames (the real frame format) to the server; the
-// server checks every header and acknowledges every window of frames, from which peak and average rates follow.
+// a link (or the shared-memory path) before blaming the allreduce. The client streams data frames (the real frame
+// format) through a transport::Channel, the same one the worker library and the daemon use; the server checks every
+// header and acknowledges every window of frames, from which peak and average rates follow.
 //
-//   server: sparsereduce-bw [-p PORT] [--transport tcp]
-//   client: sparsereduce-bw [-p PORT] [-s SIZE | -a] [-n ITERS | -D SECONDS] [--report_gbits] SERVER
+//   server: sparsereduce-bw [-p PORT]
+//   client: sparsereduce-bw [-p PORT] [--transport tcp|shm] [-s SIZE | -a] [-n ITERS | -D SECONDS] [--report_gbits] SERVER
+//
+// The client names the transport in a Hello over TCP; for shm the server offers a segment exactly as the daemon does
+// (docs/PROTOCOL.md §10), so client and server must share a host.
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <array>
+#include <boost/asio/co_spawn.hpp>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/read.hpp>
-#include <boost/asio/write.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <exception>
+#include <memory>
 
-#include "protocol/coding.h"
+#include "protocol/control.h"
 #include "protocol/frame.h"
 #include "tools/common/size_parse.h"
+#include "transport/shm/handoff.h"
+#include "transport/tcp/channel.h"
 
 namespace {
 
 namespace asio = boost::asio;
 using asio::ip::tcp;
 using Clock = std::chrono::steady_clock;
+using sparsereduce::ByteBuffer;
 using sparsereduce::FrameHeader;
 using sparsereduce::FrameType;
+using sparsereduce::Result;
+using sparsereduce::Status;
+using sparsereduce::transport::Channel;
 
 constexpr uint32_t kWindows = 16;  // acknowledgements per test; the peak is the best window
+constexpr auto kSetupTimeout = std::chrono::seconds(10);
 
 struct Config {
   uint16_t port = 18515;  // perftest's default
@@ -41,48 +54,94 @@ struct Config {
   std::string server;
 };
 
-// Test parameters travel in a data frame's header fields: seq = frames to expect, slot = 0, job = frame payload.
-void SendParams(tcp::socket& s, uint64_t frames, uint64_t payload) {
-  FrameHeader h{FrameType::kContribution, 0, 0, payload, frames, 0};
-  std::array<std::byte, sparsereduce::kFrameHeaderSize> bytes;
-  sparsereduce::EncodeFrameHeader(h, bytes.data());
-  asio::write(s, asio::buffer(bytes));
+// Fails the tool with `what` when `st` is not ok.
+void Check(const Status& st, const std::string& what) {
+  if (!st.ok()) throw std::runtime_error(what + ": " + st.ToString());
 }
 
-int Serve(const Config& c) {
-  asio::io_context io;
-  tcp::acceptor acceptor(io, tcp::endpoint(tcp::v6(), c.port));
-  std::printf("sparsereduce-bw server: waiting on port %u (transport %s)\n", c.port, c.transport.c_str());
+asio::awaitable<sparsereduce::proto::ControlMessage> ReadControl(Channel& channel) {
+  Result<FrameHeader> header = co_await channel.ReadHeader();
+  Check(header.status(), "reading a control frame");
+  if (header->type != FrameType::kControl || header->payload_length > sparsereduce::kMaxControlPayload) {
+    throw std::runtime_error("expected a control frame");
+  }
+  Result<ByteBuffer> payload = co_await channel.ReadPayload(header->payload_length, nullptr);
+  Check(payload.status(), "reading a control frame");
+  Result<sparsereduce::proto::ControlMessage> message = sparsereduce::DecodeControl(payload->span());
+  Check(message.status(), "decoding a control frame");
+  co_return *message;
+}
+
+// Test parameters travel in a data frame's header fields: seq = frames to expect, job = frame payload bytes.
+void SendParams(Channel& channel, uint64_t frames, uint64_t payload) {
+  ByteBuffer bytes(sparsereduce::kFrameHeaderSize);
+  sparsereduce::EncodeFrameHeader(FrameHeader{FrameType::kContribution, 0, 0, payload, frames, 0}, bytes.data());
+  channel.Send(std::move(bytes));
+}
+
+void SendAck(Channel& channel) {
+  ByteBuffer bytes(sparsereduce::kFrameHeaderSize);
+  sparsereduce::EncodeFrameHeader(FrameHeader{FrameType::kResult, 0, 0, 0, 0, 0}, bytes.data());
+  channel.Send(std::move(bytes));
+}
+
+// The server's end: the client's Hello names the transport; shm is offered and handed off like the daemon does.
+asio::awaitable<std::unique_ptr<Channel>> Accept(tcp::socket socket, std::string* transport) {
+  const auto executor = co_await asio::this_coro::executor;
+  auto tcp_channel = std::make_unique<sparsereduce::tcp::TcpChannel>(std::move(socket), executor);
+  const sparsereduce::proto::ControlMessage hello = co_await ReadControl(*tcp_channel);
+  *transport = hello.hello().transports_size() > 0 ? hello.hello().transports(0) : "tcp";
+  if (*transport == "tcp") co_return tcp_channel;
+  if (*transport != "shm") throw std::runtime_error("the client asked for transport " + *transport);
+  auto offer = sparsereduce::shm::ShmOffer::Create(executor, 4u << 20);
+  Check(offer.status(), "creating the shm segment");
+  sparsereduce::proto::ControlMessage message;
+  message.mutable_transport_offer()->set_kind("shm");
+  message.mutable_transport_offer()->set_shm_socket((*offer)->socket_name());
+  message.mutable_transport_offer()->set_token((*offer)->token());
+  tcp_channel->Send(sparsereduce::EncodeControl(message));
+  Check(co_await (*offer)->Handoff(Clock::now() + kSetupTimeout),
+        "shared-memory handoff (client and server must share a host)");
+  co_return (*offer)->MakeChannel(tcp_channel->ReleaseSocket(), executor);
+}
+
+// The client's end.
+asio::awaitable<std::unique_ptr<Channel>> Connect(tcp::socket socket, const std::string& transport) {
+  const auto executor = co_await asio::this_coro::executor;
+  auto tcp_channel = std::make_unique<sparsereduce::tcp::TcpChannel>(std::move(socket), executor);
+  sparsereduce::proto::ControlMessage hello;
+  hello.mutable_hello()->add_transports(transport);
+  tcp_channel->Send(sparsereduce::EncodeControl(hello));
+  if (transport == "tcp") co_return tcp_channel;
+  const sparsereduce::proto::ControlMessage offer = co_await ReadControl(*tcp_channel);
+  if (!offer.has_transport_offer()) throw std::runtime_error("the server sent no transport offer");
+  auto attached = co_await sparsereduce::shm::AttachShm(executor, offer.transport_offer().shm_socket(),
+                                                        offer.transport_offer().token(), Clock::now() + kSetupTimeout);
+  Check(attached.status(), "shared memory");
+  co_return attached->MakeChannel(tcp_channel->ReleaseSocket(), executor);
+}
+
+asio::awaitable<void> Serve(tcp::socket socket) {
+  std::string transport;
+  std::unique_ptr<Channel> channel = co_await Accept(std::move(socket), &transport);
+  std::printf("sparsereduce-bw server: client connected over %s\n", transport.c_str());
   std::fflush(stdout);
-  tcp::socket s = acceptor.accept();
-  s.set_option(tcp::no_delay(true));
-  std::vector<std::byte> buf;
-  std::array<std::byte, sparsereduce::kFrameHeaderSize> head;
   while (true) {
-    boost::system::error_code ec;
-    asio::read(s, asio::buffer(head), ec);
-    if (ec) break;  // client done
-    auto params = sparsereduce::DecodeFrameHeader(head);
-    if (!params.ok()) {
-      std::fprintf(stderr, "sparsereduce-bw: bad parameter frame: %s\n", params.status().ToString().c_str());
-      return 1;
-    }
+    Result<FrameHeader> params = co_await channel->ReadHeader();
+    if (!params.ok()) break;  // the client is done
     const uint64_t frames = params->seq, payload = params->job;
-    buf.resize(payload);
     const uint64_t window = std::max<uint64_t>(1, frames / kWindows);
     for (uint64_t i = 0; i < frames; ++i) {
-      asio::read(s, asio::buffer(head));
-      auto h = sparsereduce::DecodeFrameHeader(head);
+      Result<FrameHeader> h = co_await channel->ReadHeader();
       if (!h.ok() || h->payload_length != payload) {
-        std::fprintf(stderr, "sparsereduce-bw: bad frame %llu\n", static_cast<unsigned long long>(i));
-        return 1;
+        throw std::runtime_error("bad frame " + std::to_string(i) + ": " +
+                                 (h.ok() ? "payload " + std::to_string(h->payload_length) : h.status().ToString()));
       }
-      asio::read(s, asio::buffer(buf.data(), payload));
-      if ((i + 1) % window == 0 || i + 1 == frames) asio::write(s, asio::buffer("A", 1));
+      Check(co_await channel->Discard(payload), "reading a frame");
+      if ((i + 1) % window == 0 || i + 1 == frames) SendAck(*channel);
     }
   }
   std::printf("sparsereduce-bw server: done\n");
-  return 0;
 }
 
 struct Measurement {
@@ -90,30 +149,21 @@ struct Measurement {
   double peak, average, msg_rate;  // bytes/s, bytes/s, messages/s
 };
 
-Measurement RunSize(tcp::socket& s, uint64_t size, const Config& c) {
-  uint64_t frames = c.iters;
-  if (c.duration > 0) {
-    // Calibrate: time a short burst and scale to the requested duration.
-    const auto t0 = Clock::now();
-    Measurement probe = RunSize(s, size, Config{c.port, c.size, false, 64, 0, c.gbits, c.transport, c.server});
-    (void)probe;
-    const double per_frame = std::chrono::duration<double>(Clock::now() - t0).count() / 64;
-    frames = std::max<uint64_t>(16, static_cast<uint64_t>(c.duration / std::max(per_frame, 1e-9)));
-  }
-  SendParams(s, frames, size);
-  std::vector<std::byte> frame(sparsereduce::kFrameHeaderSize + size, std::byte{0x5a});
-  FrameHeader h{FrameType::kContribution, static_cast<uint32_t>(size), 0, 0, 0, 0};
-  sparsereduce::EncodeFrameHeader(h, frame.data());
+asio::awaitable<Measurement> RunSize(Channel& channel, uint64_t size, uint64_t frames) {
+  SendParams(channel, frames, size);
+  auto frame = std::make_shared<std::vector<std::byte>>(sparsereduce::kFrameHeaderSize + size, std::byte{0x5a});
+  sparsereduce::EncodeFrameHeader(FrameHeader{FrameType::kContribution, static_cast<uint32_t>(size), 0, 0, 0, 0},
+                                  frame->data());
   const uint64_t window = std::max<uint64_t>(1, frames / kWindows);
   std::vector<Clock::time_point> acks;
   const auto start = Clock::now();
   uint64_t sent = 0;
-  char ack;
   while (sent < frames) {
     const uint64_t batch = std::min(window - sent % window, frames - sent);
-    for (uint64_t i = 0; i < batch; ++i) asio::write(s, asio::buffer(frame));
+    for (uint64_t i = 0; i < batch; ++i) channel.Send({asio::buffer(*frame)}, frame);
     sent += batch;
-    asio::read(s, asio::buffer(&ack, 1));
+    Result<FrameHeader> ack = co_await channel.ReadHeader();
+    Check(ack.status(), "waiting for the server's acknowledgement");
     acks.push_back(Clock::now());
   }
   const double total = std::chrono::duration<double>(acks.back() - start).count();
@@ -125,21 +175,56 @@ Measurement RunSize(tcp::socket& s, uint64_t size, const Config& c) {
     if (dt > 0) peak = std::max(peak, static_cast<double>(n * size) / dt);
     prev = acks[i];
   }
-  return {size, frames, peak, static_cast<double>(frames * size) / total, static_cast<double>(frames) / total};
+  co_return Measurement{size, frames, peak, static_cast<double>(frames * size) / total,
+                        static_cast<double>(frames) / total};
 }
 
-int Client(const Config& c) {
-  asio::io_context io;
-  tcp::socket s(io);
-  tcp::resolver resolver(io);
-  boost::system::error_code ec;
-  asio::connect(s, resolver.resolve(c.server, std::to_string(c.port)), ec);
-  if (ec) {
-    std::fprintf(stderr, "sparsereduce-bw: cannot connect to %s:%u: %s\n", c.server.c_str(), c.port,
-                 ec.message().c_str());
-    return 1;
+asio::awaitable<void> Client(tcp::socket socket, Config c, std::vector<uint64_t> sizes) {
+  std::unique_ptr<Channel> channel = co_await Connect(std::move(socket), c.transport);
+  const char* unit = c.gbits ? "Gb/sec" : "MB/sec";
+  std::printf("---------------------------------------------------------------------------------------\n");
+  std::printf(" sparsereduce-bw: transport %s, server %s:%u; #bytes is the payload (each frame adds a %u-byte header)\n",
+              c.transport.c_str(), c.server.c_str(), c.port, sparsereduce::kFrameHeaderSize);
+  std::printf("---------------------------------------------------------------------------------------\n");
+  std::printf(" #bytes     #iterations    BW peak[%s]    BW average[%s]   MsgRate[Mpps]\n", unit, unit);
+  for (uint64_t sz : sizes) {
+    uint64_t frames = c.iters;
+    if (c.duration > 0) {
+      // Calibrate with a short burst, then scale to the requested duration.
+      const auto t0 = Clock::now();
+      (void)co_await RunSize(*channel, sz, 64);
+      const double per_frame = std::chrono::duration<double>(Clock::now() - t0).count() / 64;
+      frames = std::max<uint64_t>(16, static_cast<uint64_t>(c.duration / std::max(per_frame, 1e-9)));
+    }
+    const Measurement m = co_await RunSize(*channel, sz, frames);
+    const double scale = c.gbits ? 8.0 / 1e9 : 1.0 / 1e6;  // perftest: MB = 10^6 bytes, Gb = 10^9 bits
+    std::printf(" %-10llu %-14llu %-17.2f %-20.2f %-10.6f\n", static_cast<unsigned long long>(m.bytes),
+                static_cast<unsigned long long>(m.iters), m.peak * scale, m.average * scale, m.msg_rate / 1e6);
+    std::fflush(stdout);
   }
-  s.set_option(tcp::no_delay(true));
+  std::printf("---------------------------------------------------------------------------------------\n");
+  channel->CloseAfterFlush(/*both=*/true);
+}
+
+// Runs `task` on `io` and rethrows what it threw.
+void Run(asio::io_context& io, asio::awaitable<void> task) {
+  std::exception_ptr failure;
+  asio::co_spawn(io, std::move(task), [&failure](std::exception_ptr e) { failure = e; });
+  io.run();
+  if (failure) std::rethrow_exception(failure);
+}
+
+int Main(const Config& c) {
+  asio::io_context io;
+  if (c.server.empty()) {
+    tcp::acceptor acceptor(io, tcp::endpoint(tcp::v6(), c.port));
+    std::printf("sparsereduce-bw server: waiting on port %u\n", c.port);
+    std::fflush(stdout);
+    tcp::socket socket = acceptor.accept();
+    socket.set_option(tcp::no_delay(true));
+    Run(io, Serve(std::move(socket)));
+    return 0;
+  }
   std::vector<uint64_t> sizes;
   if (c.all_sizes) {
     for (uint64_t sz = 2; sz <= (8u << 20); sz *= 2) sizes.push_back(sz);
@@ -151,19 +236,17 @@ int Client(const Config& c) {
     }
     sizes.push_back(*parsed);
   }
-  const char* unit = c.gbits ? "Gb/sec" : "MB/sec";
-  std::printf("---------------------------------------------------------------------------------------\n");
-  std::printf(" sparsereduce-bw: transport %s, server %s:%u; #bytes is the payload (each frame adds a %u-byte header)\n",
-              c.transport.c_str(), c.server.c_str(), c.port, sparsereduce::kFrameHeaderSize);
-  std::printf("---------------------------------------------------------------------------------------\n");
-  std::printf(" #bytes     #iterations    BW peak[%s]    BW average[%s]   MsgRate[Mpps]\n", unit, unit);
-  for (uint64_t sz : sizes) {
-    Measurement m = RunSize(s, sz, c);
-    const double scale = c.gbits ? 8.0 / 1e9 : 1.0 / 1e6;  // perftest: MB = 10^6 bytes, Gb = 10^9 bits
-    std::printf(" %-10llu %-14llu %-17.2f %-20.2f %-10.6f\n", static_cast<unsigned long long>(m.bytes),
-                static_cast<unsigned long long>(m.iters), m.peak * scale, m.average * scale, m.msg_rate / 1e6);
+  tcp::socket socket(io);
+  tcp::resolver resolver(io);
+  boost::system::error_code ec;
+  asio::connect(socket, resolver.resolve(c.server, std::to_string(c.port)), ec);
+  if (ec) {
+    std::fprintf(stderr, "sparsereduce-bw: cannot connect to %s:%u: %s\n", c.server.c_str(), c.port,
+                 ec.message().c_str());
+    return 1;
   }
-  std::printf("---------------------------------------------------------------------------------------\n");
+  socket.set_option(tcp::no_delay(true));
+  Run(io, Client(std::move(socket), c, sizes));
   return 0;
 }
 
@@ -178,13 +261,15 @@ int main(int argc, char** argv) {
   app.add_option("-n,--iters", c.iters, "Messages per size")->capture_default_str();
   app.add_option("-D,--duration", c.duration, "Run each size for about this many seconds instead of -n");
   app.add_flag("--report_gbits", c.gbits, "Report Gbit/s instead of MB/s");
-  app.add_option("--transport", c.transport, "tcp (shm and rdma come with their transports)")
-      ->check(CLI::IsMember({"tcp"}))->capture_default_str();
+  app.add_option("--transport", c.transport,
+                 "Client: tcp, or shm (shared memory; the server must run on the same host)")
+      ->check(CLI::IsMember({"tcp", "shm"}))
+      ->capture_default_str();
   app.add_option("server", c.server, "Server address (client mode)");
   CLI11_PARSE(app, argc, argv);
   try {
-    return c.server.empty() ? Serve(c) : Client(c);
-  } catch (const boost::system::system_error& e) {
+    return Main(c);
+  } catch (const std::exception& e) {
     std::fprintf(stderr, "sparsereduce-bw: %s\n", e.what());
     return 1;
   }
