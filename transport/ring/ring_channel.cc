@@ -1,0 +1,189 @@
+#include "transport/ring/ring_channel.h"
+
+#include <array>
+#include <boost/asio/post.hpp>
+#include <cstring>
+
+namespace sparsereduce::transport {
+
+namespace asio = boost::asio;
+
+namespace {
+
+Status PeerClosed() { return Status(StatusCode::kUnavailable, "connection closed by peer"); }
+
+}  // namespace
+
+RingChannel::RingChannel(uint64_t ring_capacity, asio::any_io_executor executor)
+    : ring_(ring_capacity), executor_(std::move(executor)) {}
+
+RingChannel::~RingChannel() { *alive_ = false; }
+
+asio::awaitable<Status> RingChannel::ReadExact(std::byte* out, uint64_t size, bool in_frame) {
+  uint64_t done = 0;
+  while (done < size) {
+    if (failed_) co_return *failed_;
+    const Received received = LoadReceived();
+    if (Status st = ring_.CheckPositions(received.head, rx_tail_); !st.ok()) {
+      Fail(st.WithContext("ring of the " + std::string(kind()) + " connection"));
+      co_return *failed_;
+    }
+    if (received.head != rx_tail_) {
+      const uint64_t n = std::min(received.head - rx_tail_, size - done);
+      if (out != nullptr) {
+        const std::byte* memory = ReceiveMemory();
+        const RingSpans spans = ring_.Locate(rx_tail_, n);
+        uint64_t copied = 0;
+        for (int i = 0; i < spans.count; ++i) {
+          std::memcpy(out + done + copied, memory + spans.span[i].offset, spans.span[i].length);
+          copied += spans.span[i].length;
+        }
+      }
+      rx_tail_ += n;
+      done += n;
+      Consumed(rx_tail_);
+      continue;
+    }
+    if (received.closed || peer_gone_) {
+      // Closing follows the last byte, so what was read above is complete unless the head moved meanwhile.
+      if (LoadReceived().head != rx_tail_) continue;
+      if (done == 0 && !in_frame) co_return PeerClosed();
+      co_return ProtocolError("connection closed inside a frame (" + std::to_string(done) + " of " +
+                              std::to_string(size) + " bytes)");
+    }
+    co_await WaitForData(rx_tail_);
+  }
+  co_return Status::Ok();
+}
+
+asio::awaitable<Result<FrameHeader>> RingChannel::ReadHeader() {
+  std::array<std::byte, kFrameHeaderSize> bytes;
+  if (Status st = co_await ReadExact(bytes.data(), bytes.size(), /*in_frame=*/false); !st.ok()) co_return st;
+  co_return DecodeFrameHeader(bytes);
+}
+
+asio::awaitable<Result<ByteBuffer>> RingChannel::ReadPayload(uint64_t size, BufferPool* pool) {
+  ByteBuffer payload = pool ? pool->Acquire(size) : ByteBuffer(size);
+  if (Status st = co_await ReadExact(payload.data(), size, /*in_frame=*/true); !st.ok()) co_return st;
+  co_return payload;
+}
+
+asio::awaitable<Status> RingChannel::Discard(uint64_t size) {
+  co_return co_await ReadExact(nullptr, size, /*in_frame=*/true);
+}
+
+void RingChannel::Send(std::vector<asio::const_buffer> parts, std::shared_ptr<const void> owner) {
+  if (failed_write_ || close_after_flush_) return;
+  queue_.push_back(Item{std::move(parts), std::move(owner)});
+  Pump();
+}
+
+void RingChannel::Pump() {
+  if (waiting_for_space_ || failed_write_) return;
+  std::byte* const memory = SendMemory();
+  while (!queue_.empty()) {
+    const uint64_t tail = LoadPeerTail();
+    if (Status st = ring_.CheckPositions(tx_head_, tail); !st.ok()) {
+      Fail(st.WithContext("ring of the " + std::string(kind()) + " connection"));
+      return;
+    }
+    uint64_t free = ring_.Free(tx_head_, tail);
+    if (free == 0) {
+      waiting_for_space_ = true;
+      WaitForSpace(tx_head_, [this, alive = alive_] {
+        if (!*alive) return;
+        waiting_for_space_ = false;
+        Pump();
+      });
+      return;
+    }
+    // Copy as much of the front frame as fits, then publish it at once.
+    Item& item = queue_.front();
+    const uint64_t from = tx_head_;
+    while (free > 0 && item.part < item.parts.size()) {
+      const asio::const_buffer& part = item.parts[item.part];
+      const uint64_t n = std::min<uint64_t>(free, part.size() - item.part_done);
+      const RingSpans spans = ring_.Locate(tx_head_, n);
+      uint64_t copied = 0;
+      for (int i = 0; i < spans.count; ++i) {
+        std::memcpy(memory + spans.span[i].offset, static_cast<const std::byte*>(part.data()) + item.part_done + copied,
+                    spans.span[i].length);
+        copied += spans.span[i].length;
+      }
+      tx_head_ += n;
+      free -= n;
+      item.part_done += n;
+      if (item.part_done == part.size()) {
+        ++item.part;
+        item.part_done = 0;
+      }
+    }
+    Publish(from, tx_head_);
+    if (failed_write_) return;  // Publish may have failed the channel
+    if (item.part == item.parts.size()) queue_.pop_front();
+  }
+  if (close_after_flush_ && !send_closed_) {
+    send_closed_ = true;
+    CloseSend(tx_head_);
+    if (close_both_) ShutdownLiveness();
+  }
+  NotifyIdle();
+}
+
+void RingChannel::NotifyIdle() {
+  // Later, not from inside Send: owners react to idleness (e.g. finishing a failure) as they do with TCP, where it
+  // is always a completion.
+  if (!on_idle_) return;
+  asio::post(executor_, [this, alive = alive_] {
+    if (*alive && queue_.empty() && on_idle_) on_idle_();
+  });
+}
+
+void RingChannel::CloseAfterFlush(bool both) {
+  if (close_after_flush_) return;
+  close_after_flush_ = true;
+  close_both_ = both;
+  if (queue_.empty() && !waiting_for_space_ && !failed_write_) Pump();
+}
+
+void RingChannel::DropQueued() {
+  if (queue_.empty()) return;
+  const Item& front = queue_.front();
+  const bool started = front.part > 0 || front.part_done > 0;
+  queue_.erase(queue_.begin() + (started ? 1 : 0), queue_.end());
+  if (queue_.empty()) NotifyIdle();
+}
+
+void RingChannel::FailWrites(const Status& error) {
+  if (failed_write_) return;
+  failed_write_ = error;
+  const bool had_items = !queue_.empty();
+  queue_.clear();
+  if (on_error_) {
+    asio::post(executor_, [this, alive = alive_, error] {
+      if (*alive && on_error_) on_error_(error);
+    });
+  }
+  if (had_items) NotifyIdle();
+}
+
+void RingChannel::PeerGone() {
+  if (peer_gone_) return;
+  peer_gone_ = true;
+  CancelWaits();  // a sleeping reader drains what is left; a writer waiting for space fails below
+  FailWrites(PeerClosed());
+}
+
+void RingChannel::Fail(const Status& error) {
+  if (failed_) return;
+  failed_ = error;
+  CancelWaits();
+  FailWrites(error);
+}
+
+void RingChannel::Abort() {
+  Fail(Status(StatusCode::kAborted, "connection closed"));
+  ShutdownLiveness();
+}
+
+}  // namespace sparsereduce::transport

@@ -1,0 +1,115 @@
+// transport::Channel over two one-sided byte rings (byte_ring.h): frames are copied into the ring the peer reads
+// and out of the ring this side reads. How bytes reach the peer and how a sleeping side is woken belongs to the
+// backend: shared memory (memcpy into the peer-visible ring, eventfds; transport/shm) or RDMA (a registered staging
+// ring written to the peer's ring with RDMA_WRITE_WITH_IMM, completion events; transport/rdma). Everything else is
+// here, once: reading frames, the ordered send queue, flow control by ring space, end of stream and failure.
+#pragma once
+
+#include <boost/asio/any_io_executor.hpp>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+
+#include "transport/channel.h"
+#include "transport/ring/byte_ring.h"
+
+namespace sparsereduce::transport {
+
+class RingChannel : public Channel {
+ public:
+  RingChannel(uint64_t ring_capacity, boost::asio::any_io_executor executor);
+  ~RingChannel() override;
+
+  boost::asio::awaitable<Result<FrameHeader>> ReadHeader() override;
+  boost::asio::awaitable<Result<ByteBuffer>> ReadPayload(uint64_t size, BufferPool* pool) override;
+  boost::asio::awaitable<Status> Discard(uint64_t size) override;
+
+  using Channel::Send;
+  void Send(std::vector<boost::asio::const_buffer> parts, std::shared_ptr<const void> owner) override;
+  void set_error_handler(ErrorHandler handler) override { on_error_ = std::move(handler); }
+  void set_idle_handler(IdleHandler handler) override { on_idle_ = std::move(handler); }
+  bool idle() const override { return queue_.empty(); }
+  void CloseAfterFlush(bool both) override;
+  void DropQueued() override;
+  void Abort() override;
+
+ protected:
+  // What the peer has made visible in the receive ring: its head, and whether nothing follows it.
+  struct Received {
+    uint64_t head = 0;
+    bool closed = false;
+  };
+
+  // --- receive ring: the peer writes, this side reads ---
+  virtual const std::byte* ReceiveMemory() = 0;
+  virtual Received LoadReceived() = 0;
+  // Everything before `tail` is consumed; the peer may write there again.
+  virtual void Consumed(uint64_t tail) = 0;
+  // Returns once LoadReceived() may show more than `tail` (or the peer closed, or waits were cancelled). Must not
+  // lose a wakeup that happens between the caller's last LoadReceived() and the sleep.
+  virtual boost::asio::awaitable<void> WaitForData(uint64_t tail) = 0;
+
+  // --- send ring: this side writes, the peer reads ---
+  // Where this side puts the bytes of position p (at offset p mod capacity); the backend moves them to the peer.
+  virtual std::byte* SendMemory() = 0;
+  virtual uint64_t LoadPeerTail() = 0;
+  // Bytes [from, to) are in SendMemory(): make them visible to the peer and wake it if it sleeps.
+  virtual void Publish(uint64_t from, uint64_t to) = 0;
+  // Calls `wake` (on the channel's executor) once LoadPeerTail() may have moved past what it showed at `head`.
+  virtual void WaitForSpace(uint64_t head, std::function<void()> wake) = 0;
+  // No byte will follow `head`.
+  virtual void CloseSend(uint64_t head) = 0;
+
+  // --- lifecycle ---
+  // Makes pending WaitForData / WaitForSpace return (their callers then look at the channel's state).
+  virtual void CancelWaits() = 0;
+  // Tears down what tells this side about the peer (e.g. the TCP connection): `both` after CloseAfterFlush(true),
+  // and at Abort.
+  virtual void ShutdownLiveness() = 0;
+
+  // Backends report: the peer ended (e.g. its TCP connection closed): reads drain what is in the ring and then end,
+  // writes fail at once.
+  void PeerGone();
+  // The connection is unusable (e.g. a hostile position, a device error): reads and writes fail with `error`.
+  void Fail(const Status& error);
+
+  const ByteRing& ring() const { return ring_; }
+  const boost::asio::any_io_executor& executor() const { return executor_; }
+  const std::shared_ptr<bool>& alive() const { return alive_; }
+
+ private:
+  struct Item {
+    std::vector<boost::asio::const_buffer> parts;
+    std::shared_ptr<const void> owner;
+    size_t part = 0;       // first part not completely copied
+    size_t part_done = 0;  // bytes of it already copied
+  };
+
+  // Copies exactly `size` bytes out of the receive ring into `out` (nullptr: drops them). `in_frame`: the bytes
+  // belong to a frame already started, so end of stream is a protocol error.
+  boost::asio::awaitable<Status> ReadExact(std::byte* out, uint64_t size, bool in_frame);
+  // Copies queued frames into the send ring as far as space allows, then waits for space.
+  void Pump();
+  void FailWrites(const Status& error);  // drops the queue, reports `error` once
+  void NotifyIdle();
+
+  ByteRing ring_;
+  boost::asio::any_io_executor executor_;
+  uint64_t rx_tail_ = 0;
+  uint64_t tx_head_ = 0;
+
+  std::deque<Item> queue_;
+  bool waiting_for_space_ = false;
+  bool close_after_flush_ = false;
+  bool close_both_ = false;
+  bool send_closed_ = false;
+  bool peer_gone_ = false;              // read what is left, then end of stream
+  std::optional<Status> failed_;        // reads fail with it
+  std::optional<Status> failed_write_;  // sends are dropped
+  ErrorHandler on_error_;
+  IdleHandler on_idle_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+};
+
+}  // namespace sparsereduce::transport
