@@ -1,6 +1,7 @@
 #include "transport/ring/ring_channel.h"
 
 #include <array>
+#include <boost/asio/bind_executor.hpp>
 #include <boost/asio/post.hpp>
 #include <cstring>
 
@@ -14,8 +15,27 @@ Status PeerClosed() { return Status(StatusCode::kUnavailable, "connection closed
 
 }  // namespace
 
-RingChannel::RingChannel(uint64_t ring_capacity, asio::any_io_executor executor)
-    : ring_(ring_capacity), executor_(std::move(executor)) {}
+RingChannel::RingChannel(uint64_t ring_capacity, asio::ip::tcp::socket liveness, asio::any_io_executor executor)
+    : ring_(ring_capacity), liveness_(std::move(liveness)), executor_(std::move(executor)) {}
+
+void RingChannel::StartLiveness() {
+  static thread_local std::array<std::byte, 1> sink;  // nothing should ever arrive
+  liveness_.async_read_some(
+      asio::buffer(sink),
+      asio::bind_executor(executor_, [this, alive = alive_](const boost::system::error_code& ec, size_t n) {
+        if (!*alive) return;
+        if (!ec && n > 0) {
+          Fail(ProtocolError(std::string("the peer sent data on its TCP connection after switching to ") + kind()));
+          return;
+        }
+        PeerGone();  // what the peer wrote before is in the ring: read it first
+      }));
+}
+
+void RingChannel::ShutdownLiveness() {
+  boost::system::error_code ignored;
+  liveness_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
+}
 
 RingChannel::~RingChannel() { *alive_ = false; }
 
@@ -183,7 +203,8 @@ void RingChannel::Fail(const Status& error) {
 
 void RingChannel::Abort() {
   Fail(Status(StatusCode::kAborted, "connection closed"));
-  ShutdownLiveness();
+  boost::system::error_code ignored;
+  liveness_.close(ignored);
 }
 
 }  // namespace sparsereduce::transport

@@ -2,10 +2,13 @@
 // and out of the ring this side reads. How bytes reach the peer and how a sleeping side is woken belongs to the
 // backend: shared memory (memcpy into the peer-visible ring, eventfds; transport/shm) or RDMA (a registered staging
 // ring written to the peer's ring with RDMA_WRITE_WITH_IMM, completion events; transport/rdma). Everything else is
-// here, once: reading frames, the ordered send queue, flow control by ring space, end of stream and failure.
+// here, once: reading frames, the ordered send queue, flow control by ring space, end of stream and failure, and
+// watching the TCP connection the channel was negotiated on, which stays open beside it: the kernel closes it when
+// the peer process dies, and the channel then ends once it has read everything the peer wrote.
 #pragma once
 
 #include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/ip/tcp.hpp>
 #include <deque>
 #include <functional>
 #include <memory>
@@ -18,7 +21,9 @@ namespace sparsereduce::transport {
 
 class RingChannel : public Channel {
  public:
-  RingChannel(uint64_t ring_capacity, boost::asio::any_io_executor executor);
+  // Takes the TCP connection as the liveness signal; everything runs on `executor`. Call StartLiveness() once the
+  // derived class is constructed.
+  RingChannel(uint64_t ring_capacity, boost::asio::ip::tcp::socket liveness, boost::asio::any_io_executor executor);
   ~RingChannel() override;
 
   boost::asio::awaitable<Result<FrameHeader>> ReadHeader() override;
@@ -64,12 +69,10 @@ class RingChannel : public Channel {
   // --- lifecycle ---
   // Makes pending WaitForData / WaitForSpace return (their callers then look at the channel's state).
   virtual void CancelWaits() = 0;
-  // Tears down what tells this side about the peer (e.g. the TCP connection): `both` after CloseAfterFlush(true),
-  // and at Abort.
-  virtual void ShutdownLiveness() = 0;
 
-  // Backends report: the peer ended (e.g. its TCP connection closed): reads drain what is in the ring and then end,
-  // writes fail at once.
+  // Watches the TCP connection: its end means the peer is gone.
+  void StartLiveness();
+  // The peer ended: reads drain what is in the ring and then end, writes fail at once.
   void PeerGone();
   // The connection is unusable (e.g. a hostile position, a device error): reads and writes fail with `error`.
   void Fail(const Status& error);
@@ -93,8 +96,10 @@ class RingChannel : public Channel {
   void Pump();
   void FailWrites(const Status& error);  // drops the queue, reports `error` once
   void NotifyIdle();
+  void ShutdownLiveness();
 
   ByteRing ring_;
+  boost::asio::ip::tcp::socket liveness_;
   boost::asio::any_io_executor executor_;
   uint64_t rx_tail_ = 0;
   uint64_t tx_head_ = 0;

@@ -13,18 +13,17 @@ namespace asio = boost::asio;
 
 ShmChannel::ShmChannel(std::shared_ptr<Segment> segment, SegmentFds fds, Direction receive,
                        asio::ip::tcp::socket liveness, asio::any_io_executor executor)
-    : RingChannel(segment->ring().capacity(), executor),
+    : RingChannel(segment->ring().capacity(), std::move(liveness), executor),
       segment_(std::move(segment)),
       receive_(receive),
       send_(receive == Direction::kToAggregator ? Direction::kToWorker : Direction::kToAggregator),
       rx_(segment_->control(receive_)),
       tx_(segment_->control(send_)),
-      liveness_(std::move(liveness)),
       rx_data_(executor, fds.data(receive_).release()),
       tx_space_(executor, fds.space(send_).release()),
       rx_space_(executor, fds.space(receive_).release()),
       tx_data_(executor, fds.data(send_).release()) {
-  WatchLiveness();
+  StartLiveness();
 }
 
 void ShmChannel::Signal(asio::posix::stream_descriptor& event) {
@@ -36,20 +35,6 @@ void ShmChannel::Signal(asio::posix::stream_descriptor& event) {
 void ShmChannel::Drain(asio::posix::stream_descriptor& event) {
   uint64_t count;
   [[maybe_unused]] ssize_t n = ::read(event.native_handle(), &count, sizeof count);
-}
-
-void ShmChannel::WatchLiveness() {
-  static thread_local std::array<std::byte, 1> sink;  // nothing should ever arrive
-  liveness_.async_read_some(
-      asio::buffer(sink),
-      asio::bind_executor(executor(), [this, alive = alive()](const boost::system::error_code& ec, size_t n) {
-        if (!*alive) return;
-        if (!ec && n > 0) {
-          Fail(ProtocolError("the peer sent data on its TCP connection after switching to shared memory"));
-          return;
-        }
-        PeerGone();  // what the peer wrote before is in the ring: read it first
-      }));
 }
 
 transport::RingChannel::Received ShmChannel::LoadReceived() {
@@ -108,11 +93,6 @@ void ShmChannel::CloseSend(uint64_t) {
 void ShmChannel::CancelWaits() {
   rx_data_.cancel();
   tx_space_.cancel();
-}
-
-void ShmChannel::ShutdownLiveness() {
-  boost::system::error_code ignored;
-  liveness_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
 }
 
 }  // namespace sparsereduce::shm

@@ -2,9 +2,6 @@
 // straight into the ring the receiver reads and publishes with one atomic store; no system call moves data. A side
 // that finds its ring empty (or full) sets its `waiting` flag and sleeps on an eventfd, which the other side
 // signals only when that flag is set (docs/PROTOCOL.md §10.2).
-//
-// The TCP connection the channel was negotiated on stays open beside it: the kernel closes it when the peer process
-// dies, and the channel then ends once it has read everything the peer wrote.
 #pragma once
 
 #include <boost/asio/any_io_executor.hpp>
@@ -37,9 +34,7 @@ class ShmChannel final : public transport::RingChannel {
   void WaitForSpace(uint64_t head, std::function<void()> wake) override;
   void CloseSend(uint64_t head) override;
   void CancelWaits() override;
-  void ShutdownLiveness() override;
 
-  void WatchLiveness();
   static void Signal(boost::asio::posix::stream_descriptor& event);
   static void Drain(boost::asio::posix::stream_descriptor& event);
 
@@ -47,7 +42,6 @@ class ShmChannel final : public transport::RingChannel {
   Direction receive_, send_;
   RingControl& rx_;
   RingControl& tx_;
-  boost::asio::ip::tcp::socket liveness_;
   // Eventfds: the ones this side sleeps on, and the ones it signals.
   boost::asio::posix::stream_descriptor rx_data_, tx_space_, rx_space_, tx_data_;
 };
