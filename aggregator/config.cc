@@ -72,12 +72,14 @@ Status Validate(const DaemonConfig& config) {
   }
   bool tcp = false;
   for (const std::string& t : config.server.transports) {
-    if (t != "tcp" && t != "shm") return InvalidArgument("--transports: unknown transport '" + t + "' (tcp, shm)");
+    if (t != "tcp" && t != "shm" && t != "rdma") {
+      return InvalidArgument("--transports: unknown transport '" + t + "' (tcp, shm, rdma)");
+    }
     tcp = tcp || t == "tcp";
   }
   if (!tcp) return InvalidArgument("--transports must include tcp: every connection starts on it");
-  if (Status st = transport::ByteRing::CheckCapacity(config.server.shm_ring_bytes); !st.ok()) {
-    return st.WithContext("--shm-ring-bytes");
+  if (Status st = transport::ByteRing::CheckCapacity(config.server.ring_bytes); !st.ok()) {
+    return st.WithContext("--ring-bytes");
   }
   if (config.server.max_job_memory > config.server.max_total_memory) {
     return InvalidArgument("--max-job-memory (" + std::to_string(config.server.max_job_memory) +
@@ -147,10 +149,15 @@ std::variant<DaemonConfig, int> ParseDaemonConfig(const std::vector<std::string>
   Add(app, "buffer-pool-bytes", server.buffer_pool_bytes,
       "Bytes of free frame buffers kept for reuse, on top of what running collectives hold");
   Add(app, "transports", server.transports,
-      "Transports offered besides TCP (always on): shm for workers on this host (comma-separated)")
+      "Transports offered besides TCP (always on): shm for workers on this host, rdma (comma-separated)")
       ->delimiter(',');
-  Add(app, "shm-ring-bytes", server.shm_ring_bytes,
-      "Bytes of each direction's ring of a shared-memory connection (a power of two, at least 4096)");
+  Add(app, "ring-bytes", server.ring_bytes,
+      "Bytes of each direction's ring of a shared-memory or RDMA connection (a power of two, at least 4096)");
+  Add(app, "rdma-device", server.rdma_device, "RDMA device for --transports rdma (default: the first one)");
+  Add(app, "rdma-port", server.rdma_port, "Port of the RDMA device")->check(CLI::Range(1, 255));
+  Add(app, "rdma-gid-index", server.rdma_gid_index,
+      "GID index for RoCE (RoCEv2: usually 3); -1: InfiniBand addressing by LID")
+      ->check(CLI::Range(-1, 255));
   Add(app, "job-secrets-dir", server.job_secrets_dir,
       "Directory with one file per job (name: decimal job id, content: shared secret) for HMAC authentication")
       ->check(CLI::ExistingDirectory);

@@ -1,5 +1,6 @@
 // sparsereduce-aggregator: the aggregation daemon. Wires the configuration, the Server, the operations HTTP
 // endpoint, systemd notifications and signals together; the behaviour lives in those classes.
+#include <algorithm>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -23,6 +24,10 @@
 namespace {
 
 using namespace sparsereduce::aggregator;
+using sparsereduce::Result;
+using sparsereduce::Status;
+using sparsereduce::StatusCode;
+namespace rdma = sparsereduce::rdma;
 
 // Written to a temporary name and renamed, so a reader never sees a partial file.
 void WritePortFile(const std::string& path, uint16_t port) {
@@ -35,6 +40,27 @@ void WritePortFile(const std::string& path, uint16_t port) {
 std::string Hostname() {
   char name[256] = {};
   return gethostname(name, sizeof name - 1) == 0 ? name : "sparsereduce-aggregator";
+}
+
+// With --transports rdma, the device is opened at startup, so a host without working RDMA fails at once with the
+// reason instead of at the first worker.
+Status OpenRdma(const ServerOptions& options, ServiceContext& context) {
+  if (std::find(options.transports.begin(), options.transports.end(), "rdma") == options.transports.end()) {
+    return Status::Ok();
+  }
+#if SPARSEREDUCE_HAVE_RDMA
+  const rdma::RdmaOptions rdma_options{options.rdma_device, static_cast<uint8_t>(options.rdma_port),
+                                       options.rdma_gid_index};
+  // One connection's rings: the memlock limit must allow at least that much.
+  Result<std::shared_ptr<rdma::RdmaDevice>> device = rdma::RdmaDevice::Open(rdma_options, 2 * options.ring_bytes);
+  if (!device.ok()) return device.status();
+  spdlog::info("RDMA transport on {} port {}", (*device)->name(), options.rdma_port);
+  context.rdma = std::move(*device);
+  return Status::Ok();
+#else
+  (void)context;
+  return Status(StatusCode::kUnsupported, "this build has no RDMA transport (libibverbs-dev was missing at build time)");
+#endif
 }
 
 }  // namespace
@@ -50,6 +76,10 @@ int main(int argc, char** argv) {
       config.server.io_threads ? config.server.io_threads : std::max(1u, std::thread::hardware_concurrency());
   boost::asio::io_context io(static_cast<int>(threads));
   Server server(io, config.server);
+  if (const Status st = OpenRdma(config.server, server.context()); !st.ok()) {
+    spdlog::critical("--transports rdma: {}", st.ToString());
+    return 2;
+  }
   HttpEndpoint http(io, {[&server] { return server.context().RenderMetrics(); }, [&server] { return server.ready(); }});
   // Signals, the drain deadline and the watchdog run on one strand, so stopping them is never concurrent with
   // their own handlers.

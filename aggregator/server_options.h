@@ -34,9 +34,13 @@ struct ServerOptions {
   // Free frame buffers kept for reuse (core/buffer_pool.h), on top of what the running collectives hold.
   uint64_t buffer_pool_bytes = 256ull << 20;
 
-  // Transports a worker's connection may switch to besides TCP (always offered): "shm" for workers on this host.
+  // Transports a worker's connection may switch to besides TCP (always offered): "shm" for workers on this host,
+  // "rdma" over the NIC below.
   std::vector<std::string> transports = {"tcp", "shm"};
-  uint64_t shm_ring_bytes = 2ull << 20;  // per direction of each shm connection (a power of two)
+  uint64_t ring_bytes = 2ull << 20;  // per direction of each shm or RDMA connection (a power of two)
+  std::string rdma_device;           // empty: the first device
+  uint32_t rdma_port = 1;
+  int32_t rdma_gid_index = -1;       // RoCE: the GID index (RoCEv2 usually 3); -1: InfiniBand LID addressing
 
   // Security (docs/SECURITY.md).
   std::string job_secrets_dir;              // one file per job: name = decimal job id, content = shared secret

@@ -12,6 +12,9 @@
 #include "aggregator/network_allowlist.h"
 #include "aggregator/server_options.h"
 #include "core/buffer_pool.h"
+#if SPARSEREDUCE_HAVE_RDMA
+#include "transport/rdma/device.h"
+#endif
 
 namespace sparsereduce::aggregator {
 
@@ -31,6 +34,9 @@ struct ServiceContext {
   NetworkAllowlist allowlist;
   // Frame buffers (contributions read, results built) recycled across frames and jobs.
   std::shared_ptr<BufferPool> buffers;
+#if SPARSEREDUCE_HAVE_RDMA
+  std::shared_ptr<rdma::RdmaDevice> rdma;  // opened at startup when --transports lists rdma
+#endif
   std::atomic<bool> draining{false};
 
   std::string RenderMetrics() { return metrics.Render(memory.reserved(), draining.load()); }

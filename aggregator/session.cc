@@ -249,15 +249,30 @@ asio::awaitable<Status> Session::WriteControl(const proto::ControlMessage& messa
 }
 
 asio::awaitable<Status> Session::OfferTransport(std::chrono::steady_clock::time_point deadline) {
-  auto listed = [](const auto& list, const std::string& kind) {
-    return std::find(list.begin(), list.end(), kind) != list.end();
+  auto both = [&](const std::string& kind) {
+    const auto& offered = context_.options.transports;
+    return std::find(hello_.transports().begin(), hello_.transports().end(), kind) != hello_.transports().end() &&
+           std::find(offered.begin(), offered.end(), kind) != offered.end();
   };
-  if (!listed(hello_.transports(), "shm") || !listed(context_.options.transports, "shm")) co_return Status::Ok();
-  const std::string who = "job " + std::to_string(hello_.job_id()) + " rank " + std::to_string(hello_.rank()) +
-                          " (" + peer_ + ")";
-  Result<std::unique_ptr<shm::ShmOffer>> offer = shm::ShmOffer::Create(executor_, context_.options.shm_ring_bytes);
+  // Shared memory first: it is only taken by a worker on this host, for which it is the faster path.
+  if (both("shm")) {
+    Status st = co_await OfferShm(deadline);
+    if (!st.ok() || shm_) co_return st;
+  }
+#if SPARSEREDUCE_HAVE_RDMA
+  if (both("rdma") && context_.rdma) co_return co_await OfferRdma(deadline);
+#endif
+  co_return Status::Ok();
+}
+
+std::string Session::Who() const {
+  return "job " + std::to_string(hello_.job_id()) + " rank " + std::to_string(hello_.rank()) + " (" + peer_ + ")";
+}
+
+asio::awaitable<Status> Session::OfferShm(std::chrono::steady_clock::time_point deadline) {
+  Result<std::unique_ptr<shm::ShmOffer>> offer = shm::ShmOffer::Create(executor_, context_.options.ring_bytes);
   if (!offer.ok()) {
-    spdlog::warn("{}: cannot offer shared memory, staying on TCP: {}", who, offer.status().ToString());
+    spdlog::warn("{}: cannot offer shared memory, staying on TCP: {}", Who(), offer.status().ToString());
     co_return Status::Ok();
   }
   proto::ControlMessage message;
@@ -275,7 +290,7 @@ asio::awaitable<Status> Session::OfferTransport(std::chrono::steady_clock::time_
     const Status& st = std::get<0>(outcome);
     if (!st.ok()) co_return st.WithContext("shared-memory handoff");
     shm_ = std::move(*offer);
-    spdlog::debug("{}: connection moved to shared memory", who);
+    spdlog::debug("{}: connection moved to shared memory", Who());
     co_return Status::Ok();
   }
   const Result<proto::ControlMessage>& reply = std::get<1>(outcome);
@@ -283,12 +298,46 @@ asio::awaitable<Status> Session::OfferTransport(std::chrono::steady_clock::time_
   if (reply->body_case() != proto::ControlMessage::kTransportDecline) {
     co_return ProtocolError("expected TransportDecline (or the shm handoff) after TransportOffer");
   }
-  spdlog::debug("{}: stays on TCP: {}", who, reply->transport_decline().reason());
+  spdlog::debug("{}: no shared memory: {}", Who(), reply->transport_decline().reason());
   co_return Status::Ok();
 }
 
+#if SPARSEREDUCE_HAVE_RDMA
+asio::awaitable<Status> Session::OfferRdma(std::chrono::steady_clock::time_point) {
+  Result<std::unique_ptr<rdma::RdmaConnection>> connection =
+      rdma::RdmaConnection::Create(context_.rdma, context_.options.ring_bytes);
+  if (!connection.ok()) {
+    spdlog::warn("{}: cannot offer RDMA, staying on TCP: {}", Who(), connection.status().ToString());
+    co_return Status::Ok();
+  }
+  proto::ControlMessage message;
+  message.mutable_transport_offer()->set_kind("rdma");
+  *message.mutable_transport_offer()->mutable_rdma() = (*connection)->LocalEndpoint();
+  if (Status st = co_await WriteControl(message); !st.ok()) co_return st.WithContext("sending TransportOffer");
+  // Bounded by the handshake deadline, which closes the socket.
+  Result<proto::ControlMessage> reply = co_await ReadControl();
+  if (!reply.ok()) co_return reply.status();
+  if (reply->body_case() == proto::ControlMessage::kTransportDecline) {
+    spdlog::debug("{}: no RDMA: {}", Who(), reply->transport_decline().reason());
+    co_return Status::Ok();
+  }
+  if (reply->body_case() != proto::ControlMessage::kTransportAccept) {
+    co_return ProtocolError("expected TransportAccept or TransportDecline after an RDMA TransportOffer");
+  }
+  if (Status st = (*connection)->Connect(reply->transport_accept().rdma()); !st.ok()) {
+    co_return st.WithContext("RDMA connection");
+  }
+  rdma_ = std::move(*connection);
+  spdlog::debug("{}: connection moved to RDMA", Who());
+  co_return Status::Ok();
+}
+#endif
+
 std::unique_ptr<transport::Channel> Session::MakeChannel(const asio::any_io_executor& executor) {
   if (shm_) return shm_->MakeChannel(std::move(socket_), executor);
+#if SPARSEREDUCE_HAVE_RDMA
+  if (rdma_) return rdma::RdmaConnection::MakeChannel(std::move(rdma_), std::move(socket_), executor);
+#endif
   return std::make_unique<tcp::TcpChannel>(std::move(socket_), executor);
 }
 

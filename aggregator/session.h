@@ -14,6 +14,9 @@
 #include "proto/control.pb.h"
 #include "transport/channel.h"
 #include "transport/shm/handoff.h"
+#if SPARSEREDUCE_HAVE_RDMA
+#include "transport/rdma/channel.h"
+#endif
 #include "transport/tcp/frame_stream.h"
 
 namespace sparsereduce::aggregator {
@@ -33,7 +36,7 @@ class Session : public std::enable_shared_from_this<Session> {
   uint32_t rank() const { return hello_.rank(); }
   const proto::Hello& hello() const { return hello_; }
   // "tcp" or "shm": what the connection runs on after the handshake.
-  const char* transport() const { return shm_ ? "shm" : "tcp"; }
+  const char* transport() const { return channel_ ? channel_->kind() : "tcp"; }
 
   // On the job strand, once joined:
   void Send(std::shared_ptr<const ByteBuffer> frame);
@@ -47,9 +50,14 @@ class Session : public std::enable_shared_from_this<Session> {
   boost::asio::awaitable<Result<proto::ControlMessage>> ReadControl();
   // The job's HMAC challenge-response (docs/PROTOCOL.md §5.1), or its refusal; ok when the job needs none.
   boost::asio::awaitable<Status> Authenticate();
-  // Offers shared memory when the worker can take it and this aggregator allows it (docs/PROTOCOL.md §10); ok when
-  // the connection stays on TCP because the worker declined.
+  // Offers shared memory, then RDMA, as far as both the worker and this aggregator allow them (docs/PROTOCOL.md
+  // §10); ok when the connection stays on TCP because the worker declined.
   boost::asio::awaitable<Status> OfferTransport(std::chrono::steady_clock::time_point deadline);
+  boost::asio::awaitable<Status> OfferShm(std::chrono::steady_clock::time_point deadline);
+#if SPARSEREDUCE_HAVE_RDMA
+  boost::asio::awaitable<Status> OfferRdma(std::chrono::steady_clock::time_point deadline);
+#endif
+  std::string Who() const;  // "job J rank R (peer)"
   boost::asio::awaitable<Status> WriteControl(const proto::ControlMessage& message);
   // The channel for the rest of the connection, on `executor`: over the shm segment handed off, or over socket_.
   std::unique_ptr<transport::Channel> MakeChannel(const boost::asio::any_io_executor& executor);
@@ -65,6 +73,9 @@ class Session : public std::enable_shared_from_this<Session> {
   // Frames after the handshake (and the Error of a refused handshake), on executor_.
   std::unique_ptr<transport::Channel> channel_;
   std::unique_ptr<shm::ShmOffer> shm_;  // set once the worker took the segment
+#if SPARSEREDUCE_HAVE_RDMA
+  std::unique_ptr<rdma::RdmaConnection> rdma_;  // set once the queue pair is connected
+#endif
   bool closed_ = false;
   std::shared_ptr<boost::asio::steady_timer> close_grace_;  // after Close: how long the worker may take to close
 };

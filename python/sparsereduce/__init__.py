@@ -46,10 +46,10 @@ def as_buffer(array):
 class Worker(_Worker):
     """A member of a sparsereduce job: Worker(aggregators, job, rank, world_size, *, secret='',
     block_size=256, slots=8, blocks_per_message=128, connect_timeout=30.0, join_timeout=60.0,
-    collective_timeout=60.0, transport=''), timeouts in seconds.
+    collective_timeout=60.0, transport='', rdma_device='', rdma_port=1, rdma_gid_index=-1), timeouts in seconds.
 
-    transport: 'auto' (shared memory with aggregators on this host, TCP otherwise), 'tcp' or 'shm'; empty means
-    SPARSEREDUCE_TRANSPORT, else 'auto'. `worker.transports` tells what each connection uses.
+    transport: 'auto' (shared memory with aggregators on this host, TCP otherwise), 'tcp', 'shm' or 'rdma'; empty
+    means SPARSEREDUCE_TRANSPORT, else 'auto'. `worker.transports` tells what each connection uses.
 
     aggregators: a list of "HOST:PORT" or one comma-separated string, in the same order on every rank; empty
     means the SPARSEREDUCE_AGGREGATORS environment variable. Returns once all ranks joined (GIL released).

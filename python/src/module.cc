@@ -217,7 +217,7 @@ PYBIND11_MODULE(_sparsereduce, m) {
       .def(py::init([](std::vector<std::string> aggregators, uint64_t job, uint32_t rank, uint32_t world_size,
                        std::string secret, uint32_t block_size, uint32_t slots, uint32_t blocks_per_message,
                        double connect_timeout, double join_timeout, double collective_timeout,
-                       std::string transport) {
+                       std::string transport, std::string rdma_device, uint32_t rdma_port, int32_t rdma_gid_index) {
              WorkerOptions o;
              o.aggregators = std::move(aggregators);
              o.job = job;
@@ -231,12 +231,16 @@ PYBIND11_MODULE(_sparsereduce, m) {
              o.join_timeout = Milliseconds(join_timeout, "join_timeout");
              o.collective_timeout = Milliseconds(collective_timeout, "collective_timeout");
              o.transport = std::move(transport);
+             o.rdma_device = std::move(rdma_device);
+             o.rdma_port = rdma_port;
+             o.rdma_gid_index = rdma_gid_index;
              return std::make_unique<PyWorker>(std::move(o));
            }),
            py::arg("aggregators"), py::arg("job"), py::arg("rank"), py::arg("world_size"), py::kw_only(),
            py::arg("secret") = "", py::arg("block_size") = 256, py::arg("slots") = 8,
            py::arg("blocks_per_message") = 128, py::arg("connect_timeout") = 30.0,
-           py::arg("join_timeout") = 60.0, py::arg("collective_timeout") = 60.0, py::arg("transport") = "")
+           py::arg("join_timeout") = 60.0, py::arg("collective_timeout") = 60.0, py::arg("transport") = "",
+           py::arg("rdma_device") = "", py::arg("rdma_port") = 1, py::arg("rdma_gid_index") = -1)
       .def("allreduce", &PyWorker::Allreduce, py::arg("array"),
            "Sum `array` over all ranks, in place (GIL released while waiting).")
       .def("allreduce_async", &PyWorker::AllreduceAsync, py::arg("array"),

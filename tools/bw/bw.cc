@@ -3,11 +3,12 @@
 // format) through a transport::Channel, the same one the worker library and the daemon use; the server checks every
 // header and acknowledges every window of frames, from which peak and average rates follow.
 //
-//   server: sparsereduce-bw [-p PORT]
-//   client: sparsereduce-bw [-p PORT] [--transport tcp|shm] [-s SIZE | -a] [-n ITERS | -D SECONDS] [--report_gbits] SERVER
+//   server: sparsereduce-bw [-p PORT] [-d DEVICE -i PORT -x GID_INDEX]
+//   client: sparsereduce-bw [-p PORT] [--transport tcp|shm|rdma] [-d DEVICE -i PORT -x GID_INDEX] [-s SIZE | -a]
+//                           [-n ITERS | -D SECONDS] [--report_gbits] SERVER
 //
-// The client names the transport in a Hello over TCP; for shm the server offers a segment exactly as the daemon does
-// (docs/PROTOCOL.md §10), so client and server must share a host.
+// The client names the transport in a Hello over TCP; the server offers it exactly as the daemon does (docs/PROTOCOL.md
+// §10): shm needs client and server on one host, rdma an RDMA NIC on both (-d/-i/-x as in perftest).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <array>
@@ -15,6 +16,7 @@
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <chrono>
 #include <cstdio>
@@ -27,6 +29,9 @@
 #include "tools/common/size_parse.h"
 #include "transport/shm/handoff.h"
 #include "transport/tcp/channel.h"
+#if SPARSEREDUCE_HAVE_RDMA
+#include "transport/rdma/channel.h"
+#endif
 
 namespace {
 
@@ -41,6 +46,8 @@ using sparsereduce::Status;
 using sparsereduce::transport::Channel;
 
 constexpr uint32_t kWindows = 16;  // acknowledgements per test; the peak is the best window
+
+void Check(const Status& st, const std::string& what);
 constexpr auto kSetupTimeout = std::chrono::seconds(10);
 
 struct Config {
@@ -52,7 +59,23 @@ struct Config {
   bool gbits = false;
   std::string transport = "tcp";
   std::string server;
+  std::string rdma_device;
+  uint32_t rdma_port = 1;
+  int32_t gid_index = -1;
 };
+
+constexpr uint64_t kRingBytes = 4u << 20;
+
+#if SPARSEREDUCE_HAVE_RDMA
+std::unique_ptr<sparsereduce::rdma::RdmaConnection> RdmaConnection(const Config& c) {
+  auto device = sparsereduce::rdma::RdmaDevice::Open(
+      {c.rdma_device, static_cast<uint8_t>(c.rdma_port), c.gid_index}, 2 * kRingBytes);
+  Check(device.status(), "RDMA");
+  auto connection = sparsereduce::rdma::RdmaConnection::Create(*device, kRingBytes);
+  Check(connection.status(), "RDMA");
+  return std::move(*connection);
+}
+#endif
 
 // Fails the tool with `what` when `st` is not ok.
 void Check(const Status& st, const std::string& what) {
@@ -85,15 +108,29 @@ void SendAck(Channel& channel) {
   channel.Send(std::move(bytes));
 }
 
-// The server's end: the client's Hello names the transport; shm is offered and handed off like the daemon does.
-asio::awaitable<std::unique_ptr<Channel>> Accept(tcp::socket socket, std::string* transport) {
+// The server's end: the client's Hello names the transport, which is offered like the daemon does.
+asio::awaitable<std::unique_ptr<Channel>> Accept(tcp::socket socket, Config c, std::string* transport) {
   const auto executor = co_await asio::this_coro::executor;
   auto tcp_channel = std::make_unique<sparsereduce::tcp::TcpChannel>(std::move(socket), executor);
   const sparsereduce::proto::ControlMessage hello = co_await ReadControl(*tcp_channel);
   *transport = hello.hello().transports_size() > 0 ? hello.hello().transports(0) : "tcp";
   if (*transport == "tcp") co_return tcp_channel;
+#if SPARSEREDUCE_HAVE_RDMA
+  if (*transport == "rdma") {
+    auto connection = RdmaConnection(c);
+    sparsereduce::proto::ControlMessage offer;
+    offer.mutable_transport_offer()->set_kind("rdma");
+    *offer.mutable_transport_offer()->mutable_rdma() = connection->LocalEndpoint();
+    tcp_channel->Send(sparsereduce::EncodeControl(offer));
+    const sparsereduce::proto::ControlMessage accept = co_await ReadControl(*tcp_channel);
+    if (!accept.has_transport_accept()) throw std::runtime_error("the client did not accept the RDMA offer");
+    Check(connection->Connect(accept.transport_accept().rdma()), "RDMA connection");
+    co_return sparsereduce::rdma::RdmaConnection::MakeChannel(std::move(connection), tcp_channel->ReleaseSocket(),
+                                                              executor);
+  }
+#endif
   if (*transport != "shm") throw std::runtime_error("the client asked for transport " + *transport);
-  auto offer = sparsereduce::shm::ShmOffer::Create(executor, 4u << 20);
+  auto offer = sparsereduce::shm::ShmOffer::Create(executor, kRingBytes);
   Check(offer.status(), "creating the shm segment");
   sparsereduce::proto::ControlMessage message;
   message.mutable_transport_offer()->set_kind("shm");
@@ -106,8 +143,15 @@ asio::awaitable<std::unique_ptr<Channel>> Accept(tcp::socket socket, std::string
 }
 
 // The client's end.
-asio::awaitable<std::unique_ptr<Channel>> Connect(tcp::socket socket, const std::string& transport) {
+asio::awaitable<std::unique_ptr<Channel>> Connect(tcp::socket socket, Config c) {
+  const std::string& transport = c.transport;
   const auto executor = co_await asio::this_coro::executor;
+#if SPARSEREDUCE_HAVE_RDMA
+  // Checked before anything is sent, so a host without RDMA fails with the reason.
+  std::unique_ptr<sparsereduce::rdma::RdmaConnection> rdma = transport == "rdma" ? RdmaConnection(c) : nullptr;
+#else
+  if (transport == "rdma") throw std::runtime_error("this build has no RDMA transport (libibverbs-dev was missing)");
+#endif
   auto tcp_channel = std::make_unique<sparsereduce::tcp::TcpChannel>(std::move(socket), executor);
   sparsereduce::proto::ControlMessage hello;
   hello.mutable_hello()->add_transports(transport);
@@ -115,15 +159,25 @@ asio::awaitable<std::unique_ptr<Channel>> Connect(tcp::socket socket, const std:
   if (transport == "tcp") co_return tcp_channel;
   const sparsereduce::proto::ControlMessage offer = co_await ReadControl(*tcp_channel);
   if (!offer.has_transport_offer()) throw std::runtime_error("the server sent no transport offer");
+#if SPARSEREDUCE_HAVE_RDMA
+  if (rdma) {
+    Check(rdma->Connect(offer.transport_offer().rdma()), "RDMA connection");
+    sparsereduce::proto::ControlMessage accept;
+    *accept.mutable_transport_accept()->mutable_rdma() = rdma->LocalEndpoint();
+    tcp_channel->Send(sparsereduce::EncodeControl(accept));
+    while (!tcp_channel->idle()) co_await asio::post(executor, asio::use_awaitable);  // the accept is written
+    co_return sparsereduce::rdma::RdmaConnection::MakeChannel(std::move(rdma), tcp_channel->ReleaseSocket(), executor);
+  }
+#endif
   auto attached = co_await sparsereduce::shm::AttachShm(executor, offer.transport_offer().shm_socket(),
                                                         offer.transport_offer().token(), Clock::now() + kSetupTimeout);
   Check(attached.status(), "shared memory");
   co_return attached->MakeChannel(tcp_channel->ReleaseSocket(), executor);
 }
 
-asio::awaitable<void> Serve(tcp::socket socket) {
+asio::awaitable<void> Serve(tcp::socket socket, Config c) {
   std::string transport;
-  std::unique_ptr<Channel> channel = co_await Accept(std::move(socket), &transport);
+  std::unique_ptr<Channel> channel = co_await Accept(std::move(socket), c, &transport);
   std::printf("sparsereduce-bw server: client connected over %s\n", transport.c_str());
   std::fflush(stdout);
   while (true) {
@@ -180,7 +234,7 @@ asio::awaitable<Measurement> RunSize(Channel& channel, uint64_t size, uint64_t f
 }
 
 asio::awaitable<void> Client(tcp::socket socket, Config c, std::vector<uint64_t> sizes) {
-  std::unique_ptr<Channel> channel = co_await Connect(std::move(socket), c.transport);
+  std::unique_ptr<Channel> channel = co_await Connect(std::move(socket), c);
   const char* unit = c.gbits ? "Gb/sec" : "MB/sec";
   std::printf("---------------------------------------------------------------------------------------\n");
   std::printf(" sparsereduce-bw: transport %s, server %s:%u; #bytes is the payload (each frame adds a %u-byte header)\n",
@@ -222,7 +276,7 @@ int Main(const Config& c) {
     std::fflush(stdout);
     tcp::socket socket = acceptor.accept();
     socket.set_option(tcp::no_delay(true));
-    Run(io, Serve(std::move(socket)));
+    Run(io, Serve(std::move(socket), c));
     return 0;
   }
   std::vector<uint64_t> sizes;
@@ -262,8 +316,12 @@ int main(int argc, char** argv) {
   app.add_option("-D,--duration", c.duration, "Run each size for about this many seconds instead of -n");
   app.add_flag("--report_gbits", c.gbits, "Report Gbit/s instead of MB/s");
   app.add_option("--transport", c.transport,
-                 "Client: tcp, or shm (shared memory; the server must run on the same host)")
-      ->check(CLI::IsMember({"tcp", "shm"}))
+                 "Client: tcp, shm (shared memory; the server must run on the same host) or rdma")
+      ->check(CLI::IsMember({"tcp", "shm", "rdma"}))
+      ->capture_default_str();
+  app.add_option("-d,--ib-dev", c.rdma_device, "RDMA device (default: the first)");
+  app.add_option("-i,--ib-port", c.rdma_port, "RDMA device port")->capture_default_str();
+  app.add_option("-x,--gid-index", c.gid_index, "GID index for RoCE (RoCEv2: usually 3); -1: InfiniBand LID")
       ->capture_default_str();
   app.add_option("server", c.server, "Server address (client mode)");
   CLI11_PARSE(app, argc, argv);

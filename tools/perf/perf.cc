@@ -287,9 +287,9 @@ int main(int argc, char** argv) {
   app.add_option("--seed", c.seed, "Seed of the synthetic tensors")->capture_default_str();
   app.add_option("--timeout-ms", c.timeout_ms, "Connect/join/collective timeout")->capture_default_str();
   app.add_option("--transport", c.transport,
-                 "auto (shared memory with aggregators on this host, else TCP), tcp or shm; default "
+                 "auto (shared memory with aggregators on this host, else TCP), tcp, shm or rdma; default "
                  "SPARSEREDUCE_TRANSPORT, else auto")
-      ->check(CLI::IsMember({"auto", "tcp", "shm"}));
+      ->check(CLI::IsMember({"auto", "tcp", "shm", "rdma"}));
   CLI11_PARSE(app, argc, argv);
   if (!c.spawn.empty()) return Spawn(c, argv, argc);
   if (c.aggregators.empty()) {

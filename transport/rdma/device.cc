@@ -53,7 +53,7 @@ Result<std::shared_ptr<RdmaDevice>> RdmaDevice::Open(const RdmaOptions& options,
     const int error = errno;
     return Status(StatusCode::kUnavailable,
                   std::string("no RDMA support in this kernel (ibv_get_device_list: ") + std::strerror(error) +
-                      "): load the NIC's RDMA driver and ib_uverbs, or use --transports tcp,shm");
+                      "): load the NIC's RDMA driver and ib_uverbs, or use another transport");
   }
   std::shared_ptr<RdmaDevice> device(new RdmaDevice());
   device->options_ = options;

@@ -5,6 +5,7 @@
 #include <boost/asio/connect.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
 
 #include "protocol/control.h"
 #include "transport/shm/handoff.h"
@@ -108,26 +109,61 @@ asio::awaitable<Status> AggregatorLink::Connect(std::chrono::steady_clock::time_
 }
 
 asio::awaitable<Status> AggregatorLink::TakeOffer(const proto::TransportOffer& offer) {
-  if (transport_option_ == "tcp" || offer.kind() != "shm" || std::string_view(channel_->kind()) != "tcp") {
-    co_return ProtocolError("unexpected TransportOffer of '" + offer.kind() + "' (this worker asked for " +
-                            transport_option_ + ")");
+  if (std::string_view(channel_->kind()) != "tcp" || !channel_->idle()) {
+    co_return ProtocolError("TransportOffer after the connection moved, or with TCP writes pending");
   }
+  if (offer.kind() == "shm" && (transport_option_ == "auto" || transport_option_ == "shm")) {
+    co_return co_await TakeShmOffer(offer);
+  }
+  if (offer.kind() == "rdma" && transport_option_ == "rdma") co_return co_await TakeRdmaOffer(offer);
+  co_return ProtocolError("unexpected TransportOffer of '" + offer.kind() + "' (this worker asked for " +
+                          transport_option_ + ")");
+}
+
+void AggregatorLink::Decline(const std::string& reason) {
+  proto::ControlMessage decline;
+  decline.mutable_transport_decline()->set_reason(reason);
+  Send(EncodeControl(decline));
+}
+
+asio::awaitable<Status> AggregatorLink::TakeShmOffer(const proto::TransportOffer& offer) {
   Result<shm::ShmAttachment> attached = co_await shm::AttachShm(
       io_.get_executor(), offer.shm_socket(), offer.token(), std::chrono::steady_clock::now() + setup_timeout_);
   if (!attached.ok()) {
     // Unreachable socket: another host (or network namespace). Anything else is a broken handoff.
     if (attached.status().code() == StatusCode::kUnavailable && transport_option_ == "auto") {
-      proto::ControlMessage decline;
-      decline.mutable_transport_decline()->set_reason(attached.status().message());
-      Send(EncodeControl(decline));
+      Decline(attached.status().message());
       co_return Status::Ok();
     }
     co_return attached.status().WithContext("moving the connection to shared memory");
   }
-  if (!channel_->idle()) co_return Status(StatusCode::kInternal, "TCP writes pending while switching to shared memory");
   auto* tcp_channel = static_cast<sparsereduce::tcp::TcpChannel*>(channel_.get());
   UseChannel(attached->MakeChannel(tcp_channel->ReleaseSocket(), io_.get_executor()));
   co_return Status::Ok();
+}
+
+asio::awaitable<Status> AggregatorLink::TakeRdmaOffer(const proto::TransportOffer& offer) {
+#if SPARSEREDUCE_HAVE_RDMA
+  Result<std::unique_ptr<rdma::RdmaConnection>> connection =
+      rdma::RdmaConnection::Create(rdma_device_, offer.rdma().ring_capacity());
+  if (!connection.ok()) co_return connection.status().WithContext("RDMA connection");
+  if (Status st = (*connection)->Connect(offer.rdma()); !st.ok()) co_return st.WithContext("RDMA connection");
+  // The accept is the last frame on TCP: written here, before the socket becomes the RDMA channel's liveness.
+  proto::ControlMessage accept;
+  *accept.mutable_transport_accept()->mutable_rdma() = (*connection)->LocalEndpoint();
+  const ByteBuffer frame = EncodeControl(accept);
+  auto* tcp_channel = static_cast<sparsereduce::tcp::TcpChannel*>(channel_.get());
+  tcp::socket socket = tcp_channel->ReleaseSocket();
+  auto [ec, written] = co_await asio::async_write(socket, asio::buffer(frame.data(), frame.size()),
+                                                  asio::as_tuple(asio::use_awaitable));
+  if (ec) co_return Status(StatusCode::kUnavailable, "sending TransportAccept: " + ec.message());
+  Count(written);
+  UseChannel(rdma::RdmaConnection::MakeChannel(std::move(*connection), std::move(socket), io_.get_executor()));
+  co_return Status::Ok();
+#else
+  (void)offer;
+  co_return Status(StatusCode::kUnsupported, "this build has no RDMA transport");
+#endif
 }
 
 asio::awaitable<void> AggregatorLink::Run(proto::Hello hello, std::chrono::steady_clock::time_point deadline) {

@@ -15,6 +15,9 @@
 #include "proto/control.pb.h"
 #include "protocol/frame.h"
 #include "transport/channel.h"
+#if SPARSEREDUCE_HAVE_RDMA
+#include "transport/rdma/channel.h"
+#endif
 #include "transport/tcp/frame_stream.h"
 
 namespace sparsereduce::worker {
@@ -36,6 +39,10 @@ class AggregatorLink {
   // option ("auto", "tcp" or "shm"); `setup_timeout` bounds taking a shared-memory offer.
   AggregatorLink(boost::asio::io_context& io, uint32_t index, std::string address, Handler& handler,
                  BufferPool& pool, std::string transport, std::chrono::milliseconds setup_timeout);
+#if SPARSEREDUCE_HAVE_RDMA
+  // The device for transport "rdma" (opened by the Worker), with the ring size to use.
+  void set_rdma(std::shared_ptr<rdma::RdmaDevice> device) { rdma_device_ = std::move(device); }
+#endif
 
   // Connects (retrying until `deadline`), sends `hello`, then reads until the connection ends.
   boost::asio::awaitable<void> Run(proto::Hello hello, std::chrono::steady_clock::time_point deadline);
@@ -63,7 +70,7 @@ class AggregatorLink {
   // "aggregator 1 (10.0.0.5:19875)"
   std::string Name() const;
   bool connected() const { return connected_; }
-  // "tcp" or "shm" once connected (the handshake may move a connection from TCP to shared memory).
+  // "tcp", "shm" or "rdma" once connected (the handshake may move a connection from TCP to another transport).
   const char* transport() const { return channel_ ? channel_->kind() : "tcp"; }
   uint64_t bytes_sent() const { return bytes_sent_; }
   uint64_t bytes_received() const { return bytes_received_; }
@@ -75,6 +82,9 @@ class AggregatorLink {
   // Moves the connection to shared memory, or declines the offer over TCP when the aggregator is on another host
   // and the transport is "auto".
   boost::asio::awaitable<Status> TakeOffer(const proto::TransportOffer& offer);
+  boost::asio::awaitable<Status> TakeShmOffer(const proto::TransportOffer& offer);
+  boost::asio::awaitable<Status> TakeRdmaOffer(const proto::TransportOffer& offer);
+  void Decline(const std::string& reason);
 
   boost::asio::io_context& io_;
   uint32_t index_;
@@ -83,6 +93,9 @@ class AggregatorLink {
   BufferPool& pool_;
   std::string transport_option_;
   std::chrono::milliseconds setup_timeout_;
+#if SPARSEREDUCE_HAVE_RDMA
+  std::shared_ptr<rdma::RdmaDevice> rdma_device_;
+#endif
   tcp::Socket socket_;  // while connecting; then it moves into channel_
   std::unique_ptr<transport::Channel> channel_;
   bool connected_ = false;

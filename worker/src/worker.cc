@@ -126,9 +126,29 @@ Worker::Impl::Impl(WorkerOptions options)
   const uint64_t max_frame =
       uint64_t{options_.blocks_per_message} * (kEntrySize + Pad8(uint64_t{options_.block_size} * sizeof(float)));
   result_buffers_ = BufferPool::Create(uint64_t{options_.slots} * options_.aggregators.size() * max_frame);
+#if SPARSEREDUCE_HAVE_RDMA
+  std::shared_ptr<rdma::RdmaDevice> rdma_device;
+  if (options_.transport == "rdma") {
+    // Checked now, so a host without RDMA fails here with the reason. Each connection registers two rings (2 MiB
+    // by default, the aggregator chooses): that much must fit the memlock limit per aggregator.
+    const rdma::RdmaOptions rdma_options{options_.rdma_device, static_cast<uint8_t>(options_.rdma_port),
+                                         options_.rdma_gid_index};
+    auto device = rdma::RdmaDevice::Open(rdma_options, (uint64_t{4} << 20) * options_.aggregators.size());
+    if (!device.ok()) throw MakeError(device.status().WithContext("transport rdma"));
+    rdma_device = std::move(*device);
+  }
+#else
+  if (options_.transport == "rdma") {
+    throw MakeError(Status(StatusCode::kUnsupported, "transport rdma: this build of the library has no RDMA "
+                                                     "transport (libibverbs-dev was missing at build time)"));
+  }
+#endif
   for (uint32_t a = 0; a < options_.aggregators.size(); ++a) {
     links_.push_back(std::make_unique<AggregatorLink>(io_, a, options_.aggregators[a], *this, *result_buffers_,
                                                       options_.transport, options_.connect_timeout));
+#if SPARSEREDUCE_HAVE_RDMA
+    links_.back()->set_rdma(rdma_device);
+#endif
   }
   link_ready_.assign(links_.size(), false);
   transports_.assign(links_.size(), "tcp");
@@ -148,7 +168,8 @@ Worker::Impl::Impl(WorkerOptions options)
       hello.set_slots(options_.slots);
       hello.set_blocks_per_message(options_.blocks_per_message);
       if (!options_.secret.empty()) hello.set_auth_nonce(auth_nonces_[link->index()]);
-      if (options_.transport != "tcp") hello.add_transports("shm");
+      if (options_.transport == "auto" || options_.transport == "shm") hello.add_transports("shm");
+      if (options_.transport == "rdma") hello.add_transports("rdma");
       asio::co_spawn(io_, link->Run(hello, connect_deadline), asio::detached);
     }
     deadline_.expires_at(connect_deadline + options_.join_timeout);
@@ -305,6 +326,12 @@ void Worker::Impl::OnControl(AggregatorLink& link, const proto::ControlMessage& 
         return Fail(Status(StatusCode::kUnavailable,
                            link.Name() + " did not offer shared memory (transport \"shm\" was required): it runs on "
                                          "another host, or with --transports tcp"),
+                    &link);
+      }
+      if (options_.transport == "rdma" && std::string_view(link.transport()) != "rdma") {
+        return Fail(Status(StatusCode::kUnavailable,
+                           link.Name() + " did not offer RDMA (transport \"rdma\" was required): start it with "
+                                         "--transports ...,rdma on an RDMA-capable host"),
                     &link);
       }
       transports_[link.index()] = link.transport();

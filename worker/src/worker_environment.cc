@@ -36,10 +36,12 @@ Result<WorkerOptions> ApplyEnvironment(WorkerOptions options) {
   }
   if (options.transport.empty()) options.transport = Get("SPARSEREDUCE_TRANSPORT");
   if (options.transport.empty()) options.transport = "auto";
-  if (options.transport != "auto" && options.transport != "tcp" && options.transport != "shm") {
-    return InvalidArgument("unknown transport '" + options.transport + "' (auto, tcp or shm; WorkerOptions::transport "
-                           "or SPARSEREDUCE_TRANSPORT)");
+  if (options.transport != "auto" && options.transport != "tcp" && options.transport != "shm" &&
+      options.transport != "rdma") {
+    return InvalidArgument("unknown transport '" + options.transport + "' (auto, tcp, shm or rdma; "
+                           "WorkerOptions::transport or SPARSEREDUCE_TRANSPORT)");
   }
+  if (options.rdma_device.empty()) options.rdma_device = Get("SPARSEREDUCE_RDMA_DEVICE");
   if (!options.secret.empty()) return options;
   if (std::string secret = Get("SPARSEREDUCE_SECRET"); !secret.empty()) {
     Result<std::string> normalized = auth::NormalizeSecret(std::move(secret), "SPARSEREDUCE_SECRET");

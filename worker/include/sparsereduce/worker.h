@@ -40,9 +40,15 @@ struct WorkerOptions {
   // loopback and is no slower on sparse tensors (BENCHMARKS.md); each round-0 announce costs 24 bytes per column.
   uint32_t blocks_per_message = 128;
   // How each aggregator connection carries its frames: "auto" (shared memory when the aggregator offers it and
-  // runs on this host, i.e. in this network namespace, else TCP), "tcp", or "shm" (fail unless every aggregator
-  // is reachable through shared memory). Empty: SPARSEREDUCE_TRANSPORT, else "auto".
+  // runs on this host, i.e. in this network namespace, else TCP), "tcp", "shm" (fail unless every aggregator is
+  // reachable through shared memory) or "rdma" (every aggregator over RDMA; the device is checked when the Worker
+  // is created). Empty: SPARSEREDUCE_TRANSPORT, else "auto".
   std::string transport;
+  // RDMA NIC, port and RoCE GID index (-1: InfiniBand LID addressing; RoCEv2 usually 3), for transport "rdma".
+  // Empty device: SPARSEREDUCE_RDMA_DEVICE, else the first device.
+  std::string rdma_device;
+  uint32_t rdma_port = 1;
+  int32_t rdma_gid_index = -1;
   // Connecting keeps retrying (the aggregator may not be up yet) until this passes.
   std::chrono::milliseconds connect_timeout{30'000};
   // After connecting: how long to wait for the other ranks to join.
