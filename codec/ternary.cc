@@ -1,0 +1,122 @@
+#include "codec/ternary.h"
+
+#include <array>
+#include <cstring>
+#include <string>
+
+namespace sparsereduce::codec {
+namespace {
+
+// The five values of each packed byte 0..242.
+struct GroupTable {
+  std::array<std::array<int8_t, 5>, kMaxGroup + 1> q;
+  GroupTable() {
+    for (int b = 0; b <= kMaxGroup; ++b) {
+      int rest = b;
+      for (int i = 4; i >= 0; --i) {
+        q[b][i] = static_cast<int8_t>(rest % 3 - 1);
+        rest /= 3;
+      }
+    }
+  }
+};
+const GroupTable kGroups;
+
+inline uint8_t Pack(const int8_t* q) {
+  return static_cast<uint8_t>(81 * (q[0] + 1) + 27 * (q[1] + 1) + 9 * (q[2] + 1) + 3 * (q[3] + 1) + (q[4] + 1));
+}
+
+// Calls group(values of one group) for each group, in order; ok when the block has exactly `groups` groups.
+template <typename OnGroup>
+Status ForEachGroup(std::span<const std::byte> in, size_t groups, OnGroup&& group) {
+  size_t seen = 0;
+  for (size_t i = 4; i < in.size(); ++i) {
+    const uint8_t b = static_cast<uint8_t>(in[i]);
+    const size_t count = b <= kMaxGroup ? 1 : b - kRunBase;
+    if (seen + count > groups) {
+      return ProtocolError("ternary block has more than its " + std::to_string(groups) + " groups");
+    }
+    for (size_t k = 0; k < count; ++k) group(seen++, kGroups.q[b <= kMaxGroup ? b : kZeroGroup].data());
+  }
+  if (seen != groups) {
+    return ProtocolError("ternary block has " + std::to_string(seen) + " groups, expected " + std::to_string(groups));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+size_t EncodeTernary(const int8_t* q, size_t n, float scale, std::byte* out) {
+  std::memcpy(out, &scale, 4);  // little-endian hosts only (the project builds for x86-64 and aarch64 Linux)
+  size_t o = 4;
+  const size_t full = n / 5;
+  uint32_t run = 0;
+  auto flush_run = [&] {
+    while (run > 0) {
+      const uint32_t k = run < kMaxRun ? run : kMaxRun;
+      out[o++] = std::byte{static_cast<uint8_t>(k == 1 ? kZeroGroup : kRunBase + k)};
+      run -= k;
+    }
+  };
+  auto emit = [&](uint8_t b) {
+    if (b == kZeroGroup) {
+      ++run;
+      return;
+    }
+    flush_run();
+    out[o++] = std::byte{b};
+  };
+  for (size_t g = 0; g < full; ++g) emit(Pack(q + 5 * g));
+  if (n % 5) {
+    int8_t last[5] = {0, 0, 0, 0, 0};
+    std::memcpy(last, q + 5 * full, n % 5);
+    emit(Pack(last));
+  }
+  flush_run();
+  return o;
+}
+
+Status DecodeTernary(std::span<const std::byte> in, size_t n, float* out, bool accumulate) {
+  if (in.size() < 4) return ProtocolError("ternary block shorter than its scale");
+  float scale;
+  std::memcpy(&scale, in.data(), 4);
+  const float levels[3] = {-scale, 0.0f, scale};
+  const size_t full = n / 5;
+  Status st = ForEachGroup(in, TernaryGroups(n), [&](size_t g, const int8_t* q) {
+    float* o = out + 5 * g;
+    const size_t count = g < full ? 5 : n % 5;
+    for (size_t k = 0; k < count; ++k) {
+      if (accumulate) {
+        o[k] += levels[q[k] + 1];
+      } else {
+        o[k] = levels[q[k] + 1];
+      }
+    }
+  });
+  if (!st.ok()) return st;
+  // The padding of a partial last group must be zero: one encoding per block.
+  if (n % 5) {
+    size_t last = in.size() - 1;
+    const uint8_t b = static_cast<uint8_t>(in[last]);
+    if (b <= kMaxGroup) {
+      for (size_t k = n % 5; k < 5; ++k) {
+        if (kGroups.q[b][k] != 0) return ProtocolError("ternary block pads its last group with a nonzero value");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Result<float> DecodeTrits(std::span<const std::byte> in, size_t n, int8_t* q) {
+  if (in.size() < 4) return ProtocolError("ternary block shorter than its scale");
+  float scale;
+  std::memcpy(&scale, in.data(), 4);
+  const size_t full = n / 5;
+  Status st = ForEachGroup(in, TernaryGroups(n), [&](size_t g, const int8_t* values) {
+    std::memcpy(q + 5 * g, values, g < full ? 5 : n % 5);
+  });
+  if (!st.ok()) return st;
+  return scale;
+}
+
+}  // namespace sparsereduce::codec
