@@ -216,6 +216,13 @@ void Job::OnCollectiveBegin(uint32_t rank, const proto::CollectiveBegin& begin) 
       Abort(reserved.status().WithContext(Describe(rank) + ", collective " + std::to_string(begin.seq())), {rank});
       return;
     }
+    Result<codec::ErrorMemory*> error_memory = ErrorMemoryFor(*spec);
+    if (!error_memory.ok()) {
+      context_.memory.Release(*reserved);
+      Abort(error_memory.status().WithContext(Describe(rank) + ", collective " + std::to_string(begin.seq())),
+            {rank});
+      return;
+    }
     active_.emplace();
     active_->memory.emplace(context_.memory, *reserved);
     active_->started = std::chrono::steady_clock::now();
@@ -223,7 +230,7 @@ void Job::OnCollectiveBegin(uint32_t rank, const proto::CollectiveBegin& begin) 
     active_->spec = *spec;
     active_->begun.assign(shape_.world_size, false);
     active_->engine = std::make_unique<ColumnEngine>(shape_, aggregator_index_, id_, begin.seq(), *spec,
-                                                     context_.buffers);
+                                                     context_.buffers, *error_memory);
     Progress();
     ArmStallTimer(last_progress_ + context_.options.stall_timeout);
   } else if (begin.seq() != active_->seq || active_->begun[rank]) {
@@ -252,6 +259,29 @@ void Job::OnCollectiveBegin(uint32_t rank, const proto::CollectiveBegin& begin) 
     for (auto& m : members_) m->SendControl(accepted);
   }
   MaybeCompleteCollective();
+}
+
+Result<codec::ErrorMemory*> Job::ErrorMemoryFor(const CollectiveSpec& spec) {
+  if (spec.codec.codec != Codec::kThreeLC || spec.codec.result_fp32) return nullptr;
+  const ColumnLayout layout(shape_, spec.element_count, spec.block_size, FindDType(spec.dtype)->size);
+  const uint64_t blocks = layout.BlocksOf(aggregator_index_);
+  auto it = error_memories_.find(spec.codec.key);
+  if (it != error_memories_.end() && it->second->memory.blocks() == blocks &&
+      it->second->memory.block_size() == spec.block_size) {
+    return &it->second->memory;
+  }
+  if (it != error_memories_.end()) error_memories_.erase(it);  // the key's tensor changed shape: start over
+  const uint64_t bytes = blocks * spec.block_size * sizeof(float);
+  if (!context_.memory.TryReserve(bytes)) {
+    return Status(StatusCode::kResourceExhausted,
+                  "3LC error memory for key " + std::to_string(spec.codec.key) + " needs " + std::to_string(bytes) +
+                      " bytes but the aggregator's jobs already hold " + std::to_string(context_.memory.reserved()) +
+                      " of its --max-total-memory of " + std::to_string(context_.memory.limit()));
+  }
+  auto entry = std::make_unique<KeyedErrorMemory>(blocks, spec.block_size, context_.memory, bytes);
+  codec::ErrorMemory* memory = &entry->memory;
+  error_memories_[spec.codec.key] = std::move(entry);
+  return memory;
 }
 
 Result<uint64_t> Job::Admit(const CollectiveSpec& spec) {

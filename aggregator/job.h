@@ -6,12 +6,14 @@
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "aggregator/memory_budget.h"
+#include "codec/three_lc.h"
 #include "core/byte_buffer.h"
 #include "core/status.h"
 #include "proto/control.pb.h"
@@ -70,6 +72,9 @@ class Job : public std::enable_shared_from_this<Job> {
 
  private:
   void OnCollectiveBegin(uint32_t rank, const proto::CollectiveBegin& begin);
+  // The error memory of the spec's key when its codec needs one (3LC with ternary results), created (and its
+  // memory reserved) at first use; nullptr when none is needed.
+  Result<codec::ErrorMemory*> ErrorMemoryFor(const CollectiveSpec& spec);
   // Checks the limits a new collective must fit (tensor size, per-job and total memory) and reserves its memory
   // in the shared budget; returns the bytes reserved, for the collective's MemoryReservation to release.
   Result<uint64_t> Admit(const CollectiveSpec& spec);
@@ -93,6 +98,15 @@ class Job : public std::enable_shared_from_this<Job> {
   bool dead_ = false;
   std::vector<uint32_t> departed_;  // ranks that left after formation
   std::optional<ActiveCollective> active_;
+  // 3LC's error feedback on the results this aggregator sends, per collective key, for the job's lifetime; each
+  // holds its share of --max-total-memory while it exists.
+  struct KeyedErrorMemory {
+    KeyedErrorMemory(uint64_t blocks, uint32_t block_size, MemoryBudget& budget, uint64_t bytes)
+        : memory(blocks, block_size), reservation(budget, bytes) {}
+    codec::ErrorMemory memory;
+    MemoryReservation reservation;
+  };
+  std::map<uint64_t, std::unique_ptr<KeyedErrorMemory>> error_memories_;
   uint64_t last_completed_seq_ = 0;
   ServiceContext& context_;
   bool draining_ = false;

@@ -76,6 +76,17 @@ size_t EncodeTernary(const int8_t* q, size_t n, float scale, std::byte* out) {
   return o;
 }
 
+// The padding of a partial last group must be zero: one encoding per block.
+static Status CheckPadding(std::span<const std::byte> in, size_t n) {
+  if (n % 5 == 0) return Status::Ok();
+  const uint8_t b = static_cast<uint8_t>(in[in.size() - 1]);
+  if (b > kMaxGroup) return Status::Ok();  // a run of zero groups
+  for (size_t k = n % 5; k < 5; ++k) {
+    if (kGroups.q[b][k] != 0) return ProtocolError("ternary block pads its last group with a nonzero value");
+  }
+  return Status::Ok();
+}
+
 Status DecodeTernary(std::span<const std::byte> in, size_t n, float* out, bool accumulate) {
   if (in.size() < 4) return ProtocolError("ternary block shorter than its scale");
   float scale;
@@ -93,18 +104,13 @@ Status DecodeTernary(std::span<const std::byte> in, size_t n, float* out, bool a
       }
     }
   });
-  if (!st.ok()) return st;
-  // The padding of a partial last group must be zero: one encoding per block.
-  if (n % 5) {
-    size_t last = in.size() - 1;
-    const uint8_t b = static_cast<uint8_t>(in[last]);
-    if (b <= kMaxGroup) {
-      for (size_t k = n % 5; k < 5; ++k) {
-        if (kGroups.q[b][k] != 0) return ProtocolError("ternary block pads its last group with a nonzero value");
-      }
-    }
-  }
-  return Status::Ok();
+  return st.ok() ? CheckPadding(in, n) : st;
+}
+
+Status CheckTernary(std::span<const std::byte> in, size_t n) {
+  if (in.size() < 4) return ProtocolError("ternary block shorter than its scale");
+  Status st = ForEachGroup(in, TernaryGroups(n), [](size_t, const int8_t*) {});
+  return st.ok() ? CheckPadding(in, n) : st;
 }
 
 Result<float> DecodeTrits(std::span<const std::byte> in, size_t n, int8_t* q) {

@@ -32,6 +32,9 @@ size_t EncodeTernary(const int8_t* q, size_t n, float scale, std::byte* out);
 // number of groups, a padding value that is not zero, or trailing bytes.
 Status DecodeTernary(std::span<const std::byte> in, size_t n, float* out, bool accumulate);
 
+// Checks a block of n values as DecodeTernary does, without writing anything.
+Status CheckTernary(std::span<const std::byte> in, size_t n);
+
 // Decodes only the values q_j (for tests and for codecs that apply the scale themselves); returns the scale.
 Result<float> DecodeTrits(std::span<const std::byte> in, size_t n, int8_t* q);
 

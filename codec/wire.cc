@@ -38,6 +38,11 @@ Status CheckWireBytes(WireFormat format, uint32_t n, uint32_t element_size, uint
   return Status::Ok();
 }
 
+Status CheckWireBlock(WireFormat format, uint32_t n, uint32_t element_size, std::span<const std::byte> data) {
+  if (Status st = CheckWireBytes(format, n, element_size, static_cast<uint32_t>(data.size())); !st.ok()) return st;
+  return format == WireFormat::kTernary ? CheckTernary(data, n) : Status::Ok();
+}
+
 uint32_t EncodeFloats(WireFormat format, const float* values, uint32_t n, std::byte* out) {
   switch (format) {
     case WireFormat::kRaw:

@@ -23,6 +23,10 @@ uint32_t MaxWireBytes(WireFormat format, uint32_t n, uint32_t element_size);
 // than the scale and at most MaxWireBytes.
 Status CheckWireBytes(WireFormat format, uint32_t n, uint32_t element_size, uint32_t data_bytes);
 
+// CheckWireBytes, and for ternary blocks also their body (group count, padding), without decoding it: a receiver
+// checks each block when its frame arrives, so that the decode, later, cannot fail.
+Status CheckWireBlock(WireFormat format, uint32_t n, uint32_t element_size, std::span<const std::byte> data);
+
 // fp32 values -> wire bytes, for the fixed float formats (ternary blocks are produced by their codecs). Returns the
 // bytes written (MaxWireBytes).
 uint32_t EncodeFloats(WireFormat format, const float* values, uint32_t n, std::byte* out);

@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <cstring>
 
+#include "codec/ternary.h"
 #include "protocol/frame_format.h"
 
 namespace sparsereduce {
 
 ColumnEngine::ColumnEngine(const JobShape& shape, uint32_t aggregator_index, uint64_t job, uint64_t seq,
-                           const CollectiveSpec& spec, std::shared_ptr<BufferPool> pool)
+                           const CollectiveSpec& spec, std::shared_ptr<BufferPool> pool,
+                           codec::ErrorMemory* error_memory)
     : shape_(shape),
       aggregator_(aggregator_index),
       job_(job),
@@ -18,7 +20,14 @@ ColumnEngine::ColumnEngine(const JobShape& shape, uint32_t aggregator_index, uin
       element_size_(FindDType(spec.dtype)->size),
       layout_(shape, spec.element_count, spec.block_size, element_size_),
       pool_(std::move(pool)),
+      upload_(UploadFormat(spec.codec)),
+      download_(DownloadFormat(spec.codec)),
+      error_memory_(error_memory),
       slots_(shape.slots) {
+  if (upload_ != codec::WireFormat::kRaw || download_ != codec::WireFormat::kRaw) {
+    sum_scratch_.resize(spec.block_size);
+    trit_scratch_.resize(spec.block_size);
+  }
   const uint32_t W = shape_.world_size;
   for (uint32_t s = 0; s < shape_.slots; ++s) {
     Slot& slot = slots_[s];
@@ -35,7 +44,8 @@ ColumnEngine::ColumnEngine(const JobShape& shape, uint32_t aggregator_index, uin
 }
 
 uint64_t ColumnEngine::MaxContributionPayload() const {
-  return uint64_t{shape_.blocks_per_message} * (kEntrySize + Pad8(layout_.MaxBlockBytes()));
+  return uint64_t{shape_.blocks_per_message} *
+         (kEntrySize + Pad8(codec::MaxWireBytes(upload_, spec_.block_size, element_size_)));
 }
 
 std::vector<uint32_t> ColumnEngine::AwaitedRanks() const {
@@ -128,9 +138,9 @@ Status ColumnEngine::ValidateRound(uint32_t rank, Slot& slot, uint32_t s,
     if (e.block != cur) {
       return ProtocolError(where() + ": entry names block " + std::to_string(e.block) + " instead");
     }
-    if (e.data.size() != layout_.BlockBytes(cur)) {
-      return ProtocolError(where() + ": " + std::to_string(e.data.size()) + " data bytes, block has " +
-                           std::to_string(layout_.BlockBytes(cur)));
+    const uint32_t elements = static_cast<uint32_t>(layout_.BlockElements(cur));
+    if (Status st = codec::CheckWireBlock(upload_, elements, element_size_, e.data); !st.ok()) {
+      return st.WithContext(where());
     }
     if (!layout_.IsValidNext(e.next, layout_.ColumnOf(cur), cur, /*inclusive=*/false)) {
       return ProtocolError(where() + ": next index " + std::to_string(e.next) + " is not a later block of the column");
@@ -194,6 +204,9 @@ void ColumnEngine::AnnounceReply(Slot& slot, uint32_t s, std::vector<Broadcast>*
 }
 
 void ColumnEngine::AggregateReply(Slot& slot, uint32_t s, std::vector<Broadcast>* out) {
+  if (upload_ != codec::WireFormat::kRaw || download_ != codec::WireFormat::kRaw) {
+    return AggregateDecoded(slot, s, out);
+  }
   const uint32_t W = shape_.world_size;
   std::vector<Entry> entries;
   entries.reserve(slot.active_lanes);
@@ -239,6 +252,57 @@ void ColumnEngine::AggregateReply(Slot& slot, uint32_t s, std::vector<Broadcast>
   }
   // Header and table last: the next indices are known only now.
   EncodeDataPrefix({FrameType::kResult, 0, s, job_, seq_, 0}, entries, frame->data());
+  out->push_back({s, std::move(frame)});
+}
+
+uint32_t ColumnEngine::EncodeResult(uint64_t block, float* sum, uint32_t n, std::byte* out) {
+  if (download_ != codec::WireFormat::kTernary) return codec::EncodeFloats(download_, sum, n, out);
+  // 3LC on the result: per-block scale, error feedback per block of this aggregator for the collective's key.
+  float* error = error_memory_->Block(layout_.LocalBlock(block));
+  const float scale = codec::MaxAbsWithError(sum, error, n) * spec_.codec.sparsity;
+  codec::QuantizeWithError(sum, error, n, scale, trit_scratch_.data());
+  return static_cast<uint32_t>(codec::EncodeTernary(trit_scratch_.data(), n, scale, out));
+}
+
+void ColumnEngine::AggregateDecoded(Slot& slot, uint32_t s, std::vector<Broadcast>* out) {
+  // Decode and sum every lane's block in fp32 (contributors in ascending rank order), encode each sum into a slot
+  // scratch, then frame them: ternary sizes are known only once encoded.
+  const uint32_t W = shape_.world_size;
+  const uint32_t max_bytes = codec::MaxWireBytes(download_, spec_.block_size, element_size_);
+  result_scratch_.resize(size_t{slot.active_lanes} * Pad8(max_bytes));
+  std::vector<Entry> entries;
+  entries.reserve(slot.active_lanes);
+  std::vector<uint32_t> cursor(W, 0);
+  uint64_t data_length = 0;
+  for (uint32_t lane = 0; lane < slot.lanes; ++lane) {
+    const uint64_t cur = slot.cur[lane];
+    if (cur == kEndOfColumn) continue;
+    const uint32_t n = static_cast<uint32_t>(layout_.BlockElements(cur));
+    uint64_t* next = &slot.next[size_t{lane} * W];
+    bool first = true;
+    uint64_t new_cur = kEndOfColumn;
+    for (uint32_t r = 0; r < W; ++r) {
+      if (next[r] == cur) {
+        const EntryView& contribution = slot.pending[r].entries[cursor[r]++];
+        // Checked whole when the frame arrived (ValidateRound), so decoding cannot fail here.
+        (void)codec::DecodeFloats(upload_, contribution.data, n, sum_scratch_.data(), !first);
+        first = false;
+        next[r] = contribution.next;
+      }
+      new_cur = std::min(new_cur, next[r]);
+    }
+    const uint32_t bytes = EncodeResult(cur, sum_scratch_.data(), n, result_scratch_.data() + data_length);
+    std::memset(result_scratch_.data() + data_length + bytes, 0, Pad8(bytes) - bytes);
+    data_length += Pad8(bytes);
+    entries.push_back(Entry{cur, new_cur, bytes});
+    slot.cur[lane] = new_cur;
+    if (new_cur == kEndOfColumn) --slot.active_lanes;
+    ++blocks_aggregated_;
+  }
+  const size_t prefix = kFrameHeaderSize + uint64_t{kEntrySize} * entries.size();
+  auto frame = std::make_shared<ByteBuffer>(pool_ ? pool_->Acquire(prefix + data_length) : ByteBuffer(prefix + data_length));
+  EncodeDataPrefix({FrameType::kResult, 0, s, job_, seq_, 0}, entries, frame->data());
+  std::memcpy(frame->data() + prefix, result_scratch_.data(), data_length);
   out->push_back({s, std::move(frame)});
 }
 

@@ -8,6 +8,7 @@
 
 #include "core/buffer_pool.h"
 #include "core/byte_buffer.h"
+#include "codec/three_lc.h"
 #include "core/reduce_kernels.h"
 #include "core/status.h"
 #include "protocol/frame.h"
@@ -23,9 +24,12 @@ class ColumnEngine {
     std::shared_ptr<const ByteBuffer> frame;
   };
 
-  // `spec` must have passed ValidateSpec. RESULT frames are built in buffers from `pool` when one is given.
+  // `spec` must have passed ValidateSpec. RESULT frames are built in buffers from `pool` when one is given. A 3LC
+  // collective with ternary results needs `error_memory` (BlocksOf(aggregator) blocks of the spec's block size),
+  // the aggregator's error feedback for the spec's key, which outlives the engine.
   ColumnEngine(const JobShape& shape, uint32_t aggregator_index, uint64_t job, uint64_t seq,
-               const CollectiveSpec& spec, std::shared_ptr<BufferPool> pool = nullptr);
+               const CollectiveSpec& spec, std::shared_ptr<BufferPool> pool = nullptr,
+               codec::ErrorMemory* error_memory = nullptr);
 
   ColumnEngine(const ColumnEngine&) = delete;
   ColumnEngine& operator=(const ColumnEngine&) = delete;
@@ -70,6 +74,10 @@ class ColumnEngine {
   void CompleteRound(Slot& slot, uint32_t s, std::vector<Broadcast>* out);
   void AnnounceReply(Slot& slot, uint32_t s, std::vector<Broadcast>* out);
   void AggregateReply(Slot& slot, uint32_t s, std::vector<Broadcast>* out);
+  // Codecs: contributions decoded and summed in fp32, the sum encoded in the download format.
+  void AggregateDecoded(Slot& slot, uint32_t s, std::vector<Broadcast>* out);
+  // Encodes one summed block into `out` (at least MaxWireBytes of the download format); returns the bytes.
+  uint32_t EncodeResult(uint64_t block, float* sum, uint32_t n, std::byte* out);
   void ComputeExpected(Slot& slot);
   std::string Where(uint32_t rank, uint32_t s) const;
 
@@ -82,6 +90,11 @@ class ColumnEngine {
   uint32_t element_size_;
   ColumnLayout layout_;
   std::shared_ptr<BufferPool> pool_;
+  codec::WireFormat upload_, download_;
+  codec::ErrorMemory* error_memory_;
+  std::vector<float> sum_scratch_;       // one block, fp32
+  std::vector<int8_t> trit_scratch_;     // one block's 3LC values
+  std::vector<std::byte> result_scratch_;  // a slot's encoded results before they are framed
   std::vector<Slot> slots_;
   uint32_t active_slots_ = 0;
   uint64_t blocks_aggregated_ = 0;

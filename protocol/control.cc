@@ -26,6 +26,16 @@ proto::CollectiveSpec SpecToProto(const CollectiveSpec& spec) {
   p.set_dtype(static_cast<proto::DType>(spec.dtype));
   p.set_op(static_cast<proto::ReduceOp>(spec.op));
   p.set_block_size(spec.block_size);
+  if (spec.codec.codec != Codec::kNone) {
+    proto::CodecSpec* c = p.mutable_codec();
+    c->set_codec(static_cast<proto::Codec>(spec.codec.codec));
+    c->set_key(spec.codec.key);
+    c->set_sparsity(spec.codec.sparsity);
+    c->set_result_fp32(spec.codec.result_fp32);
+    c->set_fraction(spec.codec.fraction);
+    c->set_alpha(spec.codec.alpha);
+    c->set_diana_l2(spec.codec.diana_l2);
+  }
   return p;
 }
 
@@ -41,6 +51,17 @@ Result<CollectiveSpec> SpecFromProto(const proto::CollectiveSpec& p) {
   spec.dtype = static_cast<DType>(p.dtype());
   spec.op = static_cast<ReduceOp>(p.op());
   spec.block_size = p.block_size();
+  if (p.has_codec()) {
+    const proto::CodecSpec& c = p.codec();
+    spec.codec.codec = static_cast<Codec>(c.codec());
+    spec.codec.key = c.key();
+    spec.codec.sparsity = c.sparsity();
+    spec.codec.result_fp32 = c.result_fp32();
+    spec.codec.fraction = c.fraction();
+    spec.codec.alpha = c.alpha();
+    spec.codec.diana_l2 = c.diana_l2();
+    if (Status st = ValidateCodec(spec.codec); !st.ok()) return st;
+  }
   return spec;
 }
 

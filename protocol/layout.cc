@@ -1,5 +1,6 @@
 #include "protocol/layout.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "core/reduce_kernels.h"
@@ -16,7 +17,8 @@ std::string CollectiveSpec::ToString() const {
   const DTypeInfo* info = FindDType(dtype);
   return "{count=" + std::to_string(element_count) + " dtype=" +
          (info ? info->name : "#" + std::to_string(static_cast<uint32_t>(dtype))) + " op=" + ReduceOpName(op) +
-         " block_size=" + std::to_string(block_size) + "}";
+         " block_size=" + std::to_string(block_size) + (codec.codec == Codec::kNone ? "" : " codec=" + codec.ToString()) +
+         "}";
 }
 
 Status ValidateSpec(const CollectiveSpec& spec) {
@@ -36,6 +38,11 @@ Status ValidateSpec(const CollectiveSpec& spec) {
   if (spec.element_count > std::numeric_limits<uint64_t>::max() / 8) {
     return InvalidArgument("element_count " + std::to_string(spec.element_count) + " is too large");
   }
+  if (Status st = ValidateCodec(spec.codec); !st.ok()) return st;
+  if (spec.codec.codec != Codec::kNone && (spec.dtype != DType::kFloat32 || spec.op != ReduceOp::kSum)) {
+    return Status(StatusCode::kUnsupported, std::string("codec ") + CodecName(spec.codec.codec) +
+                                                " needs float32 sums, not " + info->name + " " + ReduceOpName(spec.op));
+  }
   return Status::Ok();
 }
 
@@ -48,7 +55,9 @@ Status ValidateShape(const JobShape& s) {
 }
 
 Status ValidateFrameSize(const JobShape& shape, const CollectiveSpec& spec) {
-  const uint64_t block_bytes = uint64_t{spec.block_size} * FindDType(spec.dtype)->size;
+  const uint32_t element_size = FindDType(spec.dtype)->size;
+  const uint64_t block_bytes = std::max(codec::MaxWireBytes(UploadFormat(spec.codec), spec.block_size, element_size),
+                                        codec::MaxWireBytes(DownloadFormat(spec.codec), spec.block_size, element_size));
   const uint64_t largest = uint64_t{shape.blocks_per_message} * (kEntrySize + Pad8(block_bytes));
   if (largest > kMaxDataPayload) {
     return InvalidArgument("blocks_per_message " + std::to_string(shape.blocks_per_message) + " x block of " +

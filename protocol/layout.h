@@ -6,6 +6,7 @@
 
 #include "core/dtype.h"
 #include "core/status.h"
+#include "codec/codec_spec.h"
 
 namespace sparsereduce {
 
@@ -26,13 +27,14 @@ struct CollectiveSpec {
   DType dtype = DType::kFloat32;
   ReduceOp op = ReduceOp::kSum;
   uint32_t block_size = 256;
+  CodecSpec codec;
 
   bool operator==(const CollectiveSpec&) const = default;
   std::string ToString() const;
 };
 
 // Checks that the spec is well-formed and supported (dtype/op kernels exist, block_size >= 1, the block's byte
-// size fits the wire's 32-bit length).
+// size fits the wire's 32-bit length, a codec only with fp32 sums).
 Status ValidateSpec(const CollectiveSpec& spec);
 Status ValidateShape(const JobShape& shape);
 // Checks that the largest data frame of this job and spec, K·(24 + pad8(B·elem_size)), fits kMaxDataPayload.
@@ -62,6 +64,11 @@ class ColumnLayout {
   bool IsValidNext(uint64_t index, uint64_t column, uint64_t after, bool inclusive) const;
 
   uint64_t BlockElements(uint64_t block) const;
+  // Position of `block` among the blocks of its aggregator's columns (0 .. BlocksOf(aggregator)), row by row: where
+  // an aggregator keeps per-block state (3LC error memory).
+  uint64_t LocalBlock(uint64_t block) const {
+    return block / num_columns_ * shape_.slots * shape_.blocks_per_message + block % num_columns_ / shape_.num_aggregators;
+  }
   uint32_t BlockBytes(uint64_t block) const { return static_cast<uint32_t>(BlockElements(block) * element_size_); }
   uint64_t BlockByteOffset(uint64_t block) const { return block * block_size_ * element_size_; }
   uint32_t MaxBlockBytes() const { return block_size_ * element_size_; }

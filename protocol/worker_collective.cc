@@ -14,7 +14,7 @@ constexpr std::byte kZeros[8] = {};
 }  // namespace
 
 WorkerCollective::WorkerCollective(const JobShape& shape, uint64_t job, uint64_t seq, const CollectiveSpec& spec,
-                                   std::span<std::byte> tensor, ByteBuffer backup_storage)
+                                   std::span<std::byte> tensor, ByteBuffer backup_storage, CodecContext codec)
     : shape_(shape),
       job_(job),
       seq_(seq),
@@ -23,9 +23,20 @@ WorkerCollective::WorkerCollective(const JobShape& shape, uint64_t job, uint64_t
       layout_(shape, spec.element_count, spec.block_size, FindDType(spec.dtype)->size),
       backup_data_(std::move(backup_storage)) {
   flags_.resize(layout_.num_blocks());
-  nonzero_blocks_ = ScanBlocks(tensor.data(), spec.element_count, spec.block_size, *FindDType(spec.dtype), flags_);
-  backup_capacity_blocks_ = nonzero_blocks_;
-  for (uint8_t f : flags_) backup_capacity_blocks_ += (f & kBlockHasNegativeZero) ? 1 : 0;
+  if (spec.codec.codec != Codec::kNone) {
+    // The codec decides what to send (its wire bytes, not the tensor's); any block may come back changed, so
+    // any block may need a backup.
+    download_ = DownloadFormat(spec.codec);
+    encoder_ = codec::MakeEncoder(spec.codec, spec.block_size, *codec.state, codec.rank, shape.world_size, codec.seed);
+    const std::span<const float> values(reinterpret_cast<const float*>(tensor.data()), spec.element_count);
+    nonzero_blocks_ = encoder_->Prepare(values, flags_);
+    for (uint8_t& f : flags_) f = f ? kBlockNonzero : 0;
+    backup_capacity_blocks_ = flags_.size();
+  } else {
+    nonzero_blocks_ = ScanBlocks(tensor.data(), spec.element_count, spec.block_size, *FindDType(spec.dtype), flags_);
+    backup_capacity_blocks_ = nonzero_blocks_;
+    for (uint8_t f : flags_) backup_capacity_blocks_ += (f & kBlockHasNegativeZero) ? 1 : 0;
+  }
   const uint32_t element_size = FindDType(spec.dtype)->size;
   schedules_.reserve(shape.num_aggregators);
   for (uint32_t a = 0; a < shape.num_aggregators; ++a) {
@@ -43,7 +54,16 @@ bool WorkerCollective::done() const {
 }
 
 uint64_t WorkerCollective::MaxResultPayload() const {
-  return uint64_t{shape_.blocks_per_message} * (kEntrySize + Pad8(layout_.MaxBlockBytes()));
+  const uint32_t element_size = FindDType(spec_.dtype)->size;
+  return uint64_t{shape_.blocks_per_message} *
+         (kEntrySize + Pad8(codec::MaxWireBytes(download_, spec_.block_size, element_size)));
+}
+
+void WorkerCollective::SetWireSizes(OutgoingFrame* frame) const {
+  if (!encoder_) return;
+  for (Entry& e : frame->entries) {
+    if (e.data_bytes > 0) e.data_bytes = static_cast<uint32_t>(encoder_->Block(e.block).size());
+  }
 }
 
 Status WorkerCollective::OnResult(uint32_t aggregator, const FrameHeader& header,
@@ -61,18 +81,27 @@ Status WorkerCollective::OnResult(uint32_t aggregator, const FrameHeader& header
   if (Status st = schedules_[aggregator].OnResult(header.slot, scratch_entries_, next, has_next); !st.ok()) {
     return st;
   }
+  if (*has_next) SetWireSizes(next);
   for (const EntryView& e : scratch_entries_) {
     if (e.data.empty()) continue;
     std::byte* block = tensor_.data() + layout_.BlockByteOffset(e.block);
-    if (flags_[e.block] & (kBlockNonzero | kBlockHasNegativeZero)) {
+    const uint32_t block_bytes = layout_.BlockBytes(e.block);
+    const bool keep = encoder_ ? (OrReduce(block, block_bytes, 0) != 0)  // not all-zero bits
+                               : (flags_[e.block] & (kBlockNonzero | kBlockHasNegativeZero)) != 0;
+    if (keep) {
       // Only the first time: every block is carried by at most one RESULT.
       if (backup_blocks_.empty() && backup_data_.size() < backup_capacity_blocks_ * layout_.MaxBlockBytes()) {
         backup_data_ = ByteBuffer(backup_capacity_blocks_ * layout_.MaxBlockBytes());
       }
-      std::memcpy(backup_data_.data() + backup_blocks_.size() * layout_.MaxBlockBytes(), block, e.data.size());
+      std::memcpy(backup_data_.data() + backup_blocks_.size() * layout_.MaxBlockBytes(), block, block_bytes);
       backup_blocks_.push_back(e.block);
     }
-    std::memcpy(block, e.data.data(), e.data.size());
+    if (download_ == codec::WireFormat::kRaw) {
+      std::memcpy(block, e.data.data(), e.data.size());
+    } else {
+      // Checked by the schedule (CheckWireBlock): cannot fail.
+      (void)codec::DecodeFloats(download_, e.data, block_bytes / 4, reinterpret_cast<float*>(block), false);
+    }
     flags_[e.block] |= kBlockReceived;
   }
   return Status::Ok();
@@ -94,6 +123,14 @@ void WorkerCollective::Restore() {
 }
 
 void WorkerCollective::Finish() {
+  if (encoder_) {
+    // What no RESULT carried sums to zero, whatever the tensor held there (the codec may have sent none of it).
+    for (uint64_t b = 0; b < flags_.size(); ++b) {
+      if (!(flags_[b] & kBlockReceived)) std::memset(tensor_.data() + layout_.BlockByteOffset(b), 0, layout_.BlockBytes(b));
+    }
+    encoder_->Finish(std::span(reinterpret_cast<float*>(tensor_.data()), spec_.element_count));
+    return;
+  }
   // Own nonzero blocks are always in the union and therefore received; a zero block holds only +0 and -0
   // elements, and only the ones with a -0 (kBlockHasNegativeZero) need rewriting.
   for (uint64_t b = 0; b < flags_.size(); ++b) {
@@ -115,6 +152,7 @@ ByteBuffer WorkerCollective::EncodePrefix(const OutgoingFrame& frame) const {
 }
 
 std::span<const std::byte> WorkerCollective::BlockData(uint64_t block) const {
+  if (encoder_) return encoder_->Block(block);
   return {tensor_.data() + layout_.BlockByteOffset(block), layout_.BlockBytes(block)};
 }
 

@@ -8,6 +8,7 @@
 #include <span>
 #include <vector>
 
+#include "codec/tensor_codec.h"
 #include "core/byte_buffer.h"
 #include "core/status.h"
 #include "protocol/frame.h"
@@ -16,21 +17,30 @@
 
 namespace sparsereduce {
 
+// What a collective with a codec needs from the worker: the key's state and the rank (DIANA's random choices).
+struct CodecContext {
+  codec::KeyState* state = nullptr;
+  uint32_t rank = 0;
+  uint64_t seed = 0;
+};
+
 class WorkerCollective {
  public:
   // `tensor` holds spec.element_count elements of spec.dtype and is reduced in place; it must stay valid and
   // untouched by the caller until the collective is done. `spec` must have passed ValidateSpec.
   // `backup_storage` is memory for Restore()'s copies that the caller recycles across collectives (see
   // ReleaseBackupStorage), so that a steady training loop does not fault in fresh pages every step.
+  // With a codec (spec.codec), `codec` must hold the key's state, which the collective advances in Finish only.
   WorkerCollective(const JobShape& shape, uint64_t job, uint64_t seq, const CollectiveSpec& spec,
-                   std::span<std::byte> tensor, ByteBuffer backup_storage = {});
+                   std::span<std::byte> tensor, ByteBuffer backup_storage = {}, CodecContext codec = {});
 
   WorkerCollective(const WorkerCollective&) = delete;
   WorkerCollective& operator=(const WorkerCollective&) = delete;
 
   uint64_t seq() const { return seq_; }
   uint64_t num_blocks() const { return flags_.size(); }
-  uint64_t nonzero_blocks() const { return nonzero_blocks_; }
+  uint64_t nonzero_blocks() const { return nonzero_blocks_; }  // the blocks this worker sends
+  uint64_t selected_blocks() const { return encoder_ ? encoder_->selected_blocks() : 0; }
 
   std::vector<OutgoingFrame> Start(uint32_t aggregator);
 
@@ -52,6 +62,8 @@ class WorkerCollective {
 
   // Largest RESULT payload this collective allows.
   uint64_t MaxResultPayload() const;
+  // Block data of contributions as they go on the wire (entries' data_bytes), after the schedule built them.
+  void SetWireSizes(OutgoingFrame* frame) const;
 
   // Frame header and entry table of `frame` (the data follows, see BlockData and PaddingFor).
   ByteBuffer EncodePrefix(const OutgoingFrame& frame) const;
@@ -77,6 +89,9 @@ class WorkerCollective {
   ByteBuffer backup_data_;  // grown at the first overwrite if too small; pages are touched only as blocks are saved
   uint64_t backup_capacity_blocks_ = 0;
   std::vector<EntryView> scratch_entries_;
+  // With a codec: it chose the blocks to send and holds their wire bytes; results are decoded into the tensor.
+  std::unique_ptr<codec::TensorEncoder> encoder_;
+  codec::WireFormat download_ = codec::WireFormat::kRaw;
 };
 
 }  // namespace sparsereduce

@@ -10,6 +10,8 @@ WorkerSchedule::WorkerSchedule(const JobShape& shape, uint32_t aggregator_index,
     : shape_(shape),
       aggregator_(aggregator_index),
       layout_(shape, spec.element_count, spec.block_size, element_size),
+      element_size_(element_size),
+      download_(DownloadFormat(spec.codec)),
       flags_(block_flags),
       slots_(shape.slots) {}
 
@@ -63,10 +65,14 @@ Status WorkerSchedule::OnResult(uint32_t s, std::span<const EntryView> entries, 
     const EntryView& e = entries[i++];
     auto what = [&] { return where() + ", block " + std::to_string(lane.cur); };
     if (e.block != lane.cur) return ProtocolError(what() + ": RESULT entry names block " + std::to_string(e.block));
-    const uint32_t want_bytes = slot.round == 0 ? 0 : layout_.BlockBytes(lane.cur);
-    if (e.data.size() != want_bytes) {
-      return ProtocolError(what() + ": RESULT carries " + std::to_string(e.data.size()) + " data bytes, expected " +
-                           std::to_string(want_bytes));
+    if (slot.round == 0 && !e.data.empty()) {
+      return ProtocolError(what() + ": round-0 RESULT carries " + std::to_string(e.data.size()) + " data bytes");
+    }
+    if (slot.round > 0) {
+      const uint32_t elements = static_cast<uint32_t>(layout_.BlockElements(lane.cur));
+      if (Status st = codec::CheckWireBlock(download_, elements, element_size_, e.data); !st.ok()) {
+        return st.WithContext(what() + ": RESULT");
+      }
     }
     const uint64_t column = layout_.ColumnOf(lane.cur);
     if (!layout_.IsValidNext(e.next, column, lane.cur, /*inclusive=*/slot.round == 0) || e.next > lane.my_next) {

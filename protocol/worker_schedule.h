@@ -56,6 +56,8 @@ class WorkerSchedule {
   JobShape shape_;
   uint32_t aggregator_;
   ColumnLayout layout_;
+  uint32_t element_size_;
+  codec::WireFormat download_;
   std::span<const uint8_t> flags_;
   std::vector<Slot> slots_;
   uint32_t active_slots_ = 0;

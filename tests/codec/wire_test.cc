@@ -91,7 +91,7 @@ TEST(Ternary, RoundTripsEveryLengthAndDensity) {
 
 TEST(Ternary, MalformedBlocksAreRefused) {
   const std::vector<std::byte> good = Encode({1, 0, 0, 0, 0, 0, 0, 0, 0, 0, -1}, 1.0f);  // 3 groups
-  std::vector<float> out(11);
+  std::vector<float> out(16);  // room for the largest n tried
   EXPECT_TRUE(DecodeTernary(good, 11, out.data(), false).ok());
   EXPECT_FALSE(DecodeTernary(good, 16, out.data(), false).ok());  // too few groups for 16 values
   EXPECT_FALSE(DecodeTernary(good, 10, out.data(), false).ok());  // too many groups for 10

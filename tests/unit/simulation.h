@@ -16,6 +16,14 @@
 
 namespace sparsereduce::testing {
 
+// State that codecs keep across collectives: per worker (its KeyState for the spec's key) and per aggregator (3LC
+// error memory). Kept by the caller to run several collectives in a row.
+struct CodecStates {
+  std::vector<codec::KeyState> workers;
+  std::vector<std::unique_ptr<codec::ErrorMemory>> aggregators;
+  uint64_t seed = 1;
+};
+
 struct SimulationOutcome {
   Status status;                               // first protocol error, if any
   std::vector<uint64_t> data_entries_sent;     // per worker: CONTRIBUTION entries that carried data
@@ -27,7 +35,7 @@ struct SimulationOutcome {
 // is cut off after that many frame deliveries (a failure): the workers then Restore() and the status is kAborted.
 inline SimulationOutcome Simulate(const JobShape& shape, const CollectiveSpec& spec,
                                   std::vector<std::vector<std::byte>>& tensors, uint64_t seed,
-                                  uint64_t max_deliveries = ~uint64_t{0}) {
+                                  uint64_t max_deliveries = ~uint64_t{0}, CodecStates* states = nullptr) {
   const uint32_t W = shape.world_size, A = shape.num_aggregators;
   const uint64_t job = 42, seq = 7;
   SimulationOutcome outcome;
@@ -35,11 +43,25 @@ inline SimulationOutcome Simulate(const JobShape& shape, const CollectiveSpec& s
   outcome.data_entries_received.assign(W, 0);
   outcome.bytes_sent.assign(W, 0);
 
+  CodecStates local_states;
+  if (states == nullptr) states = &local_states;
+  if (states->workers.size() < W) states->workers.resize(W);
+  if (states->aggregators.size() < A) states->aggregators.resize(A);
   std::vector<std::unique_ptr<ColumnEngine>> engines;
-  for (uint32_t a = 0; a < A; ++a) engines.push_back(std::make_unique<ColumnEngine>(shape, a, job, seq, spec));
+  for (uint32_t a = 0; a < A; ++a) {
+    codec::ErrorMemory* memory = nullptr;
+    if (spec.codec.codec == Codec::kThreeLC && !spec.codec.result_fp32) {
+      const ColumnLayout layout(shape, spec.element_count, spec.block_size, 4);
+      auto& m = states->aggregators[a];
+      if (!m || m->blocks() != layout.BlocksOf(a)) m = std::make_unique<codec::ErrorMemory>(layout.BlocksOf(a), spec.block_size);
+      memory = m.get();
+    }
+    engines.push_back(std::make_unique<ColumnEngine>(shape, a, job, seq, spec, nullptr, memory));
+  }
   std::vector<std::unique_ptr<WorkerCollective>> workers;
   for (uint32_t w = 0; w < W; ++w) {
-    workers.push_back(std::make_unique<WorkerCollective>(shape, job, seq, spec, tensors[w]));
+    CodecContext context{&states->workers[w], w, states->seed};
+    workers.push_back(std::make_unique<WorkerCollective>(shape, job, seq, spec, tensors[w], ByteBuffer(), context));
   }
 
   // Channel (w, a, to_aggregator) -> FIFO of frames, like one TCP connection per direction.

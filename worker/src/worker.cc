@@ -7,6 +7,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <deque>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -29,7 +30,8 @@ class Worker::Impl : public AggregatorLink::Handler {
   explicit Impl(WorkerOptions options);
   ~Impl() override;
 
-  std::future<void> Submit(std::span<std::byte> tensor, uint64_t count, DType dtype);
+  std::future<void> Submit(std::span<std::byte> tensor, uint64_t count, DType dtype,
+                           const AllreduceOptions& options = {});
   CollectiveStats last_stats() const {
     std::lock_guard lock(stats_mutex_);
     return last_stats_;
@@ -95,6 +97,8 @@ class Worker::Impl : public AggregatorLink::Handler {
   bool join_pending_ = true;
   std::deque<Request> queue_;
   std::optional<Active> active_;
+  // Codec state per (codec, key), across collectives.
+  std::map<std::pair<Codec, uint64_t>, codec::KeyState> codec_states_;
   uint64_t seq_ = 0;
   ByteBuffer backup_storage_;  // recycled between collectives (WorkerCollective::Restore's copies)
 
@@ -209,8 +213,15 @@ Worker::Impl::~Impl() {
   thread_.join();
 }
 
-std::future<void> Worker::Impl::Submit(std::span<std::byte> tensor, uint64_t count, DType dtype) {
+std::future<void> Worker::Impl::Submit(std::span<std::byte> tensor, uint64_t count, DType dtype,
+                                       const AllreduceOptions& options) {
   Request request{tensor, CollectiveSpec{count, dtype, ReduceOp::kSum, options_.block_size}, {}};
+  const CodecOptions& c = options.codec ? *options.codec : options_.codec;
+  Result<Codec> codec = ParseCodec(c.name);
+  if (!codec.ok()) throw MakeError(codec.status());
+  request.spec.codec = CodecSpec{*codec, options.key, c.sparsity, c.fp32_results, c.fraction, c.alpha, c.l2_norm};
+  if (dtype == DType::kInt32) request.spec.codec.codec = Codec::kNone;  // int32 sums are always exact
+  if (Status st = ValidateCodec(request.spec.codec); !st.ok()) throw MakeError(st.WithContext("codec " + c.name));
   std::future<void> future = request.promise.get_future();
   asio::post(io_, [this, request = std::move(request)]() mutable {
     if (broken_) {
@@ -237,8 +248,14 @@ void Worker::Impl::StartNext() {
     a.received_before += link->bytes_received();
   }
   const uint64_t seq = ++seq_;
+  CodecContext codec;
+  if (a.request.spec.codec.codec != Codec::kNone) {
+    codec.state = &codec_states_[{a.request.spec.codec.codec, a.request.spec.codec.key}];
+    codec.rank = options_.rank;
+    codec.seed = options_.codec_seed;
+  }
   a.collective = std::make_unique<WorkerCollective>(shape_, options_.job, seq, a.request.spec, a.request.tensor,
-                                                    std::move(backup_storage_));
+                                                    std::move(backup_storage_), codec);
 
   proto::ControlMessage begin;
   begin.mutable_collective_begin()->set_seq(seq);
@@ -389,6 +406,8 @@ void Worker::Impl::MaybeComplete() {
   stats.element_count = a.request.spec.element_count;
   stats.blocks = a.collective->num_blocks();
   stats.nonzero_blocks = a.collective->nonzero_blocks();
+  stats.selected_blocks = a.collective->selected_blocks();
+  stats.codec = CodecName(a.request.spec.codec.codec);
   for (auto& link : links_) {
     stats.bytes_sent += link->bytes_sent();
     stats.bytes_received += link->bytes_received();
@@ -396,6 +415,11 @@ void Worker::Impl::MaybeComplete() {
   stats.bytes_sent -= a.sent_before;
   stats.bytes_received -= a.received_before;
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - a.start).count();
+  if (a.request.spec.codec.codec == Codec::kAdaptive) {
+    // The adaptive codec's cost model learns from what its collectives cost.
+    codec_states_[{Codec::kAdaptive, a.request.spec.codec.key}].cost.Add(static_cast<double>(stats.bytes_sent),
+                                                                         stats.seconds);
+  }
   {
     std::lock_guard lock(stats_mutex_);
     last_stats_ = stats;
@@ -497,6 +521,13 @@ std::future<void> Worker::allreduce_async(std::span<float> tensor) {
 }
 std::future<void> Worker::allreduce_async(std::span<int32_t> tensor) {
   return impl_->Submit(std::as_writable_bytes(tensor), tensor.size(), DType::kInt32);
+}
+
+void Worker::allreduce(std::span<float> tensor, const AllreduceOptions& options) {
+  allreduce_async(tensor, options).get();
+}
+std::future<void> Worker::allreduce_async(std::span<float> tensor, const AllreduceOptions& options) {
+  return impl_->Submit(std::as_writable_bytes(tensor), tensor.size(), DType::kFloat32, options);
 }
 
 CollectiveStats Worker::last_stats() const { return impl_->last_stats(); }

@@ -14,12 +14,36 @@
 #include <cstdint>
 #include <future>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace sparsereduce {
+
+// A lossy compression stage for float32 allreduces (docs/PROTOCOL.md §11). "none" is exact; the others trade
+// accuracy for bytes and keep state per tensor (see AllreduceOptions::key). Every rank must use the same codec
+// and parameters for a collective.
+struct CodecOptions {
+  // none | fp16 | bf16 (wire types; the aggregator sums in fp32) | 3lc (ternary with error feedback, both ways) |
+  // diana (unbiased ternary of the difference to a learned shift h) | topk (the largest blocks, error feedback) |
+  // adaptive (top-k whose k is picked per step from the collectives' measured cost)
+  std::string name = "none";
+  float sparsity = 1.0f;       // 3lc: s in [1, 2); larger s, more zeros
+  bool fp32_results = false;   // 3lc: the aggregators send sums in fp32 instead of ternary
+  float fraction = 0.01f;      // topk: fraction of blocks sent; adaptive: the most it may send
+  float alpha = 0.0f;          // diana: step of h; 0 means 1/sqrt(block_size)
+  bool l2_norm = false;        // diana: scale blocks by their 2-norm (default: the largest magnitude)
+};
+
+// Per call.
+struct AllreduceOptions {
+  // Names the tensor across calls (e.g. the DDP bucket index): error feedback, top-k residuals and DIANA's h are
+  // kept per key, so a tensor must keep its key from step to step, and two tensors must not share one.
+  uint64_t key = 0;
+  std::optional<CodecOptions> codec;  // default: WorkerOptions::codec
+};
 
 struct WorkerOptions {
   // Aggregators of the job, as HOST:PORT, DNS-NAME:PORT (e.g. StatefulSet pods,
@@ -55,6 +79,10 @@ struct WorkerOptions {
   std::chrono::milliseconds join_timeout{60'000};
   // One allreduce, from its start on the I/O thread to its last result.
   std::chrono::milliseconds collective_timeout{60'000};
+  // The codec of float32 allreduces that do not name one (int32 allreduces are always exact).
+  CodecOptions codec;
+  // Seeds DIANA's random rounding (with the key, the step and the rank): runs repeat exactly.
+  uint64_t codec_seed = 0;
 };
 
 // Every failure of the library. what() names the job, the rank and, where one is involved, the aggregator.
@@ -73,7 +101,9 @@ struct CollectiveStats {
   uint64_t seq = 0;
   uint64_t element_count = 0;
   uint64_t blocks = 0;
-  uint64_t nonzero_blocks = 0;  // this rank's
+  uint64_t nonzero_blocks = 0;  // blocks this rank sent (without a codec: its nonzero blocks)
+  uint64_t selected_blocks = 0;  // topk / adaptive: the k chosen for this collective
+  std::string codec = "none";
   uint64_t bytes_sent = 0;      // on the wire, headers included
   uint64_t bytes_received = 0;
   double seconds = 0;           // from the start on the I/O thread to completion
@@ -97,6 +127,10 @@ class Worker {
   // Starts an allreduce and returns at once. The tensor must stay alive and untouched until the future is ready.
   std::future<void> allreduce_async(std::span<float> tensor);
   std::future<void> allreduce_async(std::span<int32_t> tensor);
+
+  // With a key (and a codec other than the Worker's default).
+  void allreduce(std::span<float> tensor, const AllreduceOptions& options);
+  std::future<void> allreduce_async(std::span<float> tensor, const AllreduceOptions& options);
 
   // Statistics of the most recent completed allreduce.
   CollectiveStats last_stats() const;

@@ -1,0 +1,74 @@
+#include "codec/codec_spec.h"
+
+#include <cmath>
+
+namespace sparsereduce {
+
+const char* CodecName(Codec codec) {
+  switch (codec) {
+    case Codec::kNone: return "none";
+    case Codec::kFloat16: return "fp16";
+    case Codec::kBFloat16: return "bf16";
+    case Codec::kThreeLC: return "3lc";
+    case Codec::kDiana: return "diana";
+    case Codec::kTopK: return "topk";
+    case Codec::kAdaptive: return "adaptive";
+  }
+  return "?";
+}
+
+Result<Codec> ParseCodec(const std::string& name) {
+  for (Codec c : {Codec::kNone, Codec::kFloat16, Codec::kBFloat16, Codec::kThreeLC, Codec::kDiana, Codec::kTopK,
+                  Codec::kAdaptive}) {
+    if (name == CodecName(c)) return c;
+  }
+  return InvalidArgument("unknown codec '" + name + "' (none, fp16, bf16, 3lc, diana, topk, adaptive)");
+}
+
+std::string CodecSpec::ToString() const {
+  std::string s = CodecName(codec);
+  if (codec == Codec::kNone) return s;
+  s += "(key=" + std::to_string(key);
+  if (codec == Codec::kThreeLC) s += " s=" + std::to_string(sparsity) + (result_fp32 ? " fp32-results" : "");
+  if (codec == Codec::kTopK || codec == Codec::kAdaptive) s += " fraction=" + std::to_string(fraction);
+  if (codec == Codec::kDiana) s += " alpha=" + std::to_string(alpha) + (diana_l2 ? " l2" : " linf");
+  return s + ")";
+}
+
+Status ValidateCodec(const CodecSpec& c) {
+  if (static_cast<uint32_t>(c.codec) > static_cast<uint32_t>(Codec::kAdaptive)) {
+    return Status(StatusCode::kUnsupported, "unknown codec value " + std::to_string(static_cast<uint32_t>(c.codec)));
+  }
+  if (!(c.sparsity >= 1.0f && c.sparsity < 2.0f)) {
+    return InvalidArgument("3LC sparsity multiplier " + std::to_string(c.sparsity) + " is outside [1, 2)");
+  }
+  if (!(c.fraction > 0.0f && c.fraction <= 1.0f)) {
+    return InvalidArgument("top-k fraction " + std::to_string(c.fraction) + " is outside (0, 1]");
+  }
+  if (!(c.alpha >= 0.0f && c.alpha <= 1.0f)) {
+    return InvalidArgument("DIANA alpha " + std::to_string(c.alpha) + " is outside [0, 1]");
+  }
+  if (c.result_fp32 && c.codec != Codec::kThreeLC) return InvalidArgument("fp32 results are a 3LC option");
+  return Status::Ok();
+}
+
+codec::WireFormat UploadFormat(const CodecSpec& c) {
+  switch (c.codec) {
+    case Codec::kFloat16: return codec::WireFormat::kFloat16;
+    case Codec::kBFloat16: return codec::WireFormat::kBFloat16;
+    case Codec::kThreeLC:
+    case Codec::kDiana: return codec::WireFormat::kTernary;
+    default: return codec::WireFormat::kRaw;
+  }
+}
+
+codec::WireFormat DownloadFormat(const CodecSpec& c) {
+  switch (c.codec) {
+    case Codec::kFloat16: return codec::WireFormat::kFloat16;
+    case Codec::kBFloat16: return codec::WireFormat::kBFloat16;
+    case Codec::kThreeLC: return c.result_fp32 ? codec::WireFormat::kRaw : codec::WireFormat::kTernary;
+    default: return codec::WireFormat::kRaw;
+  }
+}
+
+}  // namespace sparsereduce

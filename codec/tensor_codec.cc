@@ -1,0 +1,373 @@
+#include "codec/tensor_codec.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+
+#include "codec/half.h"
+#include "codec/ternary.h"
+#include "codec/three_lc.h"
+#include "codec/wire.h"
+
+namespace sparsereduce::codec {
+namespace {
+
+// Wire bytes of the blocks to send, stored back to back, and where each block's are.
+class BlockStore {
+ public:
+  void Reset(uint64_t blocks, uint64_t capacity) {
+    offset_.assign(blocks, 0);
+    length_.assign(blocks, 0);
+    bytes_.resize(capacity);
+    used_ = 0;
+  }
+  std::byte* Begin(uint64_t block) {
+    offset_[block] = used_;
+    return bytes_.data() + used_;
+  }
+  void End(uint64_t block, uint32_t length) {
+    length_[block] = length;
+    used_ += length;
+  }
+  std::span<const std::byte> Block(uint64_t block) const { return {bytes_.data() + offset_[block], length_[block]}; }
+
+ private:
+  std::vector<uint64_t> offset_;
+  std::vector<uint32_t> length_;
+  std::vector<std::byte> bytes_;
+  uint64_t used_ = 0;
+};
+
+struct Blocks {
+  uint64_t count;
+  uint32_t size;
+  uint64_t elements;
+  uint64_t Begin(uint64_t b) const { return b * size; }
+  uint32_t Length(uint64_t b) const { return static_cast<uint32_t>(std::min<uint64_t>(size, elements - b * size)); }
+};
+
+Blocks Split(uint64_t elements, uint32_t block_size) {
+  return {(elements + block_size - 1) / block_size, block_size, elements};
+}
+
+// A fresh state when the key is new or its tensor changed size or codec.
+void Fit(KeyState& state, Codec codec, uint64_t elements) {
+  if (state.codec == codec && state.elements == elements) return;
+  state = KeyState{};
+  state.codec = codec;
+  state.elements = elements;
+}
+
+bool AnyNonzero(const float* x, uint32_t n) {
+  for (uint32_t j = 0; j < n; ++j) {
+    if (x[j] != 0.0f) return true;
+  }
+  return false;
+}
+
+// fp16 / bf16: a block is sent when it has a nonzero element; the sums come back in the same format.
+class HalfEncoder final : public TensorEncoder {
+ public:
+  HalfEncoder(WireFormat format, uint32_t block_size) : format_(format), block_size_(block_size) {}
+
+  uint64_t Prepare(std::span<const float> tensor, std::span<uint8_t> send) override {
+    const Blocks blocks = Split(tensor.size(), block_size_);
+    uint64_t count = 0;
+    for (uint64_t b = 0; b < blocks.count; ++b) {
+      send[b] = AnyNonzero(tensor.data() + blocks.Begin(b), blocks.Length(b));
+      count += send[b];
+    }
+    store_.Reset(blocks.count, count * MaxWireBytes(format_, block_size_, 4));
+    for (uint64_t b = 0; b < blocks.count; ++b) {
+      if (!send[b]) continue;
+      const uint32_t n = blocks.Length(b);
+      store_.End(b, EncodeFloats(format_, tensor.data() + blocks.Begin(b), n, store_.Begin(b)));
+    }
+    return count;
+  }
+  std::span<const std::byte> Block(uint64_t block) const override { return store_.Block(block); }
+  void Finish(std::span<float>) override {}
+
+ private:
+  WireFormat format_;
+  uint32_t block_size_;
+  BlockStore store_;
+};
+
+// 3LC with error feedback, scale over the whole tensor; sums come back ternary (or fp32) from the aggregators, which
+// keep their own error feedback.
+class ThreeLcEncoder final : public TensorEncoder {
+ public:
+  ThreeLcEncoder(const CodecSpec& spec, uint32_t block_size, KeyState& state)
+      : spec_(spec), block_size_(block_size), state_(state) {}
+
+  uint64_t Prepare(std::span<const float> tensor, std::span<uint8_t> send) override {
+    Fit(state_, Codec::kThreeLC, tensor.size());
+    if (state_.error.empty()) state_.error.assign(tensor.size(), 0.0f);
+    error_ = state_.error;  // staged: the key's state changes only in Finish
+    const Blocks blocks = Split(tensor.size(), block_size_);
+    const float scale = MaxAbsWithError(tensor.data(), error_.data(), tensor.size()) * spec_.sparsity;
+    std::vector<int8_t> q(block_size_);
+    std::vector<std::byte> scratch(MaxTernaryBytes(block_size_));
+    uint64_t count = 0;
+    for (uint64_t b = 0; b < blocks.count; ++b) {
+      const uint32_t n = blocks.Length(b);
+      send[b] = QuantizeWithError(tensor.data() + blocks.Begin(b), error_.data() + blocks.Begin(b), n, scale, q.data());
+      if (!send[b]) continue;
+      ++count;
+      const size_t bytes = EncodeTernary(q.data(), n, scale, scratch.data());
+      offsets_.push_back({b, encoded_.size(), static_cast<uint32_t>(bytes)});
+      encoded_.insert(encoded_.end(), scratch.begin(), scratch.begin() + bytes);
+    }
+    index_.assign(blocks.count, ~uint64_t{0});
+    for (size_t i = 0; i < offsets_.size(); ++i) index_[offsets_[i].block] = i;
+    return count;
+  }
+  std::span<const std::byte> Block(uint64_t block) const override {
+    const Encoded& e = offsets_[index_[block]];
+    return {encoded_.data() + e.offset, e.length};
+  }
+  void Finish(std::span<float>) override {
+    state_.error.swap(error_);
+    ++state_.steps;
+  }
+
+ private:
+  struct Encoded {
+    uint64_t block;
+    size_t offset;
+    uint32_t length;
+  };
+  CodecSpec spec_;
+  uint32_t block_size_;
+  KeyState& state_;
+  std::vector<float> error_;
+  std::vector<std::byte> encoded_;
+  std::vector<Encoded> offsets_;
+  std::vector<uint64_t> index_;
+};
+
+// DIANA (Mishchenko et al., 2019): sends Q(x − h_i) with Q unbiased block-wise ternary, receives S = Σ_i Q(Δ_i) in
+// fp32; the result (a sum over ranks) is W·h + S, and h_i += α·Q(Δ_i), h += α·S/W on every worker alike.
+class DianaEncoder final : public TensorEncoder {
+ public:
+  DianaEncoder(const CodecSpec& spec, uint32_t block_size, KeyState& state, uint32_t rank, uint32_t world_size,
+               uint64_t seed)
+      : spec_(spec),
+        block_size_(block_size),
+        state_(state),
+        rank_(rank),
+        world_size_(world_size),
+        seed_(seed),
+        alpha_(spec.alpha > 0.0f ? spec.alpha : DianaDefaultAlpha(block_size)) {}
+
+  uint64_t Prepare(std::span<const float> tensor, std::span<uint8_t> send) override {
+    Fit(state_, Codec::kDiana, tensor.size());
+    if (state_.h_own.empty()) {
+      state_.h_own.assign(tensor.size(), 0.0f);
+      state_.h_mean.assign(tensor.size(), 0.0f);
+    }
+    h_own_ = state_.h_own;
+    // One stream per (seed, key, step, rank): reproducible, and independent across ranks and steps.
+    std::seed_seq seq{seed_, spec_.key, state_.steps, uint64_t{rank_}};
+    std::mt19937_64 random(seq);
+    std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+    const Blocks blocks = Split(tensor.size(), block_size_);
+    std::vector<float> delta(block_size_);
+    std::vector<int8_t> q(block_size_);
+    std::vector<std::byte> scratch(MaxTernaryBytes(block_size_));
+    uint64_t count = 0;
+    for (uint64_t b = 0; b < blocks.count; ++b) {
+      const uint32_t n = blocks.Length(b);
+      const float* x = tensor.data() + blocks.Begin(b);
+      float* h = h_own_.data() + blocks.Begin(b);
+      float norm = 0.0f;
+      for (uint32_t j = 0; j < n; ++j) {
+        delta[j] = x[j] - h[j];
+        norm = spec_.diana_l2 ? norm + delta[j] * delta[j] : std::max(norm, std::fabs(delta[j]));
+      }
+      if (spec_.diana_l2) norm = std::sqrt(norm);
+      bool any = false;
+      for (uint32_t j = 0; j < n; ++j) {
+        // P(q_j = sign) = |Δ_j| / ‖Δ‖, so E[norm · q_j] = Δ_j.
+        const bool keep = norm > 0.0f && uniform(random) * norm < std::fabs(delta[j]);
+        q[j] = keep ? (delta[j] > 0.0f ? 1 : -1) : 0;
+        any |= keep;
+      }
+      send[b] = any;
+      if (!any) continue;
+      ++count;
+      for (uint32_t j = 0; j < n; ++j) h[j] += alpha_ * (norm * static_cast<float>(q[j]));
+      const size_t bytes = EncodeTernary(q.data(), n, norm, scratch.data());
+      offsets_.push_back({b, encoded_.size(), static_cast<uint32_t>(bytes)});
+      encoded_.insert(encoded_.end(), scratch.begin(), scratch.begin() + bytes);
+    }
+    index_.assign(blocks.count, ~uint64_t{0});
+    for (size_t i = 0; i < offsets_.size(); ++i) index_[offsets_[i].block] = i;
+    return count;
+  }
+  std::span<const std::byte> Block(uint64_t block) const override {
+    const Encoded& e = offsets_[index_[block]];
+    return {encoded_.data() + e.offset, e.length};
+  }
+  void Finish(std::span<float> tensor) override {
+    // Every worker runs the same fp32 operations on the same S and h: the replicas stay bitwise equal.
+    const float w = static_cast<float>(world_size_);
+    float* h = state_.h_mean.data();
+    for (size_t j = 0; j < tensor.size(); ++j) {
+      const float s = tensor[j];
+      tensor[j] = w * h[j] + s;
+      h[j] += alpha_ * (s / w);
+    }
+    state_.h_own.swap(h_own_);
+    ++state_.steps;
+  }
+
+ private:
+  struct Encoded {
+    uint64_t block;
+    size_t offset;
+    uint32_t length;
+  };
+  CodecSpec spec_;
+  uint32_t block_size_;
+  KeyState& state_;
+  uint32_t rank_, world_size_;
+  uint64_t seed_;
+  float alpha_;
+  std::vector<float> h_own_;
+  std::vector<std::byte> encoded_;
+  std::vector<Encoded> offsets_;
+  std::vector<uint64_t> index_;
+};
+
+// Block top-k with error feedback: T = x + R; the k blocks of T with the largest 2-norm go out exactly, the others
+// stay as the residual R for the next collective. Adaptive picks k per collective (see ChooseK).
+class TopKEncoder final : public TensorEncoder {
+ public:
+  TopKEncoder(const CodecSpec& spec, uint32_t block_size, KeyState& state)
+      : spec_(spec), block_size_(block_size), state_(state) {}
+
+  uint64_t Prepare(std::span<const float> tensor, std::span<uint8_t> send) override {
+    Fit(state_, spec_.codec, tensor.size());
+    if (state_.error.empty()) state_.error.assign(tensor.size(), 0.0f);
+    total_ = state_.error;  // T = x + R, staged
+    for (size_t j = 0; j < tensor.size(); ++j) total_[j] += tensor[j];
+    const Blocks blocks = Split(tensor.size(), block_size_);
+    std::vector<double> norm2(blocks.count, 0.0);
+    for (uint64_t b = 0; b < blocks.count; ++b) {
+      const float* t = total_.data() + blocks.Begin(b);
+      double s = 0;
+      for (uint32_t j = 0; j < blocks.Length(b); ++j) s += double{t[j]} * t[j];
+      norm2[b] = s;
+    }
+    std::vector<uint64_t> order(blocks.count);
+    std::iota(order.begin(), order.end(), 0);
+    const uint64_t k_max = std::max<uint64_t>(1, static_cast<uint64_t>(std::ceil(spec_.fraction * blocks.count)));
+    k_ = std::min(k_max, blocks.count);
+    if (spec_.codec == Codec::kAdaptive) {
+      std::sort(order.begin(), order.end(), [&](uint64_t a, uint64_t b) { return norm2[a] > norm2[b] || (norm2[a] == norm2[b] && a < b); });
+      k_ = ChooseK(norm2, order, k_);
+    } else if (k_ < blocks.count) {
+      std::nth_element(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k_), order.end(),
+                       [&](uint64_t a, uint64_t b) { return norm2[a] > norm2[b] || (norm2[a] == norm2[b] && a < b); });
+    }
+    std::fill(send.begin(), send.begin() + static_cast<std::ptrdiff_t>(blocks.count), 0);
+    uint64_t count = 0;
+    for (uint64_t i = 0; i < k_; ++i) {
+      if (norm2[order[i]] > 0.0) {
+        send[order[i]] = 1;
+        ++count;
+      }
+    }
+    blocks_ = blocks;
+    sent_.assign(send.begin(), send.begin() + static_cast<std::ptrdiff_t>(blocks.count));
+    return count;
+  }
+  std::span<const std::byte> Block(uint64_t block) const override {
+    return std::as_bytes(std::span(total_.data() + blocks_.Begin(block), blocks_.Length(block)));
+  }
+  void Finish(std::span<float>) override {
+    // The residual: T where it was not sent.
+    std::vector<float>& residual = state_.error;
+    residual.swap(total_);
+    for (uint64_t b = 0; b < blocks_.count; ++b) {
+      if (sent_[b]) std::fill_n(residual.data() + blocks_.Begin(b), blocks_.Length(b), 0.0f);
+    }
+    ++state_.steps;
+  }
+  uint64_t selected_blocks() const override { return k_; }
+
+ private:
+  // k maximizing expected descent per unit of time: descent ∝ ‖S_k(T)‖² / ‖T‖² (the fraction of the squared norm
+  // in the k largest blocks), time C(k) = a + b · bytes(k) from the key's fitted cost model.
+  uint64_t ChooseK(const std::vector<double>& norm2, const std::vector<uint64_t>& sorted, uint64_t k_max) const {
+    double total = 0;
+    for (double v : norm2) total += v;
+    if (total <= 0) return 1;
+    const double bytes_per_block = 24.0 + 4.0 * block_size_;  // entry + fp32 data
+    double prefix = 0, best = -1;
+    uint64_t best_k = 1;
+    for (uint64_t k = 1; k <= k_max; ++k) {
+      prefix += norm2[sorted[k - 1]];
+      const double value = (prefix / total) / (state_.cost.a() + state_.cost.b() * bytes_per_block * k);
+      if (value > best) {
+        best = value;
+        best_k = k;
+      }
+    }
+    return best_k;
+  }
+
+  CodecSpec spec_;
+  uint32_t block_size_;
+  KeyState& state_;
+  std::vector<float> total_;
+  std::vector<uint8_t> sent_;
+  Blocks blocks_{0, 1, 0};
+  uint64_t k_ = 0;
+};
+
+}  // namespace
+
+void CostModel::Add(double bytes, double seconds) {
+  samples_.emplace_back(bytes, seconds);
+  if (samples_.size() > kSamples) samples_.pop_front();
+  // Least squares of seconds = a + b · bytes; kept only when it makes sense (positive slope, non-negative a).
+  double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (const auto& [x, y] : samples_) {
+    n += 1;
+    sx += x;
+    sy += y;
+    sxx += x * x;
+    sxy += x * y;
+  }
+  const double det = n * sxx - sx * sx;
+  if (n < 2 || det <= 0) return;
+  const double b = (n * sxy - sx * sy) / det;
+  const double a = (sy - b * sx) / n;
+  if (b > 0) {
+    b_ = b;
+    a_ = std::max(a, 0.0);
+  }
+}
+
+float DianaDefaultAlpha(uint32_t block_size) { return 1.0f / std::sqrt(static_cast<float>(block_size)); }
+
+std::unique_ptr<TensorEncoder> MakeEncoder(const CodecSpec& spec, uint32_t block_size, KeyState& state, uint32_t rank,
+                                           uint32_t world_size, uint64_t seed) {
+  switch (spec.codec) {
+    case Codec::kFloat16: return std::make_unique<HalfEncoder>(WireFormat::kFloat16, block_size);
+    case Codec::kBFloat16: return std::make_unique<HalfEncoder>(WireFormat::kBFloat16, block_size);
+    case Codec::kThreeLC: return std::make_unique<ThreeLcEncoder>(spec, block_size, state);
+    case Codec::kDiana: return std::make_unique<DianaEncoder>(spec, block_size, state, rank, world_size, seed);
+    case Codec::kTopK:
+    case Codec::kAdaptive: return std::make_unique<TopKEncoder>(spec, block_size, state);
+    case Codec::kNone: break;
+  }
+  return nullptr;
+}
+
+}  // namespace sparsereduce::codec

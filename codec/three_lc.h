@@ -1,0 +1,36 @@
+// 3LC's quantizer (Lim, Andersen, Kaminsky, "3LC", SysML 2019) with error feedback: T = x + E, M = max|T| · s,
+// q = round(T / M) ∈ {-1, 0, +1}, E ← T − M·q. Workers take M over the whole tensor (small blocks then quantize to
+// zero and are not sent until their error grows); the aggregator, which produces result blocks one at a time,
+// takes it per block.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace sparsereduce::codec {
+
+// max_j |x_j + error_j|.
+float MaxAbsWithError(const float* x, const float* error, size_t n);
+
+// Quantizes T = x + error with scale M (> 0; M = 0 gives all zeros) into q, and leaves the new error T − M·q in
+// `error`. Returns whether some q_j is nonzero.
+bool QuantizeWithError(const float* x, float* error, size_t n, float scale, int8_t* q);
+
+// Per-block error memory of one tensor (3LC on the aggregator: its blocks of one collective key).
+class ErrorMemory {
+ public:
+  ErrorMemory(uint64_t blocks, uint32_t block_size)
+      : blocks_(blocks), block_size_(block_size), values_(blocks * block_size, 0.0f) {}
+  uint64_t blocks() const { return blocks_; }
+  uint32_t block_size() const { return block_size_; }
+  uint64_t bytes() const { return values_.size() * sizeof(float); }
+  float* Block(uint64_t index) { return values_.data() + index * block_size_; }
+
+ private:
+  uint64_t blocks_;
+  uint32_t block_size_;
+  std::vector<float> values_;
+};
+
+}  // namespace sparsereduce::codec
