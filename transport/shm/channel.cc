@@ -43,17 +43,18 @@ transport::RingChannel::Received ShmChannel::LoadReceived() {
   return {rx_.head.load(std::memory_order_acquire), closed};
 }
 
+// The wake-up handshake (docs/PROTOCOL.md §10.2) is Dekker's: each side stores its own word, then loads the
+// other's, all sequentially consistent, so at least one of them sees the other's store and nobody sleeps through
+// a wake-up.
 void ShmChannel::Consumed(uint64_t tail) {
-  rx_.tail.store(tail, std::memory_order_release);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (rx_.producer_waiting.load(std::memory_order_relaxed)) Signal(rx_space_);
+  rx_.tail.store(tail, std::memory_order_seq_cst);
+  if (rx_.producer_waiting.load(std::memory_order_seq_cst)) Signal(rx_space_);
 }
 
 asio::awaitable<void> ShmChannel::WaitForData(uint64_t tail) {
-  rx_.consumer_waiting.store(1, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  rx_.consumer_waiting.store(1, std::memory_order_seq_cst);
   // Sleep only if the ring is still empty now that the producer is sure to see the flag.
-  if (rx_.head.load(std::memory_order_acquire) == tail && !rx_.producer_closed.load(std::memory_order_acquire)) {
+  if (rx_.head.load(std::memory_order_seq_cst) == tail && !rx_.producer_closed.load(std::memory_order_seq_cst)) {
     co_await rx_data_.async_wait(asio::posix::stream_descriptor::wait_read, asio::as_tuple(asio::use_awaitable));
     Drain(rx_data_);
   }
@@ -61,15 +62,13 @@ asio::awaitable<void> ShmChannel::WaitForData(uint64_t tail) {
 }
 
 void ShmChannel::Publish(uint64_t, uint64_t to) {
-  tx_.head.store(to, std::memory_order_release);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (tx_.consumer_waiting.load(std::memory_order_relaxed)) Signal(tx_data_);
+  tx_.head.store(to, std::memory_order_seq_cst);
+  if (tx_.consumer_waiting.load(std::memory_order_seq_cst)) Signal(tx_data_);
 }
 
 void ShmChannel::WaitForSpace(uint64_t head, std::function<void()> wake) {
-  tx_.producer_waiting.store(1, std::memory_order_relaxed);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (ring().Free(head, tx_.tail.load(std::memory_order_acquire)) > 0) {
+  tx_.producer_waiting.store(1, std::memory_order_seq_cst);
+  if (ring().Free(head, tx_.tail.load(std::memory_order_seq_cst)) > 0) {
     tx_.producer_waiting.store(0, std::memory_order_relaxed);
     asio::post(executor(), std::move(wake));
     return;
@@ -85,9 +84,8 @@ void ShmChannel::WaitForSpace(uint64_t head, std::function<void()> wake) {
 }
 
 void ShmChannel::CloseSend(uint64_t) {
-  tx_.producer_closed.store(1, std::memory_order_release);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (tx_.consumer_waiting.load(std::memory_order_relaxed)) Signal(tx_data_);
+  tx_.producer_closed.store(1, std::memory_order_seq_cst);
+  if (tx_.consumer_waiting.load(std::memory_order_seq_cst)) Signal(tx_data_);
 }
 
 void ShmChannel::CancelWaits() {
