@@ -31,7 +31,7 @@ test-asan:
 test-tsan: deps
 	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPARSEREDUCE_SANITIZE=thread
 	cmake --build build-tsan -j$(JOBS)
-	TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" \
+	TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" SPARSEREDUCE_TEST_TIME_SCALE=5 \
 	  ctest --test-dir build-tsan -L integration --output-on-failure --timeout 300 -j$(JOBS)
 
 # libFuzzer targets (clang), each run for FUZZ_SECONDS on a copy of its seed corpus.

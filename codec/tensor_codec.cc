@@ -60,6 +60,36 @@ void Fit(KeyState& state, Codec codec, uint64_t elements) {
   state.elements = elements;
 }
 
+// SplitMix64's finalizer: spreads a seed's bits.
+uint64_t Mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+// Uniform floats in [0, 1) with 24 random bits each, two per step of a xorshift-multiply generator: DIANA draws one
+// per element, so this is most of its encoding time (the standard library's engines and distributions are ~10x
+// slower).
+class UniformStream {
+ public:
+  explicit UniformStream(uint64_t seed) : state_(Mix(seed) | 1) {}
+  // out[0..n) (n even or not; an odd n drops the last draw's second half).
+  void Fill(float* out, uint32_t n) {
+    constexpr float kScale = 1.0f / 16777216.0f;
+    for (uint32_t j = 0; j < n; j += 2) {
+      state_ ^= state_ >> 12;
+      state_ ^= state_ << 25;
+      state_ ^= state_ >> 27;
+      const uint64_t bits = state_ * 0x2545F4914F6CDD1Dull;  // xorshift64*
+      out[j] = static_cast<float>(bits >> 40) * kScale;
+      if (j + 1 < n) out[j + 1] = static_cast<float>((bits >> 8) & 0xFFFFFF) * kScale;
+    }
+  }
+
+ private:
+  uint64_t state_;
+};
+
 bool AnyNonzero(const float* x, uint32_t n) {
   for (uint32_t j = 0; j < n; ++j) {
     if (x[j] != 0.0f) return true;
@@ -106,20 +136,23 @@ class ThreeLcEncoder final : public TensorEncoder {
   uint64_t Prepare(std::span<const float> tensor, std::span<uint8_t> send) override {
     Fit(state_, Codec::kThreeLC, tensor.size());
     if (state_.error.empty()) state_.error.assign(tensor.size(), 0.0f);
-    error_ = state_.error;  // staged: the key's state changes only in Finish
+    std::vector<float>& error = state_.staged;  // the key's error changes only in Finish
+    error.resize(tensor.size());
     const Blocks blocks = Split(tensor.size(), block_size_);
-    const float scale = MaxAbsWithError(tensor.data(), error_.data(), tensor.size()) * spec_.sparsity;
+    const float scale = MaxAbsWithError(tensor.data(), state_.error.data(), tensor.size()) * spec_.sparsity;
     std::vector<int8_t> q(block_size_);
-    std::vector<std::byte> scratch(MaxTernaryBytes(block_size_));
     uint64_t count = 0;
     for (uint64_t b = 0; b < blocks.count; ++b) {
       const uint32_t n = blocks.Length(b);
-      send[b] = QuantizeWithError(tensor.data() + blocks.Begin(b), error_.data() + blocks.Begin(b), n, scale, q.data());
+      const uint64_t at = blocks.Begin(b);
+      send[b] = QuantizeWithError(tensor.data() + at, state_.error.data() + at, error.data() + at, n, scale, q.data());
       if (!send[b]) continue;
       ++count;
-      const size_t bytes = EncodeTernary(q.data(), n, scale, scratch.data());
-      offsets_.push_back({b, encoded_.size(), static_cast<uint32_t>(bytes)});
-      encoded_.insert(encoded_.end(), scratch.begin(), scratch.begin() + bytes);
+      const size_t offset = encoded_.size();
+      encoded_.resize(offset + MaxTernaryBytes(n));
+      const size_t bytes = EncodeTernary(q.data(), n, scale, encoded_.data() + offset);
+      encoded_.resize(offset + bytes);
+      offsets_.push_back({b, offset, static_cast<uint32_t>(bytes)});
     }
     index_.assign(blocks.count, ~uint64_t{0});
     for (size_t i = 0; i < offsets_.size(); ++i) index_[offsets_[i].block] = i;
@@ -130,7 +163,7 @@ class ThreeLcEncoder final : public TensorEncoder {
     return {encoded_.data() + e.offset, e.length};
   }
   void Finish(std::span<float>) override {
-    state_.error.swap(error_);
+    state_.error.swap(state_.staged);
     ++state_.steps;
   }
 
@@ -143,7 +176,6 @@ class ThreeLcEncoder final : public TensorEncoder {
   CodecSpec spec_;
   uint32_t block_size_;
   KeyState& state_;
-  std::vector<float> error_;
   std::vector<std::byte> encoded_;
   std::vector<Encoded> offsets_;
   std::vector<uint64_t> index_;
@@ -169,40 +201,43 @@ class DianaEncoder final : public TensorEncoder {
       state_.h_own.assign(tensor.size(), 0.0f);
       state_.h_mean.assign(tensor.size(), 0.0f);
     }
-    h_own_ = state_.h_own;
+    std::vector<float>& h_own = state_.staged;  // h_i changes only in Finish
+    h_own.resize(tensor.size());
     // One stream per (seed, key, step, rank): reproducible, and independent across ranks and steps.
-    std::seed_seq seq{seed_, spec_.key, state_.steps, uint64_t{rank_}};
-    std::mt19937_64 random(seq);
-    std::uniform_real_distribution<float> uniform(0.0f, 1.0f);
+    UniformStream uniform(seed_ ^ Mix(spec_.key) ^ Mix(state_.steps * 0x9E3779B97F4A7C15ull) ^ Mix(~uint64_t{rank_}));
     const Blocks blocks = Split(tensor.size(), block_size_);
-    std::vector<float> delta(block_size_);
+    std::vector<float> delta(block_size_), draws(block_size_);
     std::vector<int8_t> q(block_size_);
-    std::vector<std::byte> scratch(MaxTernaryBytes(block_size_));
     uint64_t count = 0;
     for (uint64_t b = 0; b < blocks.count; ++b) {
       const uint32_t n = blocks.Length(b);
       const float* x = tensor.data() + blocks.Begin(b);
-      float* h = h_own_.data() + blocks.Begin(b);
+      float* h = h_own.data() + blocks.Begin(b);
+      std::copy_n(state_.h_own.data() + blocks.Begin(b), n, h);
       float norm = 0.0f;
       for (uint32_t j = 0; j < n; ++j) {
         delta[j] = x[j] - h[j];
         norm = spec_.diana_l2 ? norm + delta[j] * delta[j] : std::max(norm, std::fabs(delta[j]));
       }
       if (spec_.diana_l2) norm = std::sqrt(norm);
-      bool any = false;
+      // P(q_j = sign Δ_j) = |Δ_j| / ‖Δ‖, so E[norm · q_j] = Δ_j. Branch-free: the draws are unpredictable.
+      uniform.Fill(draws.data(), n);
+      int any = 0;
       for (uint32_t j = 0; j < n; ++j) {
-        // P(q_j = sign) = |Δ_j| / ‖Δ‖, so E[norm · q_j] = Δ_j.
-        const bool keep = norm > 0.0f && uniform(random) * norm < std::fabs(delta[j]);
-        q[j] = keep ? (delta[j] > 0.0f ? 1 : -1) : 0;
+        const int keep = static_cast<int>(draws[j] * norm < std::fabs(delta[j]));
+        const int sign = static_cast<int>(delta[j] > 0.0f) - static_cast<int>(delta[j] < 0.0f);
+        q[j] = static_cast<int8_t>(keep * sign);
         any |= keep;
       }
       send[b] = any;
       if (!any) continue;
       ++count;
       for (uint32_t j = 0; j < n; ++j) h[j] += alpha_ * (norm * static_cast<float>(q[j]));
-      const size_t bytes = EncodeTernary(q.data(), n, norm, scratch.data());
-      offsets_.push_back({b, encoded_.size(), static_cast<uint32_t>(bytes)});
-      encoded_.insert(encoded_.end(), scratch.begin(), scratch.begin() + bytes);
+      const size_t offset = encoded_.size();
+      encoded_.resize(offset + MaxTernaryBytes(n));
+      const size_t bytes = EncodeTernary(q.data(), n, norm, encoded_.data() + offset);
+      encoded_.resize(offset + bytes);
+      offsets_.push_back({b, offset, static_cast<uint32_t>(bytes)});
     }
     index_.assign(blocks.count, ~uint64_t{0});
     for (size_t i = 0; i < offsets_.size(); ++i) index_[offsets_[i].block] = i;
@@ -221,7 +256,7 @@ class DianaEncoder final : public TensorEncoder {
       tensor[j] = w * h[j] + s;
       h[j] += alpha_ * (s / w);
     }
-    state_.h_own.swap(h_own_);
+    state_.h_own.swap(state_.staged);
     ++state_.steps;
   }
 
@@ -237,7 +272,6 @@ class DianaEncoder final : public TensorEncoder {
   uint32_t rank_, world_size_;
   uint64_t seed_;
   float alpha_;
-  std::vector<float> h_own_;
   std::vector<std::byte> encoded_;
   std::vector<Encoded> offsets_;
   std::vector<uint64_t> index_;
@@ -253,12 +287,13 @@ class TopKEncoder final : public TensorEncoder {
   uint64_t Prepare(std::span<const float> tensor, std::span<uint8_t> send) override {
     Fit(state_, spec_.codec, tensor.size());
     if (state_.error.empty()) state_.error.assign(tensor.size(), 0.0f);
-    total_ = state_.error;  // T = x + R, staged
-    for (size_t j = 0; j < tensor.size(); ++j) total_[j] += tensor[j];
+    std::vector<float>& total = state_.staged;  // T = x + R; what is not sent becomes R in Finish
+    total.resize(tensor.size());
+    for (size_t j = 0; j < tensor.size(); ++j) total[j] = state_.error[j] + tensor[j];
     const Blocks blocks = Split(tensor.size(), block_size_);
     std::vector<double> norm2(blocks.count, 0.0);
     for (uint64_t b = 0; b < blocks.count; ++b) {
-      const float* t = total_.data() + blocks.Begin(b);
+      const float* t = total.data() + blocks.Begin(b);
       double s = 0;
       for (uint32_t j = 0; j < blocks.Length(b); ++j) s += double{t[j]} * t[j];
       norm2[b] = s;
@@ -287,12 +322,12 @@ class TopKEncoder final : public TensorEncoder {
     return count;
   }
   std::span<const std::byte> Block(uint64_t block) const override {
-    return std::as_bytes(std::span(total_.data() + blocks_.Begin(block), blocks_.Length(block)));
+    return std::as_bytes(std::span(state_.staged.data() + blocks_.Begin(block), blocks_.Length(block)));
   }
   void Finish(std::span<float>) override {
     // The residual: T where it was not sent.
     std::vector<float>& residual = state_.error;
-    residual.swap(total_);
+    residual.swap(state_.staged);
     for (uint64_t b = 0; b < blocks_.count; ++b) {
       if (sent_[b]) std::fill_n(residual.data() + blocks_.Begin(b), blocks_.Length(b), 0.0f);
     }
@@ -324,7 +359,6 @@ class TopKEncoder final : public TensorEncoder {
   CodecSpec spec_;
   uint32_t block_size_;
   KeyState& state_;
-  std::vector<float> total_;
   std::vector<uint8_t> sent_;
   Blocks blocks_{0, 1, 0};
   uint64_t k_ = 0;

@@ -39,6 +39,9 @@ struct KeyState {
   std::vector<float> error;   // 3LC: E; top-k / adaptive: the residual
   std::vector<float> h_own;   // DIANA: h_i
   std::vector<float> h_mean;  // DIANA: the replica of h = mean_i h_i, bitwise equal on every worker
+  // The next value of `error` or `h_own` while a collective runs, swapped in when it succeeds; kept here so that a
+  // steady training loop does not allocate (and fault in) a tensor-sized buffer every step.
+  std::vector<float> staged;
   uint64_t steps = 0;         // collectives completed with this key
   CostModel cost;             // adaptive
 };

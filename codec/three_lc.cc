@@ -12,26 +12,30 @@ float MaxAbsWithError(const float* x, const float* error, size_t n) {
 }
 
 bool QuantizeWithError(const float* x, float* error, size_t n, float scale, int8_t* q) {
+  return QuantizeWithError(x, error, error, n, scale, q);
+}
+
+bool QuantizeWithError(const float* x, const float* error_in, float* error_out, size_t n, float scale, int8_t* q) {
   if (!(scale > 0.0f)) {
     // Nothing to send: the whole of x joins the error.
     for (size_t j = 0; j < n; ++j) {
-      error[j] += x[j];
+      error_out[j] = error_in[j] + x[j];
       q[j] = 0;
     }
     return false;
   }
-  const float inverse = 1.0f / scale;
-  bool any = false;
+  // |T / M| <= 1 / s <= 1, so round(T / M) is +1 from T >= M/2 on, -1 up to -M/2, else 0 (ties away from zero,
+  // as std::round). Comparing with M/2 (exact) instead of dividing keeps the loop branch-free and vectorized.
+  const float half = 0.5f * scale;
+  int any = 0;
   for (size_t j = 0; j < n; ++j) {
-    const float t = x[j] + error[j];
-    // |t / M| <= 1 / s <= 1, so rounding gives -1, 0 or +1 (ties away from zero, as std::round).
-    const float r = std::round(t * inverse);
-    const int8_t v = static_cast<int8_t>(r);
-    q[j] = v;
-    error[j] = t - scale * static_cast<float>(v);
-    any |= v != 0;
+    const float t = x[j] + error_in[j];
+    const int v = static_cast<int>(t >= half) - static_cast<int>(t <= -half);
+    q[j] = static_cast<int8_t>(v);
+    error_out[j] = t - scale * static_cast<float>(v);
+    any |= v;
   }
-  return any;
+  return any != 0;
 }
 
 }  // namespace sparsereduce::codec

@@ -13,9 +13,11 @@ namespace sparsereduce::codec {
 // max_j |x_j + error_j|.
 float MaxAbsWithError(const float* x, const float* error, size_t n);
 
-// Quantizes T = x + error with scale M (> 0; M = 0 gives all zeros) into q, and leaves the new error T − M·q in
-// `error`. Returns whether some q_j is nonzero.
+// Quantizes T = x + error with scale M (> 0; M = 0 gives all zeros) into q = round(T / M), and leaves the new
+// error T − M·q in `error`. Returns whether some q_j is nonzero.
 bool QuantizeWithError(const float* x, float* error, size_t n, float scale, int8_t* q);
+// The same, reading the error from `error_in` and writing the new one to `error_out` (which may be the same).
+bool QuantizeWithError(const float* x, const float* error_in, float* error_out, size_t n, float scale, int8_t* q);
 
 // Per-block error memory of one tensor (3LC on the aggregator: its blocks of one collective key).
 class ErrorMemory {
