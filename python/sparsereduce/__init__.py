@@ -19,10 +19,15 @@ import sys
 # package span both when both are on sys.path (installed, they are one directory).
 __path__ = pkgutil.extend_path(__path__, __name__)
 
-from ._sparsereduce import CollectiveStats, Error, Handle  # noqa: E402
+from ._sparsereduce import Codec, CollectiveStats, Error, Handle  # noqa: E402
 from ._sparsereduce import Worker as _Worker  # noqa: E402
 
-__all__ = ["CollectiveStats", "Error", "Handle", "Worker", "as_buffer"]
+__all__ = ["Codec", "CollectiveStats", "Error", "Handle", "Worker", "as_buffer"]
+
+
+def _codec(codec):
+    """None, a Codec, or a codec name."""
+    return Codec(codec) if isinstance(codec, str) else codec
 
 
 def as_buffer(array):
@@ -46,10 +51,14 @@ def as_buffer(array):
 class Worker(_Worker):
     """A member of a sparsereduce job: Worker(aggregators, job, rank, world_size, *, secret='',
     block_size=256, slots=8, blocks_per_message=128, connect_timeout=30.0, join_timeout=60.0,
-    collective_timeout=60.0, transport='', rdma_device='', rdma_port=1, rdma_gid_index=-1), timeouts in seconds.
+    collective_timeout=60.0, transport='', rdma_device='', rdma_port=1, rdma_gid_index=-1, codec=Codec('none'),
+    codec_seed=0), timeouts in seconds.
 
     transport: 'auto' (shared memory with aggregators on this host, TCP otherwise), 'tcp', 'shm' or 'rdma'; empty
     means SPARSEREDUCE_TRANSPORT, else 'auto'. `worker.transports` tells what each connection uses.
+
+    codec: the compression of float32 allreduces that do not name one: a Codec, or a name ('none', 'fp16',
+    'bf16', '3lc', 'diana', 'topk', 'adaptive'); every rank must use the same. codec_seed seeds DIANA's rounding.
 
     aggregators: a list of "HOST:PORT" or one comma-separated string, in the same order on every rank; empty
     means the SPARSEREDUCE_AGGREGATORS environment variable. Returns once all ranks joined (GIL released).
@@ -58,17 +67,20 @@ class Worker(_Worker):
     def __init__(self, aggregators, job, rank, world_size, **options):
         if isinstance(aggregators, str):
             aggregators = [a.strip() for a in aggregators.split(",") if a.strip()]
+        if "codec" in options:
+            options["codec"] = _codec(options["codec"]) or Codec()
         super().__init__(list(aggregators), job, rank, world_size, **options)
 
-    def allreduce(self, array):
-        """Sums `array` over all ranks, in place; returns it."""
-        super().allreduce(as_buffer(array))
+    def allreduce(self, array, key=0, codec=None):
+        """Sums `array` over all ranks, in place; returns it. `key` names the tensor from call to call (codecs
+        keep error feedback or DIANA's h per key); `codec` (a Codec or its name) overrides the Worker's."""
+        super().allreduce(as_buffer(array), key, _codec(codec))
         return array
 
-    def allreduce_async(self, array):
+    def allreduce_async(self, array, key=0, codec=None):
         """Starts an allreduce of `array` in place and returns a Handle (wait(), done(), stats). The array must
         not be touched until the handle is done."""
-        return super().allreduce_async(as_buffer(array))
+        return super().allreduce_async(as_buffer(array), key, _codec(codec))
 
     def __enter__(self):
         return self

@@ -11,6 +11,10 @@
 
 Works with unmodified torch 1.13. One state (one Worker, one sparsereduce job) per process group. Buckets are
 float32 CPU tensors (a float64 or GPU model raises TypeError in the hook).
+
+A codec compresses the buckets (`codec=` of from_process_group: a sparsereduce.Codec or a name such as "3lc");
+each bucket is reduced under its DDP bucket index as key, so error feedback and DIANA's h follow the bucket from
+step to step. Results stay identical on every rank.
 """
 
 import collections
@@ -46,7 +50,8 @@ class SparseReduceState:
     @classmethod
     def from_process_group(cls, aggregators, job, process_group=None, *, record=False, **worker_options):
         """A state whose Worker has the group's rank and size; `job` must be the same on every rank and
-        unique among the jobs the aggregators serve at the same time."""
+        unique among the jobs the aggregators serve at the same time. `worker_options` go to sparsereduce.Worker
+        (e.g. codec="3lc", transport="tcp")."""
         rank = dist.get_rank(process_group)
         world_size = dist.get_world_size(process_group)
         worker = sparsereduce.Worker(aggregators, job, rank, world_size, **worker_options)
@@ -87,7 +92,7 @@ def allreduce_hook(state, bucket):
     order does; zero blocks stay zero and are still skipped."""
     buffer = bucket.buffer()
     buffer.mul_(1.0 / state.world_size)
-    handle = state.worker.allreduce_async(buffer)
+    handle = state.worker.allreduce_async(buffer, key=bucket.index())
     future = torch.futures.Future()
     state._pending.put((handle, future, buffer, bucket.index()))
     return future

@@ -107,8 +107,11 @@ class PyWorker {
     worker_ = std::make_shared<Worker>(std::move(options));
   }
 
-  std::unique_ptr<Handle> AllreduceAsync(py::handle array) {
+  std::unique_ptr<Handle> AllreduceAsync(py::handle array, uint64_t key, std::optional<CodecOptions> codec) {
     HeldBuffer buffer = HeldBuffer::Acquire(array.ptr());
+    AllreduceOptions options;
+    options.key = key;
+    options.codec = std::move(codec);
     std::shared_ptr<Worker> worker = Get();
     std::future<void> future;
     uint64_t seq = 0;
@@ -117,14 +120,16 @@ class PyWorker {
       // holding it never waits for the GIL.
       py::gil_scoped_release release;
       std::lock_guard lock(submit_mutex_);
-      future = buffer.type() == ElementType::kFloat32 ? worker->allreduce_async(buffer.floats())
+      future = buffer.type() == ElementType::kFloat32 ? worker->allreduce_async(buffer.floats(), options)
                                                       : worker->allreduce_async(buffer.ints());
       seq = ++submitted_;
     }
     return std::make_unique<Handle>(std::move(worker), std::move(buffer), future.share(), seq);
   }
 
-  void Allreduce(py::handle array) { AllreduceAsync(array)->Wait(std::nullopt); }
+  void Allreduce(py::handle array, uint64_t key, std::optional<CodecOptions> codec) {
+    AllreduceAsync(array, key, std::move(codec))->Wait(std::nullopt);
+  }
 
   CollectiveStats LastStats() { return Get()->last_stats(); }
   WorkerOptions Options() { return Get()->options(); }
@@ -195,14 +200,41 @@ PYBIND11_MODULE(_sparsereduce, m) {
       .def_readonly("bytes_sent", &CollectiveStats::bytes_sent)
       .def_readonly("bytes_received", &CollectiveStats::bytes_received)
       .def_readonly("seconds", &CollectiveStats::seconds)
+      .def_readonly("selected_blocks", &CollectiveStats::selected_blocks, "topk / adaptive: the k chosen")
+      .def_readonly("codec", &CollectiveStats::codec)
       .def("__repr__", [](const CollectiveStats& s) {
         return "CollectiveStats(seq=" + std::to_string(s.seq) +
                ", element_count=" + std::to_string(s.element_count) + ", blocks=" + std::to_string(s.blocks) +
                ", nonzero_blocks=" + std::to_string(s.nonzero_blocks) +
                ", bytes_sent=" + std::to_string(s.bytes_sent) +
                ", bytes_received=" + std::to_string(s.bytes_received) +
-               ", seconds=" + std::to_string(s.seconds) + ")";
+               ", seconds=" + std::to_string(s.seconds) + ", codec=" + s.codec +
+               ", selected_blocks=" + std::to_string(s.selected_blocks) + ")";
       });
+
+  py::class_<CodecOptions>(m, "Codec",
+                           "A lossy compression stage for float32 allreduces (docs/PROTOCOL.md §11); 'none' is exact.")
+      .def(py::init([](std::string name, float sparsity, bool fp32_results, float fraction, float alpha,
+                       bool l2_norm) {
+             return CodecOptions{std::move(name), sparsity, fp32_results, fraction, alpha, l2_norm};
+           }),
+           py::arg("name") = "none", py::kw_only(), py::arg("sparsity") = 1.0f, py::arg("fp32_results") = false,
+           py::arg("fraction") = 0.01f, py::arg("alpha") = 0.0f, py::arg("l2_norm") = false,
+           "name: none, fp16, bf16, 3lc, diana, topk or adaptive. sparsity: 3lc's s in [1, 2). fp32_results: 3lc "
+           "sums in fp32. fraction: topk's share of blocks (adaptive: the most). alpha: diana's step (0: "
+           "1/sqrt(block size)). l2_norm: diana's block scale.")
+      .def_readwrite("name", &CodecOptions::name)
+      .def_readwrite("sparsity", &CodecOptions::sparsity)
+      .def_readwrite("fp32_results", &CodecOptions::fp32_results)
+      .def_readwrite("fraction", &CodecOptions::fraction)
+      .def_readwrite("alpha", &CodecOptions::alpha)
+      .def_readwrite("l2_norm", &CodecOptions::l2_norm)
+      .def("__repr__", [](const CodecOptions& c) {
+        return "Codec('" + c.name + "', sparsity=" + std::to_string(c.sparsity) +
+               ", fp32_results=" + (c.fp32_results ? "True" : "False") + ", fraction=" + std::to_string(c.fraction) +
+               ", alpha=" + std::to_string(c.alpha) + ", l2_norm=" + (c.l2_norm ? "True" : "False") + ")";
+      });
+  py::implicitly_convertible<std::string, CodecOptions>();
 
   py::class_<Handle>(m, "Handle", "An allreduce in flight; the array must not be touched until it is done.")
       .def("wait", &Handle::Wait, py::arg("timeout") = py::none(),
@@ -217,7 +249,8 @@ PYBIND11_MODULE(_sparsereduce, m) {
       .def(py::init([](std::vector<std::string> aggregators, uint64_t job, uint32_t rank, uint32_t world_size,
                        std::string secret, uint32_t block_size, uint32_t slots, uint32_t blocks_per_message,
                        double connect_timeout, double join_timeout, double collective_timeout,
-                       std::string transport, std::string rdma_device, uint32_t rdma_port, int32_t rdma_gid_index) {
+                       std::string transport, std::string rdma_device, uint32_t rdma_port, int32_t rdma_gid_index,
+                       CodecOptions codec, uint64_t codec_seed) {
              WorkerOptions o;
              o.aggregators = std::move(aggregators);
              o.job = job;
@@ -234,17 +267,21 @@ PYBIND11_MODULE(_sparsereduce, m) {
              o.rdma_device = std::move(rdma_device);
              o.rdma_port = rdma_port;
              o.rdma_gid_index = rdma_gid_index;
+             o.codec = std::move(codec);
+             o.codec_seed = codec_seed;
              return std::make_unique<PyWorker>(std::move(o));
            }),
            py::arg("aggregators"), py::arg("job"), py::arg("rank"), py::arg("world_size"), py::kw_only(),
            py::arg("secret") = "", py::arg("block_size") = 256, py::arg("slots") = 8,
            py::arg("blocks_per_message") = 128, py::arg("connect_timeout") = 30.0,
            py::arg("join_timeout") = 60.0, py::arg("collective_timeout") = 60.0, py::arg("transport") = "",
-           py::arg("rdma_device") = "", py::arg("rdma_port") = 1, py::arg("rdma_gid_index") = -1)
-      .def("allreduce", &PyWorker::Allreduce, py::arg("array"),
-           "Sum `array` over all ranks, in place (GIL released while waiting).")
-      .def("allreduce_async", &PyWorker::AllreduceAsync, py::arg("array"),
-           "Start an allreduce of `array` in place and return a Handle.")
+           py::arg("rdma_device") = "", py::arg("rdma_port") = 1, py::arg("rdma_gid_index") = -1,
+           py::arg("codec") = CodecOptions{}, py::arg("codec_seed") = 0)
+      .def("allreduce", &PyWorker::Allreduce, py::arg("array"), py::arg("key") = 0, py::arg("codec") = py::none(),
+           "Sum `array` over all ranks, in place (GIL released while waiting). `key` names the tensor across calls "
+           "for codecs with state; `codec` overrides the Worker's.")
+      .def("allreduce_async", &PyWorker::AllreduceAsync, py::arg("array"), py::arg("key") = 0,
+           py::arg("codec") = py::none(), "Start an allreduce of `array` in place and return a Handle.")
       .def_property_readonly("last_stats", &PyWorker::LastStats)
       .def_property_readonly("job", [](PyWorker& w) { return w.Options().job; })
       .def_property_readonly("rank", [](PyWorker& w) { return w.Options().rank; })

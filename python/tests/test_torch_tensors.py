@@ -87,6 +87,33 @@ def test_hook_averages_and_completes_futures_in_order(aggregator, job):
         assert records[-1].stats is not None and records[-1].stats.element_count == 3000
 
 
+def test_hook_reduces_each_bucket_under_its_index_with_the_codec(aggregator, job):
+    """With a codec, bucket i is reduced under key i: the same buckets in another order give the same results."""
+    torch.manual_seed(0)
+    grads = {r: [torch.randn(3000) for _ in range(2)] for r in range(2)}
+
+    def rank(r, order):
+        worker = sparsereduce.Worker(aggregator, job + (100 if order else 0), r, 2, codec="3lc", **FAST)
+        state = srt.SparseReduceState(worker, record=True)
+        results = {}
+        for step in range(3):
+            for i in (order or [0, 1]):
+                bucket = grads[r][i].clone() * (step + 1)
+                srt.allreduce_hook(state, FakeBucket(bucket, i)).wait()
+                results[(step, i)] = bucket
+        codecs = {rec.stats.codec for rec in state.take_records() if rec.stats is not None}
+        state.close()
+        return results, codecs
+
+    forward = run_ranks(2, lambda r: rank(r, None))
+    backward = run_ranks(2, lambda r: rank(r, [1, 0]))
+    for (a, codecs_a), (b, codecs_b) in zip(forward, backward):
+        assert codecs_a == {"3lc"} and codecs_b == {"3lc"}
+        for key in a:
+            assert torch.equal(a[key], b[key]), key  # state follows the bucket index, not the call order
+            assert torch.equal(a[key], forward[0][0][key])  # and every rank has the same result
+
+
 def test_hook_failure_sets_the_future_exception(aggregator, job):
     def rank(r):
         state = srt.SparseReduceState(sparsereduce.Worker(aggregator, job, r, 2, **FAST))

@@ -191,3 +191,38 @@ TEST(WorkerCollective, RejectsBadResults) {
 
 }  // namespace
 }  // namespace sparsereduce
+
+namespace sparsereduce {
+namespace {
+
+// With a codec, data_bytes follows the wire format (ternary: variable, at most 4 + ceil(n/5)) and the body of every
+// block is checked when its frame arrives, naming the rank; nothing malformed reaches the sum.
+TEST(ColumnEngine, CodecBlocksAreCheckedOnArrival) {
+  CollectiveSpec spec{10, DType::kFloat32, ReduceOp::kSum, 2};
+  spec.codec.codec = Codec::kDiana;  // ternary up, fp32 down, no aggregator state
+  ColumnEngine engine(kShape, 0, 1, 1, spec);
+  std::vector<ColumnEngine::Broadcast> out;
+  ASSERT_TRUE(Feed(engine, 0, Contribution(0, {{0, 2, 0}, {1, kEndOfColumn, 0}}), &out).ok());
+  ASSERT_TRUE(Feed(engine, 1, Contribution(0, {{0, 2, 0}, {1, kEndOfColumn, 0}}), &out).ok());
+  // A block of 2 values: scale (4 bytes) + one group byte. Six bytes, or a run byte standing for 2 groups, are wrong.
+  EXPECT_EQ(engine.MaxContributionPayload(), 2u * (kEntrySize + 8));
+  Sent too_long = Contribution(0, {{2, kEndOfColumn, 6}});
+  Status st = Feed(engine, 0, std::move(too_long), &out);
+  EXPECT_EQ(st.code(), StatusCode::kProtocolViolation);
+  EXPECT_NE(st.message().find("rank 0"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("6 data bytes for a ternary block of 2 elements"), std::string::npos) << st.message();
+
+  ColumnEngine engine2(kShape, 0, 1, 1, spec);
+  ASSERT_TRUE(Feed(engine2, 0, Contribution(0, {{0, 2, 0}, {1, kEndOfColumn, 0}}), &out).ok());
+  ASSERT_TRUE(Feed(engine2, 1, Contribution(0, {{0, 2, 0}, {1, kEndOfColumn, 0}}), &out).ok());
+  // Right length, wrong body: the filler byte 0x01 of Contribution() is a group, but 0xF3 is a run of 2 groups.
+  Sent bad_body = Contribution(0, {{2, kEndOfColumn, 5}});
+  bad_body.payload.data()[kEntrySize + 4] = std::byte{0xF3};
+  st = Feed(engine2, 1, std::move(bad_body), &out);
+  EXPECT_EQ(st.code(), StatusCode::kProtocolViolation);
+  EXPECT_NE(st.message().find("rank 1"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("more than its 1 groups"), std::string::npos) << st.message();
+}
+
+}  // namespace
+}  // namespace sparsereduce

@@ -121,6 +121,15 @@ Worker::Impl::Impl(WorkerOptions options)
     throw MakeError(InvalidArgument("rank " + std::to_string(options_.rank) + " is out of range for world_size " +
                                     std::to_string(options_.world_size)));
   }
+  {
+    // The default codec is checked now rather than at the first allreduce.
+    Result<Codec> codec = ParseCodec(options_.codec.name);
+    if (!codec.ok()) throw MakeError(codec.status());
+    const CodecOptions& c = options_.codec;
+    if (Status st = ValidateCodec({*codec, 0, c.sparsity, c.fp32_results, c.fraction, c.alpha, c.l2_norm}); !st.ok()) {
+      throw MakeError(st.WithContext("codec " + c.name));
+    }
+  }
   for (DType dtype : {DType::kFloat32, DType::kInt32}) {
     const CollectiveSpec spec{0, dtype, ReduceOp::kSum, options_.block_size};
     Status st = ValidateSpec(spec);
