@@ -32,21 +32,27 @@ def parse_args(description, steps):
                    help="run only this rank (one process per host, e.g. on the testbed); needs --store")
     p.add_argument("--store", default=None,
                    help="with --rank: FileStore path every rank can reach, new for each run")
+    p.add_argument("--codec", default="none",
+                   help="sparsereduce codec: none, fp16, bf16, 3lc, diana, topk or adaptive (docs/PROTOCOL.md §11)")
+    p.add_argument("--sparsity", type=float, default=1.0, help="3lc: sparsity multiplier s in [1, 2)")
+    p.add_argument("--fp32-results", action="store_true", help="3lc: sums come back in fp32")
+    p.add_argument("--fraction", type=float, default=0.01, help="topk: fraction of blocks; adaptive: the most")
     return p
 
 
-def launch(args, build, batches, loss_fn, make_optimizer):
+def launch(args, build, batches, loss_fn, make_optimizer, evaluate=None):
     """Runs `args.world_size` ranks (spawned processes, gloo process group over a FileStore), or with --rank just
-    that one (the others run elsewhere with the same --store)."""
+    that one (the others run elsewhere with the same --store). `evaluate(model)`, if given, runs on rank 0 after
+    training and returns a dict of held-out metrics for the JSON file."""
     if args.backend == "sparsereduce" and not args.aggregators:
         raise SystemExit("--backend sparsereduce needs --aggregators (or SPARSEREDUCE_AGGREGATORS)")
     if args.rank is not None:
         if args.store is None or not 0 <= args.rank < args.world_size:
             raise SystemExit("--rank needs --store and 0 <= rank < --world-size")
-        _rank_main(args.rank, args, args.store, build, batches, loss_fn, make_optimizer)
+        _rank_main(args.rank, args, args.store, build, batches, loss_fn, make_optimizer, evaluate)
         return
     with tempfile.TemporaryDirectory() as work:
-        mp.start_processes(_rank_main, args=(args, f"{work}/store", build, batches, loss_fn, make_optimizer),
+        mp.start_processes(_rank_main, args=(args, f"{work}/store", build, batches, loss_fn, make_optimizer, evaluate),
                            nprocs=args.world_size, start_method="spawn")
 
 
@@ -58,7 +64,7 @@ def block_density(buffer, block_size):
     return nonzero, -(-len(x) // block_size)
 
 
-def _rank_main(rank, args, store, build, batches, loss_fn, make_optimizer):
+def _rank_main(rank, args, store, build, batches, loss_fn, make_optimizer, evaluate):
     torch.set_num_threads(1)  # world_size processes share the machine's cores
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=args.world_size,
                             timeout=timedelta(seconds=120))
@@ -67,8 +73,11 @@ def _rank_main(rank, args, store, build, batches, loss_fn, make_optimizer):
     ddp = DistributedDataParallel(model)
     state = None
     if args.backend == "sparsereduce":
+        import sparsereduce
         import sparsereduce.torch as srt
-        state = srt.SparseReduceState.from_process_group(args.aggregators, args.job, record=True)
+        codec = sparsereduce.Codec(args.codec, sparsity=args.sparsity, fp32_results=args.fp32_results,
+                                   fraction=args.fraction)
+        state = srt.SparseReduceState.from_process_group(args.aggregators, args.job, record=True, codec=codec)
         ddp.register_comm_hook(state, srt.allreduce_hook)
     optimizer = make_optimizer(ddp.parameters())
     steps, gathered = [], []
@@ -84,8 +93,10 @@ def _rank_main(rank, args, store, build, batches, loss_fn, make_optimizer):
     if state is not None:
         state.close()
     if rank == 0:
+        held_out = evaluate(model) if evaluate is not None else {}
         with open(args.out, "w") as f:
-            json.dump({"backend": args.backend, "world_size": args.world_size, "steps": steps,
+            json.dump({"backend": args.backend, "codec": args.codec if args.backend == "sparsereduce" else None,
+                       "world_size": args.world_size, "steps": steps, "evaluation": held_out,
                        "gradient_elements": sum(p.numel() for p in model.parameters())}, f, indent=1)
     # torch 1.13 can deadlock here: destroying the gloo process group joins its worker threads while holding
     # the GIL, and a worker thread that drops the last reference to a tensor Python created needs the GIL. So
@@ -99,7 +110,7 @@ def _rank_main(rank, args, store, build, batches, loss_fn, make_optimizer):
 def _measure(step, loss, elapsed, state, world_size, gathered):
     """Outside the timed region: gathers every rank's loss and time, and (sparsereduce) the block densities.
     The tensors given to gloo are appended to `gathered` (see the end of _rank_main)."""
-    local_nonzero = local_blocks = union_nonzero = union_blocks = bytes_sent = collective_s = 0
+    local_nonzero = local_blocks = union_nonzero = union_blocks = bytes_sent = bytes_received = collective_s = 0
     local_known = state is not None
     if state is not None:
         for record in state.take_records():
@@ -111,9 +122,10 @@ def _measure(step, loss, elapsed, state, world_size, gathered):
                 local_nonzero += record.stats.nonzero_blocks
                 local_blocks += record.stats.blocks
                 bytes_sent += record.stats.bytes_sent
+                bytes_received += record.stats.bytes_received
                 collective_s += record.stats.seconds  # start to end on the Worker's I/O thread
     mine = torch.tensor([loss, elapsed, local_nonzero, local_blocks if local_known else 0, bytes_sent,
-                         collective_s], dtype=torch.float64)
+                         collective_s, bytes_received], dtype=torch.float64)
     everyone = [torch.zeros_like(mine) for _ in range(world_size)]
     dist.all_gather(everyone, mine)
     gathered.append((mine, everyone))
@@ -127,4 +139,5 @@ def _measure(step, loss, elapsed, state, world_size, gathered):
         "union_density": union_nonzero / union_blocks if union_blocks else None,
         "bytes_sent_rank_mean": float(rows[:, 4].mean()) if known else None,
         "collective_s_rank_mean": float(rows[:, 5].mean()) if known else None,
+        "bytes_received_rank_mean": float(rows[:, 6].mean()) if known else None,
     }

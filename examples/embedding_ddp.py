@@ -62,6 +62,23 @@ class ClickLog:
             yield (torch.from_numpy(ids), torch.from_numpy(offsets), torch.from_numpy(clicks.astype(np.float32)))
 
 
+class HeldOut:
+    """20 batches from a stream no rank trains on: loss and click accuracy (logit > 0 predicts a click)."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def __call__(self, model):
+        losses, correct, total = [], 0, 0
+        with torch.no_grad():
+            for ids, offsets, clicks in self.log.batches(10_000, 1, 20):
+                logits = model(ids, offsets)
+                losses.append(float(nn.functional.binary_cross_entropy_with_logits(logits, clicks)))
+                correct += int(((logits > 0).float() == clicks).sum())
+                total += len(clicks)
+        return {"loss": sum(losses) / len(losses), "accuracy": correct / total}
+
+
 def loss_fn(ddp, batch):
     ids, offsets, clicks = batch
     return nn.functional.binary_cross_entropy_with_logits(ddp(ids, offsets), clicks)
@@ -82,4 +99,4 @@ def make_optimizer(parameters):
 if __name__ == "__main__":
     args = make_parser().parse_args()
     log = ClickLog(args.rows, args.batch, args.bag)
-    ddp_common.launch(args, Build(args.rows, args.dim), log.batches, loss_fn, make_optimizer)
+    ddp_common.launch(args, Build(args.rows, args.dim), log.batches, loss_fn, make_optimizer, HeldOut(log))

@@ -51,6 +51,16 @@ class FashionMnist:
             yield x, torch.from_numpy(labels[take].astype(np.int64))
 
 
+def evaluate(model):
+    """Loss and accuracy on the 10,000 test images."""
+    images = read_idx(f"{DATA}/t10k-images-idx3-ubyte.gz", 16).reshape(-1, 784)
+    labels = torch.from_numpy(read_idx(f"{DATA}/t10k-labels-idx1-ubyte.gz", 8).astype(np.int64))
+    with torch.no_grad():
+        logits = model(torch.from_numpy(images.astype(np.float32) / 255.0))
+    return {"loss": float(nn.functional.cross_entropy(logits, labels)),
+            "accuracy": float((logits.argmax(1) == labels).float().mean())}
+
+
 def build():
     return nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10))
 
@@ -66,4 +76,4 @@ def make_optimizer(parameters):
 
 if __name__ == "__main__":
     args = make_parser().parse_args()
-    ddp_common.launch(args, build, FashionMnist(args.batch).batches, loss_fn, make_optimizer)
+    ddp_common.launch(args, build, FashionMnist(args.batch).batches, loss_fn, make_optimizer, evaluate)

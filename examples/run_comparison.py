@@ -7,6 +7,10 @@ sparsereduce collectives ran.
 
     /usr/bin/python3 examples/run_comparison.py [--build-dir build] [--world-size 4] [--markdown]
     /usr/bin/python3 examples/run_comparison.py --testbed [--rate 1gbit] ...   # as root
+    /usr/bin/python3 examples/run_comparison.py --codecs none,fp16,3lc,diana,topk,adaptive -- --steps 300
+
+With --codecs, each example runs once per sparsereduce codec instead (the first, normally "none", is the exact
+reference), and one table compares final training loss, held-out loss and accuracy, and bytes per step.
 
 By default everything runs on 127.0.0.1 with one aggregator. With --testbed, each rank gets a host of its own on
 the network-namespace testbed (tools/testbed), each link shaped to --rate in both directions, and every host also
@@ -38,6 +42,7 @@ def main():
     p.add_argument("--markdown", action="store_true", help="print Markdown tables")
     p.add_argument("--testbed", action="store_true", help="one network-namespace host per process (root)")
     p.add_argument("--rate", default="1gbit", help="with --testbed: link rate in both directions (tc tbf)")
+    p.add_argument("--codecs", default="", help="comma-separated sparsereduce codecs to compare (see above)")
     p.add_argument("extra", nargs="*", help="passed to every example (after --), e.g. -- --steps 10")
     args = p.parse_args()
     env = dict(os.environ, PYTHONPATH=f"{args.build_dir / 'python'}:{SOURCE / 'python'}")
@@ -47,17 +52,24 @@ def main():
         cluster = (Testbed(args.build_dir, Path(work), args.world_size, args.rate) if args.testbed
                    else Aggregator(args.build_dir, Path(work)))
         with cluster:
-            for job, name in enumerate(args.examples.split(","), start=1):
+            job = 0
+            for name in args.examples.split(","):
+                variants = ([("sparsereduce", c) for c in args.codecs.split(",")] if args.codecs
+                            else [("gloo", "none"), ("sparsereduce", "none")])
                 runs = {}
-                for backend in ("gloo", "sparsereduce"):
-                    out = Path(work) / f"{name}-{backend}.json"
+                for backend, codec in variants:
+                    job += 1
+                    out = Path(work) / f"{name}-{backend}-{codec}.json"
                     command = [sys.executable, str(HERE / EXAMPLES[name]), "--backend", backend,
                                "--world-size", str(args.world_size), "--aggregators", cluster.address,
-                               "--job", str(job), "--out", str(out), *args.extra]
+                               "--job", str(job), "--codec", codec, "--out", str(out), *args.extra]
                     print(f"# {' '.join(command[1:])}", file=sys.stderr, flush=True)
-                    cluster.run(command, env, Path(work) / f"{name}-{backend}.store")
-                    runs[backend] = json.loads(out.read_text())
-                print_table(name, runs["gloo"], runs["sparsereduce"], args.markdown)
+                    cluster.run(command, env, Path(work) / f"{name}-{backend}-{codec}.store")
+                    runs[(backend, codec)] = json.loads(out.read_text())
+                if args.codecs:
+                    print_codec_table(name, [runs[v] for v in variants], args.markdown)
+                else:
+                    print_table(name, runs[("gloo", "none")], runs[("sparsereduce", "none")], args.markdown)
 
 
 class Aggregator:
@@ -180,6 +192,36 @@ def print_table(name, gloo, sr, markdown):
     ts = statistics.median(s["time_s"] for s in sr["steps"][later]) * 1e3
     print(f"\nloss identical on every rank in {identical} of {len(rows)} steps (largest difference {worst:.1e}); "
           f"median step time from step 2: gloo {tg:.1f} ms, sparsereduce {ts:.1f} ms")
+
+
+def print_codec_table(name, runs, markdown):
+    """One row per codec: final training loss (mean over ranks and the last 10 steps), held-out loss and
+    accuracy of rank 0's model, bytes per rank and step (library counters, headers included), step time."""
+    header = ["codec", "train loss (last 10 steps)", "held-out loss", "held-out accuracy", "MB sent/rank/step",
+              "MB received/rank/step", "bytes vs first", "median step ms"]
+    rows, reference = [], None
+    for run in runs:
+        later = run["steps"][1:]
+        sent = statistics.mean(s["bytes_sent_rank_mean"] or 0 for s in later)
+        received = statistics.mean(s["bytes_received_rank_mean"] or 0 for s in later)
+        reference = reference or (sent + received)
+        train = statistics.mean(mean(s["losses"]) for s in run["steps"][-10:])
+        ev = run.get("evaluation", {})
+        rows.append([run["codec"], f"{train:.4f}", f"{ev.get('loss', float('nan')):.4f}",
+                     f"{100 * ev.get('accuracy', float('nan')):.2f}%", f"{sent / 1e6:.3f}", f"{received / 1e6:.3f}",
+                     f"{(sent + received) / reference:.3f}x",
+                     f"{statistics.median(s['time_s'] for s in later) * 1e3:.1f}"])
+    print(f"\n## {name}: {runs[0]['world_size']} ranks, {len(runs[0]['steps'])} steps, "
+          f"{runs[0]['gradient_elements']:,} parameters\n")
+    if markdown:
+        print("| " + " | ".join(header) + " |")
+        print("|" + "---|" * len(header))
+        for r in rows:
+            print("| " + " | ".join(r) + " |")
+    else:
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+        for r in [header, *rows]:
+            print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
 
 
 def mean(values):
