@@ -29,7 +29,9 @@ std::string CodecSpec::ToString() const {
   std::string s = CodecName(codec);
   if (codec == Codec::kNone) return s;
   s += "(key=" + std::to_string(key);
-  if (codec == Codec::kThreeLC) s += " s=" + std::to_string(sparsity) + (result_fp32 ? " fp32-results" : "");
+  if (codec == Codec::kThreeLC) {
+    s += " s=" + std::to_string(sparsity) + (result_fp32 ? " fp32-results" : "") + (tensor_scale ? " tensor-scale" : "");
+  }
   if (codec == Codec::kTopK || codec == Codec::kAdaptive) s += " fraction=" + std::to_string(fraction);
   if (codec == Codec::kDiana) s += " alpha=" + std::to_string(alpha) + (diana_l2 ? " l2" : " linf");
   return s + ")";
@@ -48,7 +50,9 @@ Status ValidateCodec(const CodecSpec& c) {
   if (!(c.alpha >= 0.0f && c.alpha <= 1.0f)) {
     return InvalidArgument("DIANA alpha " + std::to_string(c.alpha) + " is outside [0, 1]");
   }
-  if (c.result_fp32 && c.codec != Codec::kThreeLC) return InvalidArgument("fp32 results are a 3LC option");
+  if ((c.result_fp32 || c.tensor_scale) && c.codec != Codec::kThreeLC) {
+    return InvalidArgument("fp32 results and a tensor-wide scale are 3LC options");
+  }
   return Status::Ok();
 }
 

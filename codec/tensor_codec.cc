@@ -67,27 +67,35 @@ uint64_t Mix(uint64_t z) {
   return z ^ (z >> 31);
 }
 
-// Uniform floats in [0, 1) with 24 random bits each, two per step of a xorshift-multiply generator: DIANA draws one
-// per element, so this is most of its encoding time (the standard library's engines and distributions are ~10x
-// slower).
+// Uniform floats in [0, 1) with 24 random bits each, from 8 independent xorshift32 lanes stepped together (shifts
+// and xors only, so the loop vectorizes with plain SSE2): DIANA draws one per element, which made the standard
+// library's engines most of its encoding time.
 class UniformStream {
  public:
-  explicit UniformStream(uint64_t seed) : state_(Mix(seed) | 1) {}
-  // out[0..n) (n even or not; an odd n drops the last draw's second half).
+  static constexpr uint32_t kLanes = 8;
+  explicit UniformStream(uint64_t seed) {
+    for (uint32_t l = 0; l < kLanes; ++l) state_[l] = static_cast<uint32_t>(Mix(seed + l)) | 1;  // never 0
+  }
+  // out[0..n) for n a multiple of kLanes; a shorter tail takes the first lanes.
   void Fill(float* out, uint32_t n) {
     constexpr float kScale = 1.0f / 16777216.0f;
-    for (uint32_t j = 0; j < n; j += 2) {
-      state_ ^= state_ >> 12;
-      state_ ^= state_ << 25;
-      state_ ^= state_ >> 27;
-      const uint64_t bits = state_ * 0x2545F4914F6CDD1Dull;  // xorshift64*
-      out[j] = static_cast<float>(bits >> 40) * kScale;
-      if (j + 1 < n) out[j + 1] = static_cast<float>((bits >> 8) & 0xFFFFFF) * kScale;
+    for (uint32_t j = 0; j < n; j += kLanes) {
+      float draws[kLanes];
+      for (uint32_t l = 0; l < kLanes; ++l) {
+        uint32_t x = state_[l];
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        state_[l] = x;
+        draws[l] = static_cast<float>(x >> 8) * kScale;
+      }
+      const uint32_t take = n - j < kLanes ? n - j : kLanes;
+      for (uint32_t l = 0; l < take; ++l) out[j + l] = draws[l];
     }
   }
 
  private:
-  uint64_t state_;
+  uint32_t state_[kLanes];
 };
 
 bool AnyNonzero(const float* x, uint32_t n) {
@@ -126,8 +134,8 @@ class HalfEncoder final : public TensorEncoder {
   BlockStore store_;
 };
 
-// 3LC with error feedback, scale over the whole tensor; sums come back ternary (or fp32) from the aggregators, which
-// keep their own error feedback.
+// 3LC with error feedback; the scale M is each block's own (or, with tensor_scale, the whole tensor's); sums come
+// back ternary (or fp32) from the aggregators, which keep their own error feedback.
 class ThreeLcEncoder final : public TensorEncoder {
  public:
   ThreeLcEncoder(const CodecSpec& spec, uint32_t block_size, KeyState& state)
@@ -139,12 +147,16 @@ class ThreeLcEncoder final : public TensorEncoder {
     std::vector<float>& error = state_.staged;  // the key's error changes only in Finish
     error.resize(tensor.size());
     const Blocks blocks = Split(tensor.size(), block_size_);
-    const float scale = MaxAbsWithError(tensor.data(), state_.error.data(), tensor.size()) * spec_.sparsity;
+    const float tensor_scale =
+        spec_.tensor_scale ? MaxAbsWithError(tensor.data(), state_.error.data(), tensor.size()) * spec_.sparsity : 0;
     std::vector<int8_t> q(block_size_);
     uint64_t count = 0;
     for (uint64_t b = 0; b < blocks.count; ++b) {
       const uint32_t n = blocks.Length(b);
       const uint64_t at = blocks.Begin(b);
+      const float scale = spec_.tensor_scale
+                              ? tensor_scale
+                              : MaxAbsWithError(tensor.data() + at, state_.error.data() + at, n) * spec_.sparsity;
       send[b] = QuantizeWithError(tensor.data() + at, state_.error.data() + at, error.data() + at, n, scale, q.data());
       if (!send[b]) continue;
       ++count;
@@ -300,11 +312,16 @@ class TopKEncoder final : public TensorEncoder {
     }
     std::vector<uint64_t> order(blocks.count);
     std::iota(order.begin(), order.end(), 0);
-    const uint64_t k_max = std::max<uint64_t>(1, static_cast<uint64_t>(std::ceil(spec_.fraction * blocks.count)));
-    k_ = std::min(k_max, blocks.count);
+    k_ = std::min(blocks.count,
+                  std::max<uint64_t>(1, static_cast<uint64_t>(std::ceil(spec_.fraction * blocks.count))));
     if (spec_.codec == Codec::kAdaptive) {
-      std::sort(order.begin(), order.end(), [&](uint64_t a, uint64_t b) { return norm2[a] > norm2[b] || (norm2[a] == norm2[b] && a < b); });
-      k_ = ChooseK(norm2, order, k_);
+      std::sort(order.begin(), order.end(),
+                [&](uint64_t a, uint64_t b) { return norm2[a] > norm2[b] || (norm2[a] == norm2[b] && a < b); });
+      k_ = ChooseK(norm2, order, blocks.count);
+      // Every other step strays by a factor of two around the choice, so the cost model sees a spread of sizes to
+      // fit its slope to (a model fitted only where it already chooses cannot correct itself).
+      if (state_.steps % 4 == 1) k_ = std::max<uint64_t>(1, k_ / 2);
+      if (state_.steps % 4 == 3) k_ = std::min(blocks.count, 2 * k_);
     } else if (k_ < blocks.count) {
       std::nth_element(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k_), order.end(),
                        [&](uint64_t a, uint64_t b) { return norm2[a] > norm2[b] || (norm2[a] == norm2[b] && a < b); });
@@ -379,7 +396,8 @@ void CostModel::Add(double bytes, double seconds) {
     sxy += x * y;
   }
   const double det = n * sxx - sx * sx;
-  if (n < 2 || det <= 0) return;
+  // A slope needs sizes that differ (by a fifth of the mean at least); timings are noisy.
+  if (n < 4 || det <= 0 || det < 0.04 * sx * sx) return;
   const double b = (n * sxy - sx * sy) / det;
   const double a = (sy - b * sx) / n;
   if (b > 0) {

@@ -36,7 +36,8 @@ def parse_args(description, steps):
                    help="sparsereduce codec: none, fp16, bf16, 3lc, diana, topk or adaptive (docs/PROTOCOL.md §11)")
     p.add_argument("--sparsity", type=float, default=1.0, help="3lc: sparsity multiplier s in [1, 2)")
     p.add_argument("--fp32-results", action="store_true", help="3lc: sums come back in fp32")
-    p.add_argument("--fraction", type=float, default=0.01, help="topk: fraction of blocks; adaptive: the most")
+    p.add_argument("--fraction", type=float, default=0.01, help="topk: fraction of blocks")
+    p.add_argument("--tensor-scale", action="store_true", help="3lc: one scale for the whole tensor")
     return p
 
 
@@ -76,7 +77,7 @@ def _rank_main(rank, args, store, build, batches, loss_fn, make_optimizer, evalu
         import sparsereduce
         import sparsereduce.torch as srt
         codec = sparsereduce.Codec(args.codec, sparsity=args.sparsity, fp32_results=args.fp32_results,
-                                   fraction=args.fraction)
+                                   fraction=args.fraction, tensor_scale=args.tensor_scale)
         state = srt.SparseReduceState.from_process_group(args.aggregators, args.job, record=True, codec=codec)
         ddp.register_comm_hook(state, srt.allreduce_hook)
     optimizer = make_optimizer(ddp.parameters())

@@ -35,6 +35,7 @@ proto::CollectiveSpec SpecToProto(const CollectiveSpec& spec) {
     c->set_fraction(spec.codec.fraction);
     c->set_alpha(spec.codec.alpha);
     c->set_diana_l2(spec.codec.diana_l2);
+    c->set_tensor_scale(spec.codec.tensor_scale);
   }
   return p;
 }
@@ -60,6 +61,7 @@ Result<CollectiveSpec> SpecFromProto(const proto::CollectiveSpec& p) {
     spec.codec.fraction = c.fraction();
     spec.codec.alpha = c.alpha();
     spec.codec.diana_l2 = c.diana_l2();
+    spec.codec.tensor_scale = c.tensor_scale();
     if (Status st = ValidateCodec(spec.codec); !st.ok()) return st;
   }
   return spec;

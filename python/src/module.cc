@@ -215,20 +215,23 @@ PYBIND11_MODULE(_sparsereduce, m) {
   py::class_<CodecOptions>(m, "Codec",
                            "A lossy compression stage for float32 allreduces (docs/PROTOCOL.md §11); 'none' is exact.")
       .def(py::init([](std::string name, float sparsity, bool fp32_results, float fraction, float alpha,
-                       bool l2_norm) {
-             return CodecOptions{std::move(name), sparsity, fp32_results, fraction, alpha, l2_norm};
+                       bool l2_norm, bool tensor_scale) {
+             return CodecOptions{std::move(name), sparsity, fp32_results, fraction, alpha, l2_norm, tensor_scale};
            }),
            py::arg("name") = "none", py::kw_only(), py::arg("sparsity") = 1.0f, py::arg("fp32_results") = false,
            py::arg("fraction") = 0.01f, py::arg("alpha") = 0.0f, py::arg("l2_norm") = false,
+           py::arg("tensor_scale") = false,
            "name: none, fp16, bf16, 3lc, diana, topk or adaptive. sparsity: 3lc's s in [1, 2). fp32_results: 3lc "
-           "sums in fp32. fraction: topk's share of blocks (adaptive: the most). alpha: diana's step (0: "
-           "1/sqrt(block size)). l2_norm: diana's block scale.")
+           "sums in fp32. fraction: topk's share of blocks. alpha: diana's step (0: "
+           "1/sqrt(block size)). l2_norm: diana's block scale. tensor_scale: 3lc's scale over the whole tensor instead "
+           "of per block.")
       .def_readwrite("name", &CodecOptions::name)
       .def_readwrite("sparsity", &CodecOptions::sparsity)
       .def_readwrite("fp32_results", &CodecOptions::fp32_results)
       .def_readwrite("fraction", &CodecOptions::fraction)
       .def_readwrite("alpha", &CodecOptions::alpha)
       .def_readwrite("l2_norm", &CodecOptions::l2_norm)
+      .def_readwrite("tensor_scale", &CodecOptions::tensor_scale)
       .def("__repr__", [](const CodecOptions& c) {
         return "Codec('" + c.name + "', sparsity=" + std::to_string(c.sparsity) +
                ", fp32_results=" + (c.fp32_results ? "True" : "False") + ", fraction=" + std::to_string(c.fraction) +

@@ -186,3 +186,39 @@ TEST(Wire, LengthsAreCheckedBeforeDecoding) {
 
 }  // namespace
 }  // namespace sparsereduce::codec
+
+#include "codec/three_lc.h"
+
+namespace sparsereduce::codec {
+namespace {
+
+// 3LC's error feedback loses nothing, bit for bit: sent + new error = x + old error. (With |T| <= M, Sterbenz's
+// lemma makes T − M exact when T >= M/2, so the float arithmetic keeps the identity.)
+TEST(ThreeLc, SentPlusErrorIsExactlyTheInput) {
+  std::mt19937 random(11);
+  for (int trial = 0; trial < 200; ++trial) {
+    const size_t n = 1 + random() % 600;
+    std::vector<float> x(n), error(n), before(n);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (size_t j = 0; j < n; ++j) {
+      x[j] = normal(random) * std::pow(10.0f, static_cast<float>(random() % 7) - 3.0f);
+      error[j] = normal(random) * 1e-2f;
+    }
+    before = error;
+    for (float s : {1.0f, 1.5f, 1.99f}) {
+      error = before;
+      const float scale = MaxAbsWithError(x.data(), error.data(), n) * s;
+      std::vector<int8_t> q(n);
+      QuantizeWithError(x.data(), error.data(), n, scale, q.data());
+      for (size_t j = 0; j < n; ++j) {
+        ASSERT_TRUE(q[j] >= -1 && q[j] <= 1);
+        const float total = x[j] + before[j];
+        ASSERT_EQ(scale * static_cast<float>(q[j]) + error[j], total) << "trial " << trial << " element " << j;
+        ASSERT_LE(std::fabs(error[j]), 0.5f * scale + std::fabs(total) * 1e-6f);  // what stays is below M/2
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace sparsereduce::codec

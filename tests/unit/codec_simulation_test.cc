@@ -116,16 +116,20 @@ TEST(CodecSimulation, HalfFormatsMatchTheRoundedReference) {
   }
 }
 
-// 3LC, dense reference: workers quantize x + E with the tensor's scale and keep the error; the aggregator sums the
-// decoded values in rank order and quantizes sum + E' per block with its own error; three steps in a row.
+// 3LC, dense reference: workers quantize x + E with each block's scale (or the tensor's) and keep the error; the
+// aggregator sums the decoded values in rank order and quantizes sum + E' per block with its own error; three steps
+// in a row.
 TEST(CodecSimulation, ThreeLcMatchesTheReferenceOverSeveralSteps) {
-  for (bool fp32_results : {false, true}) {
+  for (int mode = 0; mode < 4; ++mode) {
+    const bool fp32_results = mode & 1, tensor_scale = mode & 2;
     for (const Shape& s : kShapes) {
       for (uint64_t n : {uint64_t{65}, uint64_t{1000}, uint64_t{4099}}) {
         const uint32_t B = 64;
         const float sparsity = 1.5f;
         const JobShape shape{s.W, s.A, s.S, s.K};
-        const CollectiveSpec spec = SpecWith(n, B, {Codec::kThreeLC, 9, sparsity, fp32_results});
+        CodecSpec codec{Codec::kThreeLC, 9, sparsity, fp32_results};
+        codec.tensor_scale = tensor_scale;
+        const CollectiveSpec spec = SpecWith(n, B, codec);
         const uint64_t blocks = (n + B - 1) / B;
         std::vector<std::vector<float>> worker_error(s.W, std::vector<float>(n, 0.0f));
         std::vector<float> aggregator_error(n, 0.0f);  // indexed by element: each block has one aggregator
@@ -136,11 +140,14 @@ TEST(CodecSimulation, ThreeLcMatchesTheReferenceOverSeveralSteps) {
           std::vector<std::vector<float>> sent(s.W, std::vector<float>(n, 0.0f));
           std::vector<std::vector<bool>> sends(s.W, std::vector<bool>(blocks, false));
           for (uint32_t r = 0; r < s.W; ++r) {
-            const float scale =
-                codec::MaxAbsWithError(inputs[r].data(), worker_error[r].data(), n) * sparsity;
+            const float tensor = codec::MaxAbsWithError(inputs[r].data(), worker_error[r].data(), n) * sparsity;
             std::vector<int8_t> q(B);
             for (uint64_t b = 0; b < blocks; ++b) {
               const uint64_t begin = b * B, len = std::min<uint64_t>(B, n - begin);
+              const float scale =
+                  tensor_scale ? tensor
+                               : codec::MaxAbsWithError(inputs[r].data() + begin, worker_error[r].data() + begin, len) *
+                                     sparsity;
               sends[r][b] = codec::QuantizeWithError(inputs[r].data() + begin, worker_error[r].data() + begin, len,
                                                      scale, q.data());
               for (uint64_t j = 0; j < len; ++j) sent[r][begin + j] = scale * static_cast<float>(q[j]);
@@ -315,6 +322,9 @@ TEST(CodecSimulation, FailureRestoresTensorAndState) {
 }
 
 TEST(CostModel, FitsLineAndPicksKByCost) {
+  codec::CostModel alike;
+  for (int i = 0; i < 8; ++i) alike.Add(1e5 * (1 + i % 2 * 0.01), 1.0 + i % 2);  // sizes too alike: no slope
+  EXPECT_DOUBLE_EQ(alike.b(), 1e-9);
   codec::CostModel model;
   EXPECT_DOUBLE_EQ(model.a(), 1e-3);
   for (double bytes : {1e5, 2e5, 4e5, 8e5}) model.Add(bytes, 0.002 + 5e-9 * bytes);
@@ -330,8 +340,8 @@ TEST(CostModel, FitsLineAndPicksKByCost) {
     codec::KeyState state;
     state.codec = Codec::kAdaptive;
     state.elements = n;
-    for (double bytes : {1e4, 1e6}) state.cost.Add(bytes, a + b * bytes);
-    auto encoder = codec::MakeEncoder({Codec::kAdaptive, 1, 1.0f, false, 1.0f}, 64, state, 0, 1, 0);
+    for (double bytes : {1e4, 1e5, 5e5, 1e6}) state.cost.Add(bytes, a + b * bytes);
+    auto encoder = codec::MakeEncoder({Codec::kAdaptive}, 64, state, 0, 1, 0);
     std::vector<uint8_t> send(200);
     encoder->Prepare(x, send);
     return encoder->selected_blocks();

@@ -299,7 +299,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--sparsity", c.codec.sparsity, "3lc: sparsity multiplier s in [1, 2)")->capture_default_str();
   app.add_flag("--fp32-results", c.codec.fp32_results, "3lc: sums come back in fp32");
-  app.add_option("--fraction", c.codec.fraction, "topk: fraction of blocks sent; adaptive: the most")
+  app.add_flag("--tensor-scale", c.codec.tensor_scale, "3lc: one scale for the whole tensor instead of per block");
+  app.add_option("--fraction", c.codec.fraction, "topk: fraction of blocks sent")
       ->capture_default_str();
   app.add_option("--alpha", c.codec.alpha, "diana: step of h (0: 1/sqrt(block size))")->capture_default_str();
   app.add_flag("--l2-norm", c.codec.l2_norm, "diana: 2-norm block scales");

@@ -126,7 +126,9 @@ Worker::Impl::Impl(WorkerOptions options)
     Result<Codec> codec = ParseCodec(options_.codec.name);
     if (!codec.ok()) throw MakeError(codec.status());
     const CodecOptions& c = options_.codec;
-    if (Status st = ValidateCodec({*codec, 0, c.sparsity, c.fp32_results, c.fraction, c.alpha, c.l2_norm}); !st.ok()) {
+    if (Status st = ValidateCodec({*codec, 0, c.sparsity, c.fp32_results, c.fraction, c.alpha, c.l2_norm,
+                                   c.tensor_scale});
+        !st.ok()) {
       throw MakeError(st.WithContext("codec " + c.name));
     }
   }
@@ -228,7 +230,8 @@ std::future<void> Worker::Impl::Submit(std::span<std::byte> tensor, uint64_t cou
   const CodecOptions& c = options.codec ? *options.codec : options_.codec;
   Result<Codec> codec = ParseCodec(c.name);
   if (!codec.ok()) throw MakeError(codec.status());
-  request.spec.codec = CodecSpec{*codec, options.key, c.sparsity, c.fp32_results, c.fraction, c.alpha, c.l2_norm};
+  request.spec.codec =
+      CodecSpec{*codec, options.key, c.sparsity, c.fp32_results, c.fraction, c.alpha, c.l2_norm, c.tensor_scale};
   if (dtype == DType::kInt32) request.spec.codec.codec = Codec::kNone;  // int32 sums are always exact
   if (Status st = ValidateCodec(request.spec.codec); !st.ok()) throw MakeError(st.WithContext("codec " + c.name));
   std::future<void> future = request.promise.get_future();

@@ -32,9 +32,12 @@ struct CodecOptions {
   std::string name = "none";
   float sparsity = 1.0f;       // 3lc: s in [1, 2); larger s, more zeros
   bool fp32_results = false;   // 3lc: the aggregators send sums in fp32 instead of ternary
-  float fraction = 0.01f;      // topk: fraction of blocks sent; adaptive: the most it may send
+  float fraction = 0.01f;      // topk: fraction of blocks sent
   float alpha = 0.0f;          // diana: step of h; 0 means 1/sqrt(block_size)
   bool l2_norm = false;        // diana: scale blocks by their 2-norm (default: the largest magnitude)
+  // 3lc: one scale M for the whole tensor instead of one per block. Per block is the default: a DDP bucket mixes
+  // layers of very different gradient magnitudes, and 3LC's M is per layer.
+  bool tensor_scale = false;
 };
 
 // Per call.
