@@ -17,13 +17,15 @@ namespace {
 // Wire bytes of the blocks to send, stored back to back, and where each block's are.
 class BlockStore {
  public:
-  void Reset(uint64_t blocks, uint64_t capacity) {
+  void Reset(uint64_t blocks, uint64_t capacity = 0) {
     offset_.assign(blocks, 0);
     length_.assign(blocks, 0);
     bytes_.resize(capacity);
     used_ = 0;
   }
-  std::byte* Begin(uint64_t block) {
+  // Room for at most `max_bytes` of `block`'s wire bytes; End says how many were written.
+  std::byte* Begin(uint64_t block, uint64_t max_bytes = 0) {
+    if (bytes_.size() < used_ + max_bytes) bytes_.resize(std::max(used_ + max_bytes, 2 * bytes_.size()));
     offset_[block] = used_;
     return bytes_.data() + used_;
   }
@@ -150,6 +152,7 @@ class ThreeLcEncoder final : public TensorEncoder {
     const float tensor_scale =
         spec_.tensor_scale ? MaxAbsWithError(tensor.data(), state_.error.data(), tensor.size()) * spec_.sparsity : 0;
     std::vector<int8_t> q(block_size_);
+    store_.Reset(blocks.count);
     uint64_t count = 0;
     for (uint64_t b = 0; b < blocks.count; ++b) {
       const uint32_t n = blocks.Length(b);
@@ -160,37 +163,22 @@ class ThreeLcEncoder final : public TensorEncoder {
       send[b] = QuantizeWithError(tensor.data() + at, state_.error.data() + at, error.data() + at, n, scale, q.data());
       if (!send[b]) continue;
       ++count;
-      const size_t offset = encoded_.size();
-      encoded_.resize(offset + MaxTernaryBytes(n));
-      const size_t bytes = EncodeTernary(q.data(), n, scale, encoded_.data() + offset);
-      encoded_.resize(offset + bytes);
-      offsets_.push_back({b, offset, static_cast<uint32_t>(bytes)});
+      std::byte* out = store_.Begin(b, MaxTernaryBytes(n));
+      store_.End(b, static_cast<uint32_t>(EncodeTernary(q.data(), n, scale, out)));
     }
-    index_.assign(blocks.count, ~uint64_t{0});
-    for (size_t i = 0; i < offsets_.size(); ++i) index_[offsets_[i].block] = i;
     return count;
   }
-  std::span<const std::byte> Block(uint64_t block) const override {
-    const Encoded& e = offsets_[index_[block]];
-    return {encoded_.data() + e.offset, e.length};
-  }
+  std::span<const std::byte> Block(uint64_t block) const override { return store_.Block(block); }
   void Finish(std::span<float>) override {
     state_.error.swap(state_.staged);
     ++state_.steps;
   }
 
  private:
-  struct Encoded {
-    uint64_t block;
-    size_t offset;
-    uint32_t length;
-  };
   CodecSpec spec_;
   uint32_t block_size_;
   KeyState& state_;
-  std::vector<std::byte> encoded_;
-  std::vector<Encoded> offsets_;
-  std::vector<uint64_t> index_;
+  BlockStore store_;
 };
 
 // DIANA (Mishchenko et al., 2019): sends Q(x − h_i) with Q unbiased block-wise ternary, receives S = Σ_i Q(Δ_i) in
@@ -220,6 +208,7 @@ class DianaEncoder final : public TensorEncoder {
     const Blocks blocks = Split(tensor.size(), block_size_);
     std::vector<float> delta(block_size_), draws(block_size_);
     std::vector<int8_t> q(block_size_);
+    store_.Reset(blocks.count);
     uint64_t count = 0;
     for (uint64_t b = 0; b < blocks.count; ++b) {
       const uint32_t n = blocks.Length(b);
@@ -245,20 +234,12 @@ class DianaEncoder final : public TensorEncoder {
       if (!any) continue;
       ++count;
       for (uint32_t j = 0; j < n; ++j) h[j] += alpha_ * (norm * static_cast<float>(q[j]));
-      const size_t offset = encoded_.size();
-      encoded_.resize(offset + MaxTernaryBytes(n));
-      const size_t bytes = EncodeTernary(q.data(), n, norm, encoded_.data() + offset);
-      encoded_.resize(offset + bytes);
-      offsets_.push_back({b, offset, static_cast<uint32_t>(bytes)});
+      std::byte* out = store_.Begin(b, MaxTernaryBytes(n));
+      store_.End(b, static_cast<uint32_t>(EncodeTernary(q.data(), n, norm, out)));
     }
-    index_.assign(blocks.count, ~uint64_t{0});
-    for (size_t i = 0; i < offsets_.size(); ++i) index_[offsets_[i].block] = i;
     return count;
   }
-  std::span<const std::byte> Block(uint64_t block) const override {
-    const Encoded& e = offsets_[index_[block]];
-    return {encoded_.data() + e.offset, e.length};
-  }
+  std::span<const std::byte> Block(uint64_t block) const override { return store_.Block(block); }
   void Finish(std::span<float> tensor) override {
     // Every worker runs the same fp32 operations on the same S and h: the replicas stay bitwise equal.
     const float w = static_cast<float>(world_size_);
@@ -273,20 +254,13 @@ class DianaEncoder final : public TensorEncoder {
   }
 
  private:
-  struct Encoded {
-    uint64_t block;
-    size_t offset;
-    uint32_t length;
-  };
   CodecSpec spec_;
   uint32_t block_size_;
   KeyState& state_;
   uint32_t rank_, world_size_;
   uint64_t seed_;
   float alpha_;
-  std::vector<std::byte> encoded_;
-  std::vector<Encoded> offsets_;
-  std::vector<uint64_t> index_;
+  BlockStore store_;
 };
 
 // Block top-k with error feedback: T = x + R; the k blocks of T with the largest 2-norm go out exactly, the others

@@ -42,7 +42,9 @@ def main():
     p.add_argument("--markdown", action="store_true", help="print Markdown tables")
     p.add_argument("--testbed", action="store_true", help="one network-namespace host per process (root)")
     p.add_argument("--rate", default="1gbit", help="with --testbed: link rate in both directions (tc tbf)")
-    p.add_argument("--codecs", default="", help="comma-separated sparsereduce codecs to compare (see above)")
+    p.add_argument("--codecs", default="",
+                   help="comma-separated sparsereduce codecs to compare, each NAME or NAME:OPTION=VALUE:... "
+                        "(e.g. topk:fraction=0.1, 3lc:sparsity=1.5:fp32-results=1)")
     p.add_argument("extra", nargs="*", help="passed to every example (after --), e.g. -- --steps 10")
     args = p.parse_args()
     env = dict(os.environ, PYTHONPATH=f"{args.build_dir / 'python'}:{SOURCE / 'python'}")
@@ -59,13 +61,13 @@ def main():
                 runs = {}
                 for backend, codec in variants:
                     job += 1
-                    out = Path(work) / f"{name}-{backend}-{codec}.json"
+                    out = Path(work) / f"{name}-{backend}-{job}.json"
                     command = [sys.executable, str(HERE / EXAMPLES[name]), "--backend", backend,
                                "--world-size", str(args.world_size), "--aggregators", cluster.address,
-                               "--job", str(job), "--codec", codec, "--out", str(out), *args.extra]
+                               "--job", str(job), *codec_arguments(codec), "--out", str(out), *args.extra]
                     print(f"# {' '.join(command[1:])}", file=sys.stderr, flush=True)
-                    cluster.run(command, env, Path(work) / f"{name}-{backend}-{codec}.store")
-                    runs[(backend, codec)] = json.loads(out.read_text())
+                    cluster.run(command, env, Path(work) / f"{name}-{backend}-{job}.store")
+                    runs[(backend, codec)] = dict(json.loads(out.read_text()), codec=codec)
                 if args.codecs:
                     print_codec_table(name, [runs[v] for v in variants], args.markdown)
                 else:
@@ -178,20 +180,23 @@ def print_table(name, gloo, sr, markdown):
     dense_mb = gloo["gradient_elements"] * 4 / 1e6
     print(f"\n## {name}: {gloo['world_size']} ranks, {gloo['gradient_elements']:,} parameters "
           f"({dense_mb:.1f} MB of fp32 gradients per step)\n")
-    if markdown:
-        print("| " + " | ".join(header) + " |")
-        print("|" + "---|" * len(header))
-        for r in rows:
-            print("| " + " | ".join(r) + " |")
-    else:
-        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-        for r in [header, *rows]:
-            print("  ".join(c.rjust(w) for c, w in zip(r, widths)))
+    print_rows(header, rows, markdown)
     later = slice(1, None)  # step 1 includes connection set-up and DDP's bucket rebuild
     tg = statistics.median(s["time_s"] for s in gloo["steps"][later]) * 1e3
     ts = statistics.median(s["time_s"] for s in sr["steps"][later]) * 1e3
     print(f"\nloss identical on every rank in {identical} of {len(rows)} steps (largest difference {worst:.1e}); "
           f"median step time from step 2: gloo {tg:.1f} ms, sparsereduce {ts:.1f} ms")
+
+
+def codec_arguments(text):
+    """"topk:fraction=0.1" -> ["--codec", "topk", "--fraction", "0.1"]; a value of 1 for a flag sets it."""
+    name, *options = text.split(":")
+    arguments = ["--codec", name]
+    for option in options:
+        key, _, value = option.partition("=")
+        flag = "--" + key.replace("_", "-")
+        arguments += [flag] if key in ("fp32-results", "fp32_results", "tensor-scale", "tensor_scale") else [flag, value]
+    return arguments
 
 
 def print_codec_table(name, runs, markdown):
@@ -213,6 +218,10 @@ def print_codec_table(name, runs, markdown):
                      f"{statistics.median(s['time_s'] for s in later) * 1e3:.1f}"])
     print(f"\n## {name}: {runs[0]['world_size']} ranks, {len(runs[0]['steps'])} steps, "
           f"{runs[0]['gradient_elements']:,} parameters\n")
+    print_rows(header, rows, markdown)
+
+
+def print_rows(header, rows, markdown):
     if markdown:
         print("| " + " | ".join(header) + " |")
         print("|" + "---|" * len(header))

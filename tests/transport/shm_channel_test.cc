@@ -41,14 +41,18 @@ std::pair<tcp::socket, tcp::socket> TcpPair(asio::io_context& io) {
   return {std::move(server), std::move(client)};
 }
 
-// Runs `io` until `done` or the bound passes.
-void RunUntil(asio::io_context& io, const bool& done, std::chrono::seconds bound = 20s) {
+// Runs `io` until `done()` holds or the bound passes.
+template <typename Done>
+void RunUntil(asio::io_context& io, Done done, std::chrono::seconds bound = 20s) {
   const auto deadline = std::chrono::steady_clock::now() + bound;
-  while (!done && std::chrono::steady_clock::now() < deadline) {
+  while (!done() && std::chrono::steady_clock::now() < deadline) {
     io.restart();
-    io.run_for(50ms);
+    io.run_for(10ms);
   }
-  ASSERT_TRUE(done) << "not finished within " << bound.count() << " s";
+  ASSERT_TRUE(done()) << "not finished within " << bound.count() << " s";
+}
+void RunUntil(asio::io_context& io, const bool& done, std::chrono::seconds bound = 20s) {
+  RunUntil(io, [&done] { return done; }, bound);
 }
 
 // Both ends of a fresh shm connection, set up through the real handoff.
@@ -74,12 +78,7 @@ Pair Connect(asio::io_context& io, uint64_t ring_capacity) {
     if (a.ok()) attachment = std::move(*a);
     attached_done = true;
   }, asio::detached);
-  bool both = false;
-  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
-    while (!(handed && attached_done)) co_await asio::post(io, asio::use_awaitable);
-    both = true;
-  }, asio::detached);
-  RunUntil(io, both);
+  RunUntil(io, [&] { return handed && attached_done; });
   auto [a_socket, w_socket] = TcpPair(io);
   Pair pair;
   pair.segment = attachment->segment;
@@ -139,9 +138,7 @@ TEST(ShmChannel, FramesArriveIntactAndInOrderBothWays) {
   bool up = false, down = false;
   ExchangeFrames(io, *pair.worker, *pair.aggregator, 300, 20000, &up);
   ExchangeFrames(io, *pair.aggregator, *pair.worker, 300, 20000, &down);
-  const bool& both = up;
-  RunUntil(io, both);
-  RunUntil(io, down);
+  RunUntil(io, [&] { return up && down; });
   EXPECT_TRUE(pair.worker->idle());
   EXPECT_TRUE(pair.aggregator->idle());
 }
@@ -187,12 +184,7 @@ TEST(ShmChannel, PeerDeathSeenThroughTcpAfterWhatItWrote) {
   RunUntil(io, ended);
   // Sending to a dead peer reports an error instead of waiting for space forever.
   for (int i = 0; i < 10; ++i) pair.aggregator->Send(ByteBuffer(6000));  // more than the ring holds
-  bool reported = false;
-  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
-    while (!error) co_await asio::post(io, asio::use_awaitable);
-    reported = true;
-  }, asio::detached);
-  RunUntil(io, reported);
+  RunUntil(io, [&] { return error.has_value(); });
   EXPECT_EQ(error->code(), StatusCode::kUnavailable);
 }
 
@@ -243,12 +235,7 @@ TEST(ShmChannel, HostileTailFailsTheSendingSide) {
   std::optional<Status> error;
   pair.aggregator->set_error_handler([&](const Status& st) { error = st; });
   pair.aggregator->Send(ByteBuffer(100));
-  bool reported = false;
-  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
-    while (!error) co_await asio::post(io, asio::use_awaitable);
-    reported = true;
-  }, asio::detached);
-  RunUntil(io, reported);
+  RunUntil(io, [&] { return error.has_value(); });
   EXPECT_EQ(error->code(), StatusCode::kProtocolViolation);
 }
 
@@ -270,12 +257,7 @@ TEST(ShmHandoff, WrongTokenIsIgnoredAndTheRightOneServed) {
                                 std::chrono::steady_clock::now() + 10s);
     attached = b.ok();
   }, asio::detached);
-  bool done = false;
-  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
-    while (!(handoff && attached)) co_await asio::post(io, asio::use_awaitable);
-    done = true;
-  }, asio::detached);
-  RunUntil(io, done);
+  RunUntil(io, [&] { return handoff && attached; });
   EXPECT_FALSE(stranger->ok());
   EXPECT_TRUE(handoff->ok()) << handoff->ToString();
   EXPECT_TRUE(*attached);
@@ -294,12 +276,7 @@ TEST(ShmHandoff, DeadlineAndUnreachableSocket) {
                                 std::chrono::steady_clock::now() + 2s);
     attach = a.status();
   }, asio::detached);
-  bool done = false;
-  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
-    while (!(handoff && attach)) co_await asio::post(io, asio::use_awaitable);
-    done = true;
-  }, asio::detached);
-  RunUntil(io, done);
+  RunUntil(io, [&] { return handoff && attach; });
   EXPECT_EQ(handoff->code(), StatusCode::kDeadlineExceeded);
   EXPECT_EQ(attach->code(), StatusCode::kUnavailable);
   EXPECT_NE(attach->message().find("another host"), std::string::npos) << attach->ToString();

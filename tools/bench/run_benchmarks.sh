@@ -3,7 +3,7 @@
 # network namespaces with 1 Gbit/s tbf-shaped links, plus loopback and kernel micro-benchmarks. Needs root and a
 # Release build (make build) and the baselines (bash scripts/install-bench-deps.sh; cmake re-run picks up Gloo).
 #
-#   tools/bench/run_benchmarks.sh [all|density|colocated|sizes|loopback|torch|kernels]...
+#   tools/bench/run_benchmarks.sh [all|density|colocated|sizes|codecs|loopback|transports|torch|kernels]...
 #
 # Environment: BUILD_DIR (default build), OUT (results folder), ITERS (default 5), WARMUP (2), RATE (1gbit),
 # SIZE (64M), SR_FLAGS (extra sparsereduce-perf flags, e.g. "--slots 16"). Results: $OUT/*.json and $OUT/tables.md. Every namespace is deleted on exit, also on failure/Ctrl-C.
@@ -19,6 +19,8 @@ AGG=$BUILD/aggregator/sparsereduce-aggregator
 PERF=$BUILD/tools/sparsereduce-perf
 GLOO=$BUILD/bench/gloo/sparsereduce-gloo-bench
 KERNELS=$BUILD/bench/sparsereduce-kernels-bench
+CODEC_BENCH=$BUILD/bench/sparsereduce-codec-bench
+BW=$BUILD/tools/sparsereduce-bw
 DENSITIES=${DENSITIES:-"1 0.5 0.2 0.1 0.05 0.02 0.01 0.001"}
 PORT=19875
 mkdir -p "$OUT"
@@ -123,12 +125,42 @@ size_sweep() {
   testbed_down "$NAME"
 }
 
+codec_sweep() {  # dense 64 MiB through each codec, separate layout: what compression buys on a 1 Gbit/s link
+  log "codecs: 8 hosts at $RATE, dense $SIZE, each codec"
+  testbed_up "$NAME" 8 --rate "$RATE" >/dev/null
+  gloo_run codecs.gloo.ring ring "$SIZE" "$SIZE" 5 6 7 8
+  start_aggregators 1 2 3 4
+  local codec
+  for codec in none fp16 bf16 3lc diana topk adaptive; do
+    local flags=(--codec "$codec")
+    [[ $codec == topk ]] && flags+=(--fraction 0.1)
+    SR_FLAGS="${SR_FLAGS:-} ${flags[*]}" sparse_run "codecs.$codec" 1 random "$SIZE" "$SIZE" 5 6 7 8
+  done
+  stop_aggregators
+  testbed_down "$NAME"
+}
+
 loopback() {  # CPU bound: no namespaces, no shaping
-  log "loopback: 4 workers + 1 aggregator vs Gloo with 4 ranks"
+  log "loopback: 4 workers + 1 aggregator vs Gloo with 4 ranks; shared memory (chosen automatically) and TCP"
   "$GLOO" --spawn 4 -b "$SIZE" -e "$SIZE" -n "$ITERS" -w "$WARMUP" -c 0 --json "$OUT/loopback.gloo.ring.json" >&2
-  for d in 1 0.1 0.01; do
-    "$PERF" --spawn 4,1 --aggregator-bin "$AGG" -b "$SIZE" -e "$SIZE" -n "$ITERS" -w "$WARMUP" -c 0 \
-      --density "$d" --json "$OUT/loopback.sparse.$d.json" | tail -1 >&2
+  local d transport
+  for transport in shm tcp; do
+    for d in 1 0.1 0.01; do
+      "$PERF" --spawn 4,1 --aggregator-bin "$AGG" -b "$SIZE" -e "$SIZE" -n "$ITERS" -w "$WARMUP" -c 0 \
+        --transport "$transport" --density "$d" --json "$OUT/loopback.$transport.$d.json" | tail -1 >&2
+    done
+  done
+}
+
+transports() {  # point to point, loopback: what each transport moves (sparsereduce-bw, ib_write_bw style)
+  log "transports: sparsereduce-bw over tcp and shm on 127.0.0.1"
+  local transport port=18600
+  for transport in tcp shm; do
+    port=$((port + 1))
+    "$BW" -p "$port" >/dev/null 2>&1 &
+    local server=$!
+    "$BW" -p "$port" --transport "$transport" -a -n 2000 --report_gbits 127.0.0.1 > "$OUT/bw.$transport.txt" || true
+    wait "$server" || true
   done
 }
 
@@ -144,15 +176,18 @@ kernels() {
   [[ -x $KERNELS ]] || { log "no $KERNELS (Google Benchmark missing)"; return 0; }
   log "kernels"
   "$KERNELS" --benchmark_min_time=0.2 --benchmark_format=json > "$OUT/kernels.json"
+  "$CODEC_BENCH" --benchmark_min_time=0.2 --benchmark_format=json > "$OUT/codecs.throughput.json"
 }
 
 what=("$@")
-[[ ${#what[@]} == 0 || ${what[0]} == all ]] && what=(density colocated sizes loopback torch kernels)
+[[ ${#what[@]} == 0 || ${what[0]} == all ]] && what=(density colocated sizes codecs loopback transports torch kernels)
 for w in "${what[@]}"; do
   case $w in
     density) density_sweep ;;
     colocated) colocated_sweep ;;
     sizes) size_sweep ;;
+    codecs) codec_sweep ;;
+    transports) transports ;;
     loopback) loopback ;;
     torch) torch_sparse ;;
     kernels) kernels ;;

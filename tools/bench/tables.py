@@ -87,22 +87,89 @@ def sizes(out, rate):
 def loopback(out):
     gloo = first(load(os.path.join(out, "loopback.gloo.ring.json")))
     lines = []
-    for d in ("1", "0.1", "0.01"):
-        r = first(load(os.path.join(out, f"loopback.sparse.{d}.json")))
-        if not r:
-            continue
-        if not lines:
-            lines += ["| run | time (ms) | ratio to Gloo ring |", "|---|---|---|"]
-            if gloo:
-                lines.append(f"| Gloo ring, 4 ranks | {gloo['time_us_median'] / 1e3:.1f} | 1.00 |")
-        ratio = f"{r['time_us_median'] / gloo['time_us_median']:.2f}" if gloo else "-"
-        lines.append(f"| sparsereduce, density {float(d) * 100:g} % | {r['time_us_median'] / 1e3:.1f} | {ratio} |")
+    for transport in ("shm", "tcp"):
+        for d in ("1", "0.1", "0.01"):
+            r = first(load(os.path.join(out, f"loopback.{transport}.{d}.json")))
+            if not r:
+                continue
+            if not lines:
+                lines += ["| run | time (ms) | ratio to Gloo ring |", "|---|---|---|"]
+                if gloo:
+                    lines.append(f"| Gloo ring, 4 ranks (TCP) | {gloo['time_us_median'] / 1e3:.1f} | 1.00 |")
+            ratio = f"{r['time_us_median'] / gloo['time_us_median']:.2f}" if gloo else "-"
+            lines.append(f"| sparsereduce over {transport}, density {float(d) * 100:g} % | "
+                         f"{r['time_us_median'] / 1e3:.1f} | {ratio} |")
     torch = load(os.path.join(out, "loopback.torch_sparse.json"))
     for r in (torch or {}).get("results", []):
         ratio = f"{r['time_us_median'] / gloo['time_us_median']:.2f}" if gloo else "-"
         lines.append(f"| torch gloo all_reduce of sparse COO, density {r['requested_density'] * 100:g} % | "
                      f"{r['time_us_median'] / 1e3:.1f} | {ratio} |")
     return lines + [""] if lines else []
+
+
+def codecs(out, rate):
+    gloo = first(load(os.path.join(out, "codecs.gloo.ring.json")))
+    rows = []
+    for codec in ("none", "fp16", "bf16", "3lc", "diana", "topk", "adaptive"):
+        r = first(load(os.path.join(out, f"codecs.{codec}.json")))
+        if r:
+            rows.append((codec, r))
+    if not rows:
+        return []
+    g = f"{gloo['time_us_median'] / 1e3:.1f} ms" if gloo else "not measured"
+    lines = [f"Gloo ring, same hosts, same run: **{g}**\n",
+             "| codec | time (ms) | speed-up vs Gloo ring | sent/recv per worker (MiB) | link bound (ms) | % of bound |",
+             "|---|---|---|---|---|---|"]
+    for codec, r in rows:
+        t = r["time_us_median"] / 1e3
+        bound = max(r["bytes_sent"], r["bytes_received"]) * 8 / rate * 1e3 if rate else None
+        speedup = f"{gloo['time_us_median'] / r['time_us_median']:.2f}x" if gloo else "-"
+        lines.append(f"| {codec}{' (fraction 0.1)' if codec == 'topk' else ''} | {t:.1f} | {speedup} | "
+                     f"{r['bytes_sent'] / 2**20:.2f} / {r['bytes_received'] / 2**20:.2f} | "
+                     + (f"{bound:.1f} | {bound / t * 100:.0f} % |" if bound else "- | - |"))
+    return lines + [""]
+
+
+def bandwidth(out):
+    by_transport = {}
+    for transport in ("tcp", "shm"):
+        try:
+            with open(os.path.join(out, f"bw.{transport}.txt")) as f:
+                for line in f:
+                    cells = line.split()
+                    if len(cells) == 5 and cells[0].isdigit():
+                        by_transport.setdefault(transport, {})[int(cells[0])] = (float(cells[2]), float(cells[3]))
+        except OSError:
+            pass
+    if not by_transport:
+        return []
+    lines = ["| message bytes | TCP peak / average (Gbit/s) | shm peak / average (Gbit/s) |", "|---|---|---|"]
+    for size in sorted(set().union(*[set(v) for v in by_transport.values()])):
+        if size < 1024:
+            continue
+        cells = [f"{size // 1024} KiB" if size < 2**20 else f"{size // 2**20} MiB"]
+        for transport in ("tcp", "shm"):
+            v = by_transport.get(transport, {}).get(size)
+            cells.append(f"{v[0]:.1f} / {v[1]:.1f}" if v else "-")
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def codec_throughput(out):
+    doc = load(os.path.join(out, "codecs.throughput.json"))
+    if not doc:
+        return []
+    rates = {}
+    for b in doc["benchmarks"]:
+        m = re.fullmatch(r"BM_(Encode|Decode)/k(\w+)", b["name"])
+        if m and "bytes_per_second" in b:
+            rates.setdefault(m.group(2), {})[m.group(1)] = b["bytes_per_second"] / 1e9
+    lines = ["| codec | encode GB/s | decode GB/s | encode + decode GB/s |", "|---|---|---|---|"]
+    for codec, r in rates.items():
+        e, d = r.get("Encode"), r.get("Decode")
+        both = 1 / (1 / e + 1 / d) if e and d else None
+        lines.append(f"| {codec} | {e:.2f} | {d:.2f} | {both:.2f} |" if both else f"| {codec} | - | - | - |")
+    return lines + [""]
 
 
 def kernels(out):
@@ -126,8 +193,11 @@ def main():
         ("Density sweep, W = 4 workers and A = 4 aggregators on their own hosts", sweep(a.out, "separate", rate)),
         ("Density sweep, colocated (one worker and one aggregator per host)", sweep(a.out, "colocated", rate)),
         ("Size sweep (separate hosts)", sizes(a.out, rate)),
+        ("Codecs: dense 64 MiB, separate hosts", codecs(a.out, rate)),
         ("Loopback, no shaping (CPU bound): 4 workers + 1 aggregator; baselines with 4 ranks", loopback(a.out)),
+        ("Transports, point to point on loopback (sparsereduce-bw)", bandwidth(a.out)),
         ("Kernels", kernels(a.out)),
+        ("Codec throughput, one core, 16 MiB of fp32 (sparsereduce-codec-bench)", codec_throughput(a.out)),
     ]
     for title, lines in sections:
         if lines:

@@ -23,6 +23,7 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <thread>
 
 #include "protocol/control.h"
 #include "protocol/frame.h"
@@ -293,7 +294,13 @@ int Main(const Config& c) {
   tcp::socket socket(io);
   tcp::resolver resolver(io);
   boost::system::error_code ec;
-  asio::connect(socket, resolver.resolve(c.server, std::to_string(c.port)), ec);
+  // The server may still be starting: retry for a few seconds, as the worker library does.
+  const auto give_up = Clock::now() + std::chrono::seconds(5);
+  for (auto pause = std::chrono::milliseconds(10);; pause = std::min(pause * 2, std::chrono::milliseconds(500))) {
+    asio::connect(socket, resolver.resolve(c.server, std::to_string(c.port), ec), ec);
+    if (!ec || Clock::now() + pause > give_up) break;
+    std::this_thread::sleep_for(pause);
+  }
   if (ec) {
     std::fprintf(stderr, "sparsereduce-bw: cannot connect to %s:%u: %s\n", c.server.c_str(), c.port,
                  ec.message().c_str());
