@@ -3,6 +3,7 @@
 #include <cstring>
 
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -21,8 +22,20 @@ inline float FromBits(uint32_t u) {
 }
 
 #if defined(__x86_64__)
+// CPUID rather than __builtin_cpu_supports("f16c"): clang 14 does not know that feature name. AVX also needs the
+// OS to save YMM state (OSXSAVE + XCR0 bits 1 and 2).
+bool DetectF16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (!__get_cpuid(1, &eax, &ebx, &ecx, &edx)) return false;
+  const bool f16c = ecx & bit_F16C, avx = ecx & bit_AVX, osxsave = ecx & bit_OSXSAVE;
+  if (!(f16c && avx && osxsave)) return false;
+  unsigned xcr0_lo = 0, xcr0_hi = 0;
+  __asm__("xgetbv" : "=a"(xcr0_lo), "=d"(xcr0_hi) : "c"(0));
+  return (xcr0_lo & 0x6) == 0x6;
+}
+
 bool HaveF16c() {
-  static const bool have = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+  static const bool have = DetectF16c();
   return have;
 }
 

@@ -14,31 +14,32 @@
 namespace sparsereduce::codec {
 namespace {
 
-// Wire bytes of the blocks to send, stored back to back, and where each block's are.
+// Wire bytes of the blocks to send, stored back to back in the key's reused buffer, and where each block's are.
 class BlockStore {
  public:
-  void Reset(uint64_t blocks, uint64_t capacity = 0) {
-    offset_.assign(blocks, 0);
-    length_.assign(blocks, 0);
-    bytes_.resize(capacity);
+  // Room for `blocks` blocks of at most `max_block_bytes` each.
+  void Reset(ByteBuffer& bytes, uint64_t blocks, uint64_t max_block_bytes) {
+    offset_.resize(blocks);
+    length_.assign(blocks, 0);  // 0: not sent
+    if (bytes.size() < blocks * max_block_bytes) bytes = ByteBuffer(blocks * max_block_bytes);
+    bytes_ = bytes.data();
     used_ = 0;
   }
-  // Room for at most `max_bytes` of `block`'s wire bytes; End says how many were written.
-  std::byte* Begin(uint64_t block, uint64_t max_bytes = 0) {
-    if (bytes_.size() < used_ + max_bytes) bytes_.resize(std::max(used_ + max_bytes, 2 * bytes_.size()));
+  // Where `block`'s bytes go; End says how many were written.
+  std::byte* Begin(uint64_t block) {
     offset_[block] = used_;
-    return bytes_.data() + used_;
+    return bytes_ + used_;
   }
   void End(uint64_t block, uint32_t length) {
     length_[block] = length;
     used_ += length;
   }
-  std::span<const std::byte> Block(uint64_t block) const { return {bytes_.data() + offset_[block], length_[block]}; }
+  std::span<const std::byte> Block(uint64_t block) const { return {bytes_ + offset_[block], length_[block]}; }
 
  private:
   std::vector<uint64_t> offset_;
   std::vector<uint32_t> length_;
-  std::vector<std::byte> bytes_;
+  std::byte* bytes_ = nullptr;
   uint64_t used_ = 0;
 };
 
@@ -100,6 +101,34 @@ class UniformStream {
   uint32_t state_[kLanes];
 };
 
+// max_j |x_j|, on the bits so that the reduction vectorizes (for non-negative floats the integer order is the
+// float order).
+float NormInf(const float* x, uint32_t n) {
+  int32_t m = 0;
+  for (uint32_t j = 0; j < n; ++j) {
+    int32_t bits;
+    std::memcpy(&bits, &x[j], 4);
+    bits &= 0x7FFFFFFF;
+    m = m > bits ? m : bits;
+  }
+  float result;
+  std::memcpy(&result, &m, 4);
+  return result;
+}
+
+// ‖x‖₂ with eight partial sums: a fixed order (so every run gives the same bits) that vectorizes.
+float Norm2(const float* x, uint32_t n) {
+  float partial[8] = {};
+  uint32_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    for (uint32_t l = 0; l < 8; ++l) partial[l] += x[j + l] * x[j + l];
+  }
+  for (; j < n; ++j) partial[0] += x[j] * x[j];
+  float sum = 0.0f;
+  for (float p : partial) sum += p;
+  return std::sqrt(sum);
+}
+
 bool AnyNonzero(const float* x, uint32_t n) {
   for (uint32_t j = 0; j < n; ++j) {
     if (x[j] != 0.0f) return true;
@@ -110,7 +139,8 @@ bool AnyNonzero(const float* x, uint32_t n) {
 // fp16 / bf16: a block is sent when it has a nonzero element; the sums come back in the same format.
 class HalfEncoder final : public TensorEncoder {
  public:
-  HalfEncoder(WireFormat format, uint32_t block_size) : format_(format), block_size_(block_size) {}
+  HalfEncoder(WireFormat format, uint32_t block_size, KeyState& state)
+      : format_(format), block_size_(block_size), state_(state) {}
 
   uint64_t Prepare(std::span<const float> tensor, std::span<uint8_t> send) override {
     const Blocks blocks = Split(tensor.size(), block_size_);
@@ -119,7 +149,7 @@ class HalfEncoder final : public TensorEncoder {
       send[b] = AnyNonzero(tensor.data() + blocks.Begin(b), blocks.Length(b));
       count += send[b];
     }
-    store_.Reset(blocks.count, count * MaxWireBytes(format_, block_size_, 4));
+    store_.Reset(state_.wire, blocks.count, MaxWireBytes(format_, block_size_, 4));
     for (uint64_t b = 0; b < blocks.count; ++b) {
       if (!send[b]) continue;
       const uint32_t n = blocks.Length(b);
@@ -133,6 +163,7 @@ class HalfEncoder final : public TensorEncoder {
  private:
   WireFormat format_;
   uint32_t block_size_;
+  KeyState& state_;
   BlockStore store_;
 };
 
@@ -152,7 +183,7 @@ class ThreeLcEncoder final : public TensorEncoder {
     const float tensor_scale =
         spec_.tensor_scale ? MaxAbsWithError(tensor.data(), state_.error.data(), tensor.size()) * spec_.sparsity : 0;
     std::vector<int8_t> q(block_size_);
-    store_.Reset(blocks.count);
+    store_.Reset(state_.wire, blocks.count, MaxTernaryBytes(block_size_));
     uint64_t count = 0;
     for (uint64_t b = 0; b < blocks.count; ++b) {
       const uint32_t n = blocks.Length(b);
@@ -163,7 +194,7 @@ class ThreeLcEncoder final : public TensorEncoder {
       send[b] = QuantizeWithError(tensor.data() + at, state_.error.data() + at, error.data() + at, n, scale, q.data());
       if (!send[b]) continue;
       ++count;
-      std::byte* out = store_.Begin(b, MaxTernaryBytes(n));
+      std::byte* out = store_.Begin(b);
       store_.End(b, static_cast<uint32_t>(EncodeTernary(q.data(), n, scale, out)));
     }
     return count;
@@ -201,26 +232,20 @@ class DianaEncoder final : public TensorEncoder {
       state_.h_own.assign(tensor.size(), 0.0f);
       state_.h_mean.assign(tensor.size(), 0.0f);
     }
-    std::vector<float>& h_own = state_.staged;  // h_i changes only in Finish
-    h_own.resize(tensor.size());
+    const float* h_own = state_.h_own.data();  // read here; Finish adds α·Q(Δ) from the blocks sent
     // One stream per (seed, key, step, rank): reproducible, and independent across ranks and steps.
     UniformStream uniform(seed_ ^ Mix(spec_.key) ^ Mix(state_.steps * 0x9E3779B97F4A7C15ull) ^ Mix(~uint64_t{rank_}));
     const Blocks blocks = Split(tensor.size(), block_size_);
     std::vector<float> delta(block_size_), draws(block_size_);
     std::vector<int8_t> q(block_size_);
-    store_.Reset(blocks.count);
+    store_.Reset(state_.wire, blocks.count, MaxTernaryBytes(block_size_));
     uint64_t count = 0;
     for (uint64_t b = 0; b < blocks.count; ++b) {
       const uint32_t n = blocks.Length(b);
       const float* x = tensor.data() + blocks.Begin(b);
-      float* h = h_own.data() + blocks.Begin(b);
-      std::copy_n(state_.h_own.data() + blocks.Begin(b), n, h);
-      float norm = 0.0f;
-      for (uint32_t j = 0; j < n; ++j) {
-        delta[j] = x[j] - h[j];
-        norm = spec_.diana_l2 ? norm + delta[j] * delta[j] : std::max(norm, std::fabs(delta[j]));
-      }
-      if (spec_.diana_l2) norm = std::sqrt(norm);
+      const float* h = h_own + blocks.Begin(b);
+      for (uint32_t j = 0; j < n; ++j) delta[j] = x[j] - h[j];
+      const float norm = spec_.diana_l2 ? Norm2(delta.data(), n) : NormInf(delta.data(), n);
       // P(q_j = sign Δ_j) = |Δ_j| / ‖Δ‖, so E[norm · q_j] = Δ_j. Branch-free: the draws are unpredictable.
       uniform.Fill(draws.data(), n);
       int any = 0;
@@ -233,8 +258,7 @@ class DianaEncoder final : public TensorEncoder {
       send[b] = any;
       if (!any) continue;
       ++count;
-      for (uint32_t j = 0; j < n; ++j) h[j] += alpha_ * (norm * static_cast<float>(q[j]));
-      std::byte* out = store_.Begin(b, MaxTernaryBytes(n));
+      std::byte* out = store_.Begin(b);
       store_.End(b, static_cast<uint32_t>(EncodeTernary(q.data(), n, norm, out)));
     }
     return count;
@@ -249,7 +273,16 @@ class DianaEncoder final : public TensorEncoder {
       tensor[j] = w * h[j] + s;
       h[j] += alpha_ * (s / w);
     }
-    state_.h_own.swap(state_.staged);
+    // h_i += α·Q(Δ): Q(Δ) of each block sent is its wire block, norm · q_j exactly.
+    const Blocks blocks = Split(tensor.size(), block_size_);
+    std::vector<float> sent(block_size_);
+    for (uint64_t b = 0; b < blocks.count; ++b) {
+      if (store_.Block(b).empty()) continue;
+      const uint32_t n = blocks.Length(b);
+      (void)DecodeTernary(store_.Block(b), n, sent.data(), false);
+      float* h_i = state_.h_own.data() + blocks.Begin(b);
+      for (uint32_t j = 0; j < n; ++j) h_i[j] += alpha_ * sent[j];
+    }
     ++state_.steps;
   }
 
@@ -385,8 +418,8 @@ float DianaDefaultAlpha(uint32_t block_size) { return 1.0f / std::sqrt(static_ca
 std::unique_ptr<TensorEncoder> MakeEncoder(const CodecSpec& spec, uint32_t block_size, KeyState& state, uint32_t rank,
                                            uint32_t world_size, uint64_t seed) {
   switch (spec.codec) {
-    case Codec::kFloat16: return std::make_unique<HalfEncoder>(WireFormat::kFloat16, block_size);
-    case Codec::kBFloat16: return std::make_unique<HalfEncoder>(WireFormat::kBFloat16, block_size);
+    case Codec::kFloat16: return std::make_unique<HalfEncoder>(WireFormat::kFloat16, block_size, state);
+    case Codec::kBFloat16: return std::make_unique<HalfEncoder>(WireFormat::kBFloat16, block_size, state);
     case Codec::kThreeLC: return std::make_unique<ThreeLcEncoder>(spec, block_size, state);
     case Codec::kDiana: return std::make_unique<DianaEncoder>(spec, block_size, state, rank, world_size, seed);
     case Codec::kTopK:

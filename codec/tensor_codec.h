@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "codec/codec_spec.h"
+#include "core/byte_buffer.h"
 
 namespace sparsereduce::codec {
 
@@ -42,6 +43,8 @@ struct KeyState {
   // The next value of `error` or `h_own` while a collective runs, swapped in when it succeeds; kept here so that a
   // steady training loop does not allocate (and fault in) a tensor-sized buffer every step.
   std::vector<float> staged;
+  // The wire bytes of the blocks a collective sends, reused from step to step (never zero-filled).
+  ByteBuffer wire;
   uint64_t steps = 0;         // collectives completed with this key
   CostModel cost;             // adaptive
 };

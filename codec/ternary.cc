@@ -48,32 +48,32 @@ Status ForEachGroup(std::span<const std::byte> in, size_t groups, OnGroup&& grou
 
 size_t EncodeTernary(const int8_t* q, size_t n, float scale, std::byte* out) {
   std::memcpy(out, &scale, 4);  // little-endian hosts only (the project builds for x86-64 and aarch64 Linux)
-  size_t o = 4;
-  const size_t full = n / 5;
-  uint32_t run = 0;
-  auto flush_run = [&] {
-    while (run > 0) {
-      const uint32_t k = run < kMaxRun ? run : kMaxRun;
-      out[o++] = std::byte{static_cast<uint8_t>(k == 1 ? kZeroGroup : kRunBase + k)};
-      run -= k;
-    }
-  };
-  auto emit = [&](uint8_t b) {
-    if (b == kZeroGroup) {
-      ++run;
-      return;
-    }
-    flush_run();
-    out[o++] = std::byte{b};
-  };
-  for (size_t g = 0; g < full; ++g) emit(Pack(q + 5 * g));
+  // Pack every group straight into the output (branch-free), then collapse the zero runs in place: the output
+  // never grows past the packed bytes, and the write position never passes the read position.
+  uint8_t* packed = reinterpret_cast<uint8_t*>(out + 4);
+  const size_t full = n / 5, groups = TernaryGroups(n);
+  for (size_t g = 0; g < full; ++g) packed[g] = Pack(q + 5 * g);
   if (n % 5) {
     int8_t last[5] = {0, 0, 0, 0, 0};
     std::memcpy(last, q + 5 * full, n % 5);
-    emit(Pack(last));
+    packed[full] = Pack(last);
   }
-  flush_run();
-  return o;
+  size_t o = 0;
+  for (size_t g = 0; g < groups;) {
+    if (packed[g] != kZeroGroup) {
+      packed[o++] = packed[g++];
+      continue;
+    }
+    size_t run = 1;
+    while (g + run < groups && packed[g + run] == kZeroGroup) ++run;
+    g += run;
+    while (run > 0) {
+      const size_t k = run < kMaxRun ? run : kMaxRun;
+      packed[o++] = static_cast<uint8_t>(k == 1 ? kZeroGroup : kRunBase + k);
+      run -= k;
+    }
+  }
+  return 4 + o;
 }
 
 // The padding of a partial last group must be zero: one encoding per block.

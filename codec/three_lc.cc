@@ -2,13 +2,24 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace sparsereduce::codec {
 
 float MaxAbsWithError(const float* x, const float* error, size_t n) {
-  float m = 0.0f;
-  for (size_t j = 0; j < n; ++j) m = std::max(m, std::fabs(x[j] + error[j]));
-  return m;
+  // On the bits: for non-negative floats (NaN aside) the integer order is the float order, and an integer max
+  // reduction vectorizes where a float one may not (NaN and signed-zero rules forbid reordering it).
+  int32_t m = 0;
+  for (size_t j = 0; j < n; ++j) {
+    const float t = x[j] + error[j];
+    int32_t bits;
+    std::memcpy(&bits, &t, 4);
+    bits &= 0x7FFFFFFF;
+    m = m > bits ? m : bits;
+  }
+  float result;
+  std::memcpy(&result, &m, 4);
+  return result;
 }
 
 bool QuantizeWithError(const float* x, float* error, size_t n, float scale, int8_t* q) {

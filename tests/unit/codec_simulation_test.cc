@@ -306,7 +306,11 @@ TEST(CodecSimulation, FailureRestoresTensorAndState) {
       auto warm = MakeInputs(3, n, 64, 0.5, 1);
       Tensors warm_tensors = AsBytes(warm);
       ASSERT_TRUE(Simulate(shape, spec, warm_tensors, 1, ~uint64_t{0}, &states).status.ok());
-      const std::vector<codec::KeyState> before = states.workers;
+      struct Saved {
+        std::vector<float> error, h_own, h_mean;
+      };
+      std::vector<Saved> before;
+      for (const codec::KeyState& k : states.workers) before.push_back({k.error, k.h_own, k.h_mean});
       const auto inputs = MakeInputs(3, n, 64, 0.5, 2);
       Tensors tensors = AsBytes(inputs);
       SimulationOutcome out = Simulate(shape, spec, tensors, 2, cut, &states);

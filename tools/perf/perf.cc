@@ -63,6 +63,10 @@ tools::Overlap ParseOverlap(const std::string& s) {
   return tools::Overlap::kRandom;
 }
 
+// The tool's own bookkeeping (the barrier before each iteration, gathering the ranks' times) must stay exact
+// whatever codec is measured: times in microseconds overflow fp16, and 3LC would round them away.
+const sparsereduce::AllreduceOptions kExact{~uint64_t{0}, sparsereduce::CodecOptions{}};
+
 template <typename T>
 Row RunSize(sparsereduce::Worker& worker, const Config& c, uint64_t bytes) {
   const uint64_t count = bytes / sizeof(T);
@@ -81,7 +85,7 @@ Row RunSize(sparsereduce::Worker& worker, const Config& c, uint64_t bytes) {
   uint64_t wrong = 0, sent = 0, received = 0;
   for (uint32_t it = 0; it < c.warmup + c.iters; ++it) {
     std::memcpy(work.data(), input.data(), count * sizeof(T));
-    worker.allreduce(std::span(token));
+    worker.allreduce(std::span(token), kExact);
     const auto start = Clock::now();
     worker.allreduce(std::span<T>(work));
     const double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
@@ -97,7 +101,7 @@ Row RunSize(sparsereduce::Worker& worker, const Config& c, uint64_t bytes) {
     }
   }
   // Everyone learns every rank's times (each rank fills its own row) and the total #wrong.
-  worker.allreduce(std::span(times));
+  worker.allreduce(std::span(times), kExact);
   std::vector<int32_t> wrong_sum{static_cast<int32_t>(std::min<uint64_t>(wrong, INT32_MAX / 4096))};
   worker.allreduce(std::span(wrong_sum));
   std::vector<double> per_iter(c.iters, 0);
