@@ -6,6 +6,7 @@
 #include <numeric>
 #include <random>
 
+#include "codec/clones.h"
 #include "codec/half.h"
 #include "codec/ternary.h"
 #include "codec/three_lc.h"
@@ -14,32 +15,32 @@
 namespace sparsereduce::codec {
 namespace {
 
-// Wire bytes of the blocks to send, stored back to back in the key's reused buffer, and where each block's are.
+// Fills the key's WireBlocks: each block's bytes go after the previous one's.
 class BlockStore {
  public:
   // Room for `blocks` blocks of at most `max_block_bytes` each.
-  void Reset(ByteBuffer& bytes, uint64_t blocks, uint64_t max_block_bytes) {
-    offset_.resize(blocks);
-    length_.assign(blocks, 0);  // 0: not sent
-    if (bytes.size() < blocks * max_block_bytes) bytes = ByteBuffer(blocks * max_block_bytes);
-    bytes_ = bytes.data();
+  void Reset(WireBlocks& wire, uint64_t blocks, uint64_t max_block_bytes) {
+    wire_ = &wire;
+    wire.offset.resize(blocks);
+    wire.length.assign(blocks, 0);
+    if (wire.bytes.size() < blocks * max_block_bytes) wire.bytes = ByteBuffer(blocks * max_block_bytes);
     used_ = 0;
   }
   // Where `block`'s bytes go; End says how many were written.
   std::byte* Begin(uint64_t block) {
-    offset_[block] = used_;
-    return bytes_ + used_;
+    wire_->offset[block] = used_;
+    return wire_->bytes.data() + used_;
   }
   void End(uint64_t block, uint32_t length) {
-    length_[block] = length;
+    wire_->length[block] = length;
     used_ += length;
   }
-  std::span<const std::byte> Block(uint64_t block) const { return {bytes_ + offset_[block], length_[block]}; }
+  std::span<const std::byte> Block(uint64_t block) const {
+    return {wire_->bytes.data() + wire_->offset[block], wire_->length[block]};
+  }
 
  private:
-  std::vector<uint64_t> offset_;
-  std::vector<uint32_t> length_;
-  std::byte* bytes_ = nullptr;
+  WireBlocks* wire_ = nullptr;
   uint64_t used_ = 0;
 };
 
@@ -70,32 +71,36 @@ uint64_t Mix(uint64_t z) {
   return z ^ (z >> 31);
 }
 
+constexpr uint32_t kUniformLanes = 8;
+
+SPARSEREDUCE_CLONES void FillUniform(uint32_t* state, float* out, uint32_t n) {
+  constexpr float kScale = 1.0f / 16777216.0f;
+  for (uint32_t j = 0; j < n; j += kUniformLanes) {
+    float draws[kUniformLanes];
+    for (uint32_t l = 0; l < kUniformLanes; ++l) {
+      uint32_t x = state[l];
+      x ^= x << 13;
+      x ^= x >> 17;
+      x ^= x << 5;
+      state[l] = x;
+      draws[l] = static_cast<float>(x >> 8) * kScale;
+    }
+    const uint32_t take = n - j < kUniformLanes ? n - j : kUniformLanes;
+    for (uint32_t l = 0; l < take; ++l) out[j + l] = draws[l];
+  }
+}
+
 // Uniform floats in [0, 1) with 24 random bits each, from 8 independent xorshift32 lanes stepped together (shifts
 // and xors only, so the loop vectorizes with plain SSE2): DIANA draws one per element, which made the standard
 // library's engines most of its encoding time.
 class UniformStream {
  public:
-  static constexpr uint32_t kLanes = 8;
+  static constexpr uint32_t kLanes = kUniformLanes;
   explicit UniformStream(uint64_t seed) {
     for (uint32_t l = 0; l < kLanes; ++l) state_[l] = static_cast<uint32_t>(Mix(seed + l)) | 1;  // never 0
   }
   // out[0..n) for n a multiple of kLanes; a shorter tail takes the first lanes.
-  void Fill(float* out, uint32_t n) {
-    constexpr float kScale = 1.0f / 16777216.0f;
-    for (uint32_t j = 0; j < n; j += kLanes) {
-      float draws[kLanes];
-      for (uint32_t l = 0; l < kLanes; ++l) {
-        uint32_t x = state_[l];
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        state_[l] = x;
-        draws[l] = static_cast<float>(x >> 8) * kScale;
-      }
-      const uint32_t take = n - j < kLanes ? n - j : kLanes;
-      for (uint32_t l = 0; l < take; ++l) out[j + l] = draws[l];
-    }
-  }
+  void Fill(float* out, uint32_t n) { FillUniform(state_, out, n); }
 
  private:
   uint32_t state_[kLanes];
@@ -103,7 +108,7 @@ class UniformStream {
 
 // max_j |x_j|, on the bits so that the reduction vectorizes (for non-negative floats the integer order is the
 // float order).
-float NormInf(const float* x, uint32_t n) {
+SPARSEREDUCE_CLONES float NormInf(const float* x, uint32_t n) {
   int32_t m = 0;
   for (uint32_t j = 0; j < n; ++j) {
     int32_t bits;
@@ -117,7 +122,7 @@ float NormInf(const float* x, uint32_t n) {
 }
 
 // ‖x‖₂ with eight partial sums: a fixed order (so every run gives the same bits) that vectorizes.
-float Norm2(const float* x, uint32_t n) {
+SPARSEREDUCE_CLONES float Norm2(const float* x, uint32_t n) {
   float partial[8] = {};
   uint32_t j = 0;
   for (; j + 8 <= n; j += 8) {
@@ -127,6 +132,24 @@ float Norm2(const float* x, uint32_t n) {
   float sum = 0.0f;
   for (float p : partial) sum += p;
   return std::sqrt(sum);
+}
+
+// delta = x - h.
+SPARSEREDUCE_CLONES void Subtract(const float* x, const float* h, uint32_t n, float* delta) {
+  for (uint32_t j = 0; j < n; ++j) delta[j] = x[j] - h[j];
+}
+
+// DIANA's Q: P(q_j = sign Δ_j) = |Δ_j| / ‖Δ‖, so E[norm · q_j] = Δ_j. Branch-free: the draws are unpredictable.
+// True when some q_j is nonzero.
+SPARSEREDUCE_CLONES bool QuantizeStochastic(const float* delta, const float* draws, float norm, uint32_t n, int8_t* q) {
+  int any = 0;
+  for (uint32_t j = 0; j < n; ++j) {
+    const int keep = static_cast<int>(draws[j] * norm < std::fabs(delta[j]));
+    const int sign = static_cast<int>(delta[j] > 0.0f) - static_cast<int>(delta[j] < 0.0f);
+    q[j] = static_cast<int8_t>(keep * sign);
+    any |= keep;
+  }
+  return any != 0;
 }
 
 bool AnyNonzero(const float* x, uint32_t n) {
@@ -244,17 +267,10 @@ class DianaEncoder final : public TensorEncoder {
       const uint32_t n = blocks.Length(b);
       const float* x = tensor.data() + blocks.Begin(b);
       const float* h = h_own + blocks.Begin(b);
-      for (uint32_t j = 0; j < n; ++j) delta[j] = x[j] - h[j];
+      Subtract(x, h, n, delta.data());
       const float norm = spec_.diana_l2 ? Norm2(delta.data(), n) : NormInf(delta.data(), n);
-      // P(q_j = sign Δ_j) = |Δ_j| / ‖Δ‖, so E[norm · q_j] = Δ_j. Branch-free: the draws are unpredictable.
       uniform.Fill(draws.data(), n);
-      int any = 0;
-      for (uint32_t j = 0; j < n; ++j) {
-        const int keep = static_cast<int>(draws[j] * norm < std::fabs(delta[j]));
-        const int sign = static_cast<int>(delta[j] > 0.0f) - static_cast<int>(delta[j] < 0.0f);
-        q[j] = static_cast<int8_t>(keep * sign);
-        any |= keep;
-      }
+      const bool any = QuantizeStochastic(delta.data(), draws.data(), norm, n, q.data());
       send[b] = any;
       if (!any) continue;
       ++count;

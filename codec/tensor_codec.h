@@ -34,6 +34,15 @@ class CostModel {
 };
 
 // What a collective key remembers between collectives, per worker.
+// The wire bytes of the blocks a collective sends, back to back, and where each block's are: reused from step to
+// step (a fresh tensor-sized allocation per collective costs its page faults every time; the bytes are never
+// zero-filled).
+struct WireBlocks {
+  ByteBuffer bytes;
+  std::vector<uint64_t> offset;
+  std::vector<uint32_t> length;  // 0: not sent
+};
+
 struct KeyState {
   Codec codec = Codec::kNone;
   uint64_t elements = 0;
@@ -43,8 +52,7 @@ struct KeyState {
   // The next value of `error` or `h_own` while a collective runs, swapped in when it succeeds; kept here so that a
   // steady training loop does not allocate (and fault in) a tensor-sized buffer every step.
   std::vector<float> staged;
-  // The wire bytes of the blocks a collective sends, reused from step to step (never zero-filled).
-  ByteBuffer wire;
+  WireBlocks wire;
   uint64_t steps = 0;         // collectives completed with this key
   CostModel cost;             // adaptive
 };

@@ -1,8 +1,12 @@
 #include "codec/ternary.h"
 
+#include <algorithm>
 #include <array>
+#include <bit>
 #include <cstring>
 #include <string>
+
+#include "codec/clones.h"
 
 namespace sparsereduce::codec {
 namespace {
@@ -24,6 +28,45 @@ const GroupTable kGroups;
 
 inline uint8_t Pack(const int8_t* q) {
   return static_cast<uint8_t>(81 * (q[0] + 1) + 27 * (q[1] + 1) + 9 * (q[2] + 1) + 3 * (q[3] + 1) + (q[4] + 1));
+}
+
+SPARSEREDUCE_CLONES void PackGroups(const int8_t* q, size_t groups, uint8_t* packed) {
+  for (size_t g = 0; g < groups; ++g) packed[g] = Pack(q + 5 * g);
+}
+
+// Replaces each run of zero groups (byte kZeroGroup) in packed[0..groups) by run bytes, in place; returns the new
+// length. Works on 64-group masks and moves whole stretches, so its branches follow the runs rather than every
+// group (per group, zero or not is close to a coin flip for a sparse 3LC block, which the CPU cannot predict).
+size_t CollapseZeroRuns(uint8_t* packed, size_t groups) {
+  size_t o = 0, run = 0;
+  auto flush_run = [&] {
+    while (run > 0) {
+      const size_t k = run < kMaxRun ? run : kMaxRun;
+      packed[o++] = static_cast<uint8_t>(k == 1 ? kZeroGroup : kRunBase + k);
+      run -= k;
+    }
+  };
+  for (size_t base = 0; base < groups; base += 64) {
+    const size_t n = groups - base < 64 ? groups - base : 64;
+    uint64_t zero = 0;
+    for (size_t i = 0; i < n; ++i) zero |= uint64_t{packed[base + i] == kZeroGroup} << i;
+    for (size_t i = 0; i < n;) {
+      const uint64_t rest = zero >> i;
+      if (rest & 1) {
+        const size_t length = std::min<size_t>(std::countr_one(rest), n - i);
+        run += length;
+        i += length;
+      } else {
+        const size_t length = std::min<size_t>(std::countr_zero(rest), n - i);
+        flush_run();
+        std::memmove(packed + o, packed + base + i, length);  // o <= base + i: the output never passes the input
+        o += length;
+        i += length;
+      }
+    }
+  }
+  flush_run();
+  return o;
 }
 
 // Calls group(values of one group) for each group, in order; ok when the block has exactly `groups` groups.
@@ -52,28 +95,13 @@ size_t EncodeTernary(const int8_t* q, size_t n, float scale, std::byte* out) {
   // never grows past the packed bytes, and the write position never passes the read position.
   uint8_t* packed = reinterpret_cast<uint8_t*>(out + 4);
   const size_t full = n / 5, groups = TernaryGroups(n);
-  for (size_t g = 0; g < full; ++g) packed[g] = Pack(q + 5 * g);
+  PackGroups(q, full, packed);
   if (n % 5) {
     int8_t last[5] = {0, 0, 0, 0, 0};
     std::memcpy(last, q + 5 * full, n % 5);
     packed[full] = Pack(last);
   }
-  size_t o = 0;
-  for (size_t g = 0; g < groups;) {
-    if (packed[g] != kZeroGroup) {
-      packed[o++] = packed[g++];
-      continue;
-    }
-    size_t run = 1;
-    while (g + run < groups && packed[g + run] == kZeroGroup) ++run;
-    g += run;
-    while (run > 0) {
-      const size_t k = run < kMaxRun ? run : kMaxRun;
-      packed[o++] = static_cast<uint8_t>(k == 1 ? kZeroGroup : kRunBase + k);
-      run -= k;
-    }
-  }
-  return 4 + o;
+  return 4 + CollapseZeroRuns(packed, groups);
 }
 
 // The padding of a partial last group must be zero: one encoding per block.

@@ -4,9 +4,11 @@
 #include <cmath>
 #include <cstring>
 
+#include "codec/clones.h"
+
 namespace sparsereduce::codec {
 
-float MaxAbsWithError(const float* x, const float* error, size_t n) {
+SPARSEREDUCE_CLONES float MaxAbsWithError(const float* x, const float* error, size_t n) {
   // On the bits: for non-negative floats (NaN aside) the integer order is the float order, and an integer max
   // reduction vectorizes where a float one may not (NaN and signed-zero rules forbid reordering it).
   int32_t m = 0;
@@ -26,7 +28,7 @@ bool QuantizeWithError(const float* x, float* error, size_t n, float scale, int8
   return QuantizeWithError(x, error, error, n, scale, q);
 }
 
-bool QuantizeWithError(const float* x, const float* error_in, float* error_out, size_t n, float scale, int8_t* q) {
+SPARSEREDUCE_CLONES bool QuantizeWithError(const float* x, const float* error_in, float* error_out, size_t n, float scale, int8_t* q) {
   if (!(scale > 0.0f)) {
     // Nothing to send: the whole of x joins the error.
     for (size_t j = 0; j < n; ++j) {

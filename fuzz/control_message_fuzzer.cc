@@ -93,16 +93,25 @@ void CheckCollectiveBegin(const JobShape& shape, uint32_t aggregator, const prot
   const proto::CollectiveSpec& p = begin.spec();
   // ValidateSpec on the raw values, including dtype/op values SpecFromProto would reject.
   CollectiveSpec raw{p.element_count(), static_cast<DType>(p.dtype()), static_cast<ReduceOp>(p.op()), p.block_size()};
+  if (p.has_codec()) {
+    const proto::CodecSpec& c = p.codec();
+    raw.codec = {static_cast<Codec>(c.codec()), c.key(), c.sparsity(), c.result_fp32(), c.fraction(), c.alpha(),
+                 c.diana_l2(), c.tensor_scale()};
+  }
   const Status raw_valid = ValidateSpec(raw);
+  const Status raw_codec_valid = ValidateCodec(raw.codec);
   (void)raw.ToString();
 
   Result<CollectiveSpec> spec = SpecFromProto(p);
   if (!spec.ok()) {
-    FUZZ_CHECK(spec.status().code() == StatusCode::kUnsupported, "SpecFromProto: %s",
-               spec.status().ToString().c_str());
-    FUZZ_CHECK(!raw_valid.ok(), "ValidateSpec accepts a spec SpecFromProto rejects");
+    // Unknown enum values are UNSUPPORTED; codec parameters out of range are what ValidateCodec says.
+    const bool expected = spec.status().code() == StatusCode::kUnsupported ||
+                          (!raw_codec_valid.ok() && spec.status().code() == raw_codec_valid.code());
+    FUZZ_CHECK(expected, "SpecFromProto: %s", spec.status().ToString().c_str());
+    FUZZ_CHECK(!raw_valid.ok() || !raw_codec_valid.ok(), "ValidateSpec accepts a spec SpecFromProto rejects");
     return;
   }
+  FUZZ_CHECK(raw_codec_valid.ok(), "SpecFromProto accepts a codec ValidateCodec rejects");
   FUZZ_CHECK(*spec == raw, "SpecFromProto changed a field");
   FUZZ_CHECK(SpecToProto(*spec).SerializeAsString() == [&] {
     proto::CollectiveSpec copy = p;
