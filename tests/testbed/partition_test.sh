@@ -6,15 +6,8 @@
 set -euo pipefail
 AGG=$1
 WORKER=$2
-ROOT=$(cd "$(dirname "$0")/../.." && pwd)
-[[ $(id -u) == 0 ]] && ip netns list >/dev/null 2>&1 || { echo "SKIP: needs root and ip netns"; exit 77; }
-# shellcheck source=../../tools/testbed/testbed.sh
-source "$ROOT/tools/testbed/testbed.sh"
-NAME=srpt$$
-OUT=$(mktemp -d)
-cleanup() { testbed_down "$NAME" || true; rm -rf "$OUT"; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+# shellcheck source=test_setup.sh
+source "$(dirname "$0")/test_setup.sh" srpt
 testbed_up "$NAME" 3 --rate 1gbit >/dev/null
 agg_addr=$(testbed_addr "$NAME" 1)
 testbed_exec "$NAME" 1 "$AGG" --listen "$agg_addr:19875" --stall-timeout-ms 2000 --log-level warn &

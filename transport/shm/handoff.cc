@@ -66,18 +66,30 @@ class Deadline {
   std::shared_ptr<bool> expired_ = std::make_shared<bool>(false);
 };
 
+// The handoff's sendmsg/recvmsg message: one data byte and room for the segment's descriptors (SCM_RIGHTS).
+// Not copyable: msg points into the object itself.
+struct HandoffMessage {
+  explicit HandoffMessage(char data) : byte(data) {
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+  }
+  HandoffMessage(const HandoffMessage&) = delete;
+  HandoffMessage& operator=(const HandoffMessage&) = delete;
+
+  char byte;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kFdCount)] = {};
+  msghdr msg{};
+};
+
 // Sends one byte with the segment's descriptors attached (SCM_RIGHTS).
 Status SendDescriptors(int socket, const SegmentFds& fds) {
   std::array<int, kFdCount> numbers = {fds.memory.get(), fds.events[0].get(), fds.events[1].get(),
                                        fds.events[2].get(), fds.events[3].get()};
-  char byte = kHandoffByte;
-  iovec iov{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kFdCount)] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
+  HandoffMessage handoff(kHandoffByte);
+  msghdr& msg = handoff.msg;
   cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
   cmsg->cmsg_level = SOL_SOCKET;
   cmsg->cmsg_type = SCM_RIGHTS;
@@ -94,14 +106,9 @@ Status SendDescriptors(int socket, const SegmentFds& fds) {
 // has arrived yet.
 Result<SegmentFds> ReceiveDescriptors(int socket, bool* again) {
   *again = false;
-  char byte = 0;
-  iovec iov{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kFdCount)] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
+  HandoffMessage handoff(0);
+  msghdr& msg = handoff.msg;
+  const char& byte = handoff.byte;
   const ssize_t n = recvmsg(socket, &msg, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
   if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
     *again = true;
