@@ -6,7 +6,18 @@
 #ifndef SPARSEREDUCE_CODEC_CLONES_H_
 #define SPARSEREDUCE_CODEC_CLONES_H_
 
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__)
+// Not under ThreadSanitizer: the ifunc resolvers run while relocating, before TSan's runtime is set up, and the
+// process crashes at start.
+#if defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define SPARSEREDUCE_NO_CLONES 1
+#endif
+#endif
+#if defined(__SANITIZE_THREAD__)
+#define SPARSEREDUCE_NO_CLONES 1
+#endif
+
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && !defined(SPARSEREDUCE_NO_CLONES)
 #define SPARSEREDUCE_CLONES __attribute__((target_clones("avx2", "default")))
 #else
 #define SPARSEREDUCE_CLONES
