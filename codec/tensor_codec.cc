@@ -11,6 +11,8 @@
 #include "codec/ternary.h"
 #include "codec/three_lc.h"
 #include "codec/wire.h"
+#include "core/block_scan.h"
+#include "core/dtype.h"
 
 namespace sparsereduce::codec {
 namespace {
@@ -152,13 +154,6 @@ SPARSEREDUCE_CLONES bool QuantizeStochastic(const float* delta, const float* dra
   return any != 0;
 }
 
-bool AnyNonzero(const float* x, uint32_t n) {
-  for (uint32_t j = 0; j < n; ++j) {
-    if (x[j] != 0.0f) return true;
-  }
-  return false;
-}
-
 // fp16 / bf16: a block is sent when it has a nonzero element; the sums come back in the same format.
 class HalfEncoder final : public TensorEncoder {
  public:
@@ -167,13 +162,11 @@ class HalfEncoder final : public TensorEncoder {
 
   uint64_t Prepare(std::span<const float> tensor, std::span<uint8_t> send) override {
     const Blocks blocks = Split(tensor.size(), block_size_);
-    uint64_t count = 0;
-    for (uint64_t b = 0; b < blocks.count; ++b) {
-      send[b] = AnyNonzero(tensor.data() + blocks.Begin(b), blocks.Length(b));
-      count += send[b];
-    }
+    const uint64_t count = ScanBlocks(reinterpret_cast<const std::byte*>(tensor.data()), tensor.size(), block_size_,
+                                      *FindDType(DType::kFloat32), send);
     store_.Reset(state_.wire, blocks.count, MaxWireBytes(format_, block_size_, 4));
     for (uint64_t b = 0; b < blocks.count; ++b) {
+      send[b] &= kBlockNonzero;  // a block of only ±0 is not sent
       if (!send[b]) continue;
       const uint32_t n = blocks.Length(b);
       store_.End(b, EncodeFloats(format_, tensor.data() + blocks.Begin(b), n, store_.Begin(b)));
@@ -324,30 +317,34 @@ class TopKEncoder final : public TensorEncoder {
     if (state_.error.empty()) state_.error.assign(tensor.size(), 0.0f);
     std::vector<float>& total = state_.staged;  // T = x + R; what is not sent becomes R in Finish
     total.resize(tensor.size());
-    for (size_t j = 0; j < tensor.size(); ++j) total[j] = state_.error[j] + tensor[j];
     const Blocks blocks = Split(tensor.size(), block_size_);
     std::vector<double> norm2(blocks.count, 0.0);
-    for (uint64_t b = 0; b < blocks.count; ++b) {
-      const float* t = total.data() + blocks.Begin(b);
+    for (uint64_t b = 0; b < blocks.count; ++b) {  // T and each block's squared norm in one pass
+      const uint64_t at = blocks.Begin(b);
       double s = 0;
-      for (uint32_t j = 0; j < blocks.Length(b); ++j) s += double{t[j]} * t[j];
+      for (uint32_t j = 0; j < blocks.Length(b); ++j) {
+        const float t = state_.error[at + j] + tensor[at + j];
+        total[at + j] = t;
+        s += double{t} * t;
+      }
       norm2[b] = s;
     }
     std::vector<uint64_t> order(blocks.count);
     std::iota(order.begin(), order.end(), 0);
+    const auto larger_norm = [&](uint64_t a, uint64_t b) {  // ties by index: a deterministic choice
+      return norm2[a] > norm2[b] || (norm2[a] == norm2[b] && a < b);
+    };
     k_ = std::min(blocks.count,
                   std::max<uint64_t>(1, static_cast<uint64_t>(std::ceil(spec_.fraction * blocks.count))));
     if (spec_.codec == Codec::kAdaptive) {
-      std::sort(order.begin(), order.end(),
-                [&](uint64_t a, uint64_t b) { return norm2[a] > norm2[b] || (norm2[a] == norm2[b] && a < b); });
+      std::sort(order.begin(), order.end(), larger_norm);
       k_ = ChooseK(norm2, order, blocks.count);
       // Every other step strays by a factor of two around the choice, so the cost model sees a spread of sizes to
       // fit its slope to (a model fitted only where it already chooses cannot correct itself).
       if (state_.steps % 4 == 1) k_ = std::max<uint64_t>(1, k_ / 2);
       if (state_.steps % 4 == 3) k_ = std::min(blocks.count, 2 * k_);
     } else if (k_ < blocks.count) {
-      std::nth_element(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k_), order.end(),
-                       [&](uint64_t a, uint64_t b) { return norm2[a] > norm2[b] || (norm2[a] == norm2[b] && a < b); });
+      std::nth_element(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k_), order.end(), larger_norm);
     }
     std::fill(send.begin(), send.begin() + static_cast<std::ptrdiff_t>(blocks.count), 0);
     uint64_t count = 0;

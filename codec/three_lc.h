@@ -23,14 +23,12 @@ bool QuantizeWithError(const float* x, const float* error_in, float* error_out, 
 class ErrorMemory {
  public:
   ErrorMemory(uint64_t blocks, uint32_t block_size)
-      : blocks_(blocks), block_size_(block_size), values_(blocks * block_size, 0.0f) {}
-  uint64_t blocks() const { return blocks_; }
+      : block_size_(block_size), values_(blocks * block_size, 0.0f) {}
+  uint64_t blocks() const { return values_.size() / block_size_; }
   uint32_t block_size() const { return block_size_; }
-  uint64_t bytes() const { return values_.size() * sizeof(float); }
   float* Block(uint64_t index) { return values_.data() + index * block_size_; }
 
  private:
-  uint64_t blocks_;
   uint32_t block_size_;
   std::vector<float> values_;
 };

@@ -22,9 +22,10 @@ ColumnEngine::ColumnEngine(const JobShape& shape, uint32_t aggregator_index, uin
       pool_(std::move(pool)),
       upload_(UploadFormat(spec.codec)),
       download_(DownloadFormat(spec.codec)),
+      decodes_(upload_ != codec::WireFormat::kRaw || download_ != codec::WireFormat::kRaw),
       error_memory_(error_memory),
       slots_(shape.slots) {
-  if (upload_ != codec::WireFormat::kRaw || download_ != codec::WireFormat::kRaw) {
+  if (decodes_) {
     sum_scratch_.resize(spec.block_size);
     trit_scratch_.resize(spec.block_size);
   }
@@ -204,9 +205,7 @@ void ColumnEngine::AnnounceReply(Slot& slot, uint32_t s, std::vector<Broadcast>*
 }
 
 void ColumnEngine::AggregateReply(Slot& slot, uint32_t s, std::vector<Broadcast>* out) {
-  if (upload_ != codec::WireFormat::kRaw || download_ != codec::WireFormat::kRaw) {
-    return AggregateDecoded(slot, s, out);
-  }
+  if (decodes_) return AggregateDecoded(slot, s, out);
   const uint32_t W = shape_.world_size;
   std::vector<Entry> entries;
   entries.reserve(slot.active_lanes);

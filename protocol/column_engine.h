@@ -91,6 +91,7 @@ class ColumnEngine {
   ColumnLayout layout_;
   std::shared_ptr<BufferPool> pool_;
   codec::WireFormat upload_, download_;
+  bool decodes_;  // a codec's format in some direction: blocks are decoded, summed in fp32 and encoded
   codec::ErrorMemory* error_memory_;
   std::vector<float> sum_scratch_;       // one block, fp32
   std::vector<int8_t> trit_scratch_;     // one block's 3LC values

@@ -65,6 +65,12 @@ def job():
     return next(_job_ids)
 
 
+@pytest.fixture
+def new_job():
+    """For a test that runs several jobs: each call hands out another id no other test uses."""
+    return lambda: next(_job_ids)
+
+
 def run_ranks(world_size, fn, timeout=30.0):
     """Runs fn(rank) for every rank in its own thread (ranks of one job in one process: this only works because
     the extension releases the GIL while it waits) and returns the results by rank. Re-raises the first

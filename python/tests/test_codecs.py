@@ -34,7 +34,7 @@ def test_fp16_sum_is_the_rounded_sum(aggregator, job):
 
 
 @pytest.mark.parametrize("name", ["3lc", "diana", "topk", "adaptive"])
-def test_lossy_codecs_agree_across_ranks_and_keep_state_per_key(aggregator, job, name):
+def test_lossy_codecs_agree_across_ranks_and_keep_state_per_key(aggregator, job, new_job, name):
     rng = np.random.default_rng(5)
     inputs = [[rng.standard_normal(5000).astype(np.float32) for _ in range(3)] for _ in range(3)]
     codec = sparsereduce.Codec(name, fraction=0.2)
@@ -53,7 +53,8 @@ def test_lossy_codecs_agree_across_ranks_and_keep_state_per_key(aggregator, job,
         return results, sent
 
     alone = run_ranks(3, lambda r: run(r, job, [0]))
-    mixed = run_ranks(3, lambda r: run(r, job + 1000, [0, 1, 2]))
+    mixed_job = new_job()
+    mixed = run_ranks(3, lambda r: run(r, mixed_job, [0, 1, 2]))
     for results, _ in alone[1:] + mixed:
         for a, b in zip(alone[0][0], results):
             assert np.isfinite(a).all() and np.abs(a).max() > 0

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 
 #include "protocol/frame.h"
+#include "tools/common/subprocess.h"
 #include "sparsereduce/worker.h"
 #include "transport/rdma/channel.h"
 #include "transport/rdma/device.h"
@@ -128,15 +129,19 @@ TEST(RdmaUnavailable, WorkerSaysWhyWhenCreated) {
 // ... and in the daemon, which refuses to start (exit 2, as for any unusable configuration).
 TEST(RdmaUnavailable, DaemonRefusesToStart) {
   if (RdmaDevice::Open(RdmaOptions{}, 4 << 20).ok()) GTEST_SKIP() << "this machine has a usable RDMA device";
-  const std::string command = std::string(SPARSEREDUCE_AGGREGATOR_BIN) +
-                              " --transports tcp,rdma --listen 127.0.0.1:0 --metrics-listen '' 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  ASSERT_NE(pipe, nullptr);
-  std::string output;
-  char buffer[512];
-  while (size_t n = fread(buffer, 1, sizeof buffer, pipe)) output.append(buffer, n);
-  const int status = pclose(pipe);
-  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << output;
+  // Through a shell for 2>&1: the messages go to stderr. Bounded: should the daemon start after all, it is killed.
+  auto daemon = tools::Subprocess::Spawn(
+      {"/bin/sh", "-c",
+       std::string("exec ") + SPARSEREDUCE_AGGREGATOR_BIN + " --transports tcp,rdma --listen 127.0.0.1:0 " +
+           "--metrics-listen '' 2>&1"},
+      /*capture_stdout=*/true);
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+  Result<std::string> read = (*daemon)->ReadStdout(std::chrono::seconds(20));
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  const std::string& output = *read;
+  Result<int> status = (*daemon)->Wait(std::chrono::seconds(10));
+  ASSERT_TRUE(status.ok()) << status.status().ToString() << "\n" << output;
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 2) << tools::DescribeExit(*status) << "\n" << output;
   EXPECT_NE(output.find("--transports rdma: "), std::string::npos) << output;
   EXPECT_TRUE(output.find("no RDMA") != std::string::npos || output.find("memlock") != std::string::npos) << output;
 }

@@ -93,7 +93,6 @@ TEST(CodecSimulation, HalfFormatsMatchTheRoundedReference) {
         const JobShape shape{s.W, s.A, s.S, s.K};
         const auto inputs = MakeInputs(s.W, n, B, 0.5, n * 31 + s.W);
         std::vector<float> expected(n, 0.0f);
-        std::vector<bool> any(n, false);
         for (uint64_t j = 0; j < n; ++j) {
           const uint64_t b = j / B;
           float sum = 0.0f;

@@ -157,7 +157,7 @@ transports() {  # point to point, loopback: what each transport moves (sparsered
   local transport port=18600
   for transport in tcp shm; do
     port=$((port + 1))
-    "$BW" -p "$port" >/dev/null 2>&1 &
+    timeout 120 "$BW" -p "$port" >/dev/null 2>&1 &  # it serves one client: bounded if that one never comes
     local server=$!
     "$BW" -p "$port" --transport "$transport" -a -n 2000 --report_gbits 127.0.0.1 > "$OUT/bw.$transport.txt" || true
     wait "$server" || true
@@ -173,7 +173,7 @@ torch_sparse() {  # PyTorch's gloo all_reduce of a sparse COO tensor (allgather-
 }
 
 kernels() {
-  [[ -x $KERNELS ]] || { log "no $KERNELS (Google Benchmark missing)"; return 0; }
+  [[ -x $KERNELS && -x $CODEC_BENCH ]] || { log "no $KERNELS or $CODEC_BENCH (Google Benchmark missing)"; return 0; }
   log "kernels"
   "$KERNELS" --benchmark_min_time=0.2 --benchmark_format=json > "$OUT/kernels.json"
   "$CODEC_BENCH" --benchmark_min_time=0.2 --benchmark_format=json > "$OUT/codecs.throughput.json"

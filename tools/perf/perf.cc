@@ -67,13 +67,17 @@ tools::Overlap ParseOverlap(const std::string& s) {
 // whatever codec is measured: times in microseconds overflow fp16, and 3LC would round them away.
 const sparsereduce::AllreduceOptions kExact{~uint64_t{0}, sparsereduce::CodecOptions{}};
 
+// Lossy codecs are not checked bit for bit: their results differ from the exact sum by design.
+bool ChecksBitExactly(const Config& c) { return c.check && c.codec.name == "none"; }
+
 template <typename T>
 Row RunSize(sparsereduce::Worker& worker, const Config& c, uint64_t bytes) {
   const uint64_t count = bytes / sizeof(T);
   tools::SyntheticSpec spec{count, c.block_size, c.density, ParseOverlap(c.overlap), c.world_size, c.seed + bytes};
   std::vector<T> input(count), work(count), reference;
   tools::FillTensor(spec, c.rank, std::span<T>(input));
-  if (c.check) {
+  const bool exact_check = ChecksBitExactly(c);
+  if (exact_check) {
     if constexpr (std::is_same_v<T, float>) {
       reference = tools::ReferenceSumFloat(spec);
     } else {
@@ -94,7 +98,7 @@ Row RunSize(sparsereduce::Worker& worker, const Config& c, uint64_t bytes) {
     sent = stats.bytes_sent;
     received = stats.bytes_received;
     times[size_t{c.rank} * c.iters + (it - c.warmup)] = static_cast<float>(us);
-    if (c.check && c.codec.name == "none") {
+    if (exact_check) {
       uint64_t w = 0;
       for (uint64_t i = 0; i < count; ++i) w += std::memcmp(&work[i], &reference[i], sizeof(T)) != 0;
       wrong = std::max(wrong, w);
@@ -140,8 +144,7 @@ void PrintHeader(const Config& c, const std::vector<std::string>& transports) {
 }
 
 void PrintRow(const Config& c, const Row& r) {
-  // Lossy codecs are not checked bit for bit: their results differ from the exact sum by design.
-  const std::string wrong = c.check && c.codec.name == "none" ? std::to_string(r.wrong) : "N/A";
+  const std::string wrong = ChecksBitExactly(c) ? std::to_string(r.wrong) : "N/A";
   std::printf(" %11llu %12llu %6s %6s %11.1f %12.2f %12.2f %7s %8.4f %7.4f %12llu %12llu\n",
               static_cast<unsigned long long>(r.size), static_cast<unsigned long long>(r.count), c.dtype.c_str(),
               "sum", r.time_us_median, r.algbw, r.busbw, wrong.c_str(), r.density, r.union_density,

@@ -61,12 +61,19 @@ class Worker::Impl : public AggregatorLink::Handler {
     uint32_t accepted_count = 0;
     std::chrono::steady_clock::time_point start;
     uint64_t sent_before = 0, received_before = 0;
+    codec::KeyState* codec_state = nullptr;  // in codec_states_, when the collective has a codec
   };
 
   std::string Prefix() const {
     return "sparsereduce: job " + std::to_string(options_.job) + " rank " + std::to_string(options_.rank);
   }
   Error MakeError(const Status& st) const { return Error(StatusCodeName(st.code()), Prefix() + ": " + st.message()); }
+  // The collective's codec from the user's options (not yet validated); an unknown name throws.
+  CodecSpec CodecSpecFor(const CodecOptions& c, uint64_t key) const {
+    Result<Codec> codec = ParseCodec(c.name);
+    if (!codec.ok()) throw MakeError(codec.status());
+    return {*codec, key, c.sparsity, c.fp32_results, c.fraction, c.alpha, c.l2_norm, c.tensor_scale};
+  }
   // I/O thread: the worker becomes unusable. `origin` is the link that failed, if one did.
   void Fail(const Status& status, AggregatorLink* origin = nullptr);
   // Completes a failure once no write can read the caller's tensor any more (every writer idle), or at once.
@@ -121,16 +128,9 @@ Worker::Impl::Impl(WorkerOptions options)
     throw MakeError(InvalidArgument("rank " + std::to_string(options_.rank) + " is out of range for world_size " +
                                     std::to_string(options_.world_size)));
   }
-  {
-    // The default codec is checked now rather than at the first allreduce.
-    Result<Codec> codec = ParseCodec(options_.codec.name);
-    if (!codec.ok()) throw MakeError(codec.status());
-    const CodecOptions& c = options_.codec;
-    if (Status st = ValidateCodec({*codec, 0, c.sparsity, c.fp32_results, c.fraction, c.alpha, c.l2_norm,
-                                   c.tensor_scale});
-        !st.ok()) {
-      throw MakeError(st.WithContext("codec " + c.name));
-    }
+  // The default codec is checked now rather than at the first allreduce.
+  if (Status st = ValidateCodec(CodecSpecFor(options_.codec, 0)); !st.ok()) {
+    throw MakeError(st.WithContext("codec " + options_.codec.name));
   }
   for (DType dtype : {DType::kFloat32, DType::kInt32}) {
     const CollectiveSpec spec{0, dtype, ReduceOp::kSum, options_.block_size};
@@ -228,10 +228,7 @@ std::future<void> Worker::Impl::Submit(std::span<std::byte> tensor, uint64_t cou
                                        const AllreduceOptions& options) {
   Request request{tensor, CollectiveSpec{count, dtype, ReduceOp::kSum, options_.block_size}, {}};
   const CodecOptions& c = options.codec ? *options.codec : options_.codec;
-  Result<Codec> codec = ParseCodec(c.name);
-  if (!codec.ok()) throw MakeError(codec.status());
-  request.spec.codec =
-      CodecSpec{*codec, options.key, c.sparsity, c.fp32_results, c.fraction, c.alpha, c.l2_norm, c.tensor_scale};
+  request.spec.codec = CodecSpecFor(c, options.key);
   if (dtype == DType::kInt32) request.spec.codec.codec = Codec::kNone;  // int32 sums are always exact
   if (Status st = ValidateCodec(request.spec.codec); !st.ok()) throw MakeError(st.WithContext("codec " + c.name));
   std::future<void> future = request.promise.get_future();
@@ -262,7 +259,7 @@ void Worker::Impl::StartNext() {
   const uint64_t seq = ++seq_;
   CodecContext codec;
   if (a.request.spec.codec.codec != Codec::kNone) {
-    codec.state = &codec_states_[{a.request.spec.codec.codec, a.request.spec.codec.key}];
+    codec.state = a.codec_state = &codec_states_[{a.request.spec.codec.codec, a.request.spec.codec.key}];
     codec.rank = options_.rank;
     codec.seed = options_.codec_seed;
   }
@@ -429,8 +426,7 @@ void Worker::Impl::MaybeComplete() {
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - a.start).count();
   if (a.request.spec.codec.codec == Codec::kAdaptive) {
     // The adaptive codec's cost model learns from what its collectives cost.
-    codec_states_[{Codec::kAdaptive, a.request.spec.codec.key}].cost.Add(static_cast<double>(stats.bytes_sent),
-                                                                         stats.seconds);
+    a.codec_state->cost.Add(static_cast<double>(stats.bytes_sent), stats.seconds);
   }
   {
     std::lock_guard lock(stats_mutex_);
