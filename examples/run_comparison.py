@@ -188,14 +188,31 @@ def print_table(name, gloo, sr, markdown):
           f"median step time from step 2: gloo {tg:.1f} ms, sparsereduce {ts:.1f} ms")
 
 
+SWITCHES = ("fp32-results", "tensor-scale")
+
+
 def codec_arguments(text):
-    """"topk:fraction=0.1" -> ["--codec", "topk", "--fraction", "0.1"]; a value of 1 for a flag sets it."""
+    """"topk:fraction=0.1" -> ["--codec", "topk", "--fraction", "0.1"]; a switch is set by =1 (or no value) and
+    left off by =0.
+
+    >>> codec_arguments("3lc:sparsity=1.5:fp32_results=1:tensor-scale=0")
+    ['--codec', '3lc', '--sparsity', '1.5', '--fp32-results']
+    >>> codec_arguments("3lc:fp32-results")
+    ['--codec', '3lc', '--fp32-results']
+    """
     name, *options = text.split(":")
     arguments = ["--codec", name]
     for option in options:
-        key, _, value = option.partition("=")
+        key, has_value, value = option.partition("=")
         flag = "--" + key.replace("_", "-")
-        arguments += [flag] if key in ("fp32-results", "fp32_results", "tensor-scale", "tensor_scale") else [flag, value]
+        if flag[2:] in SWITCHES:
+            if value not in ("", "0", "1") or (has_value and not value):
+                raise SystemExit(f"--codecs {text}: {key} takes 0 or 1, not '{value}'")
+            arguments += [flag] if value != "0" else []
+        elif not value:
+            raise SystemExit(f"--codecs {text}: {key} needs a value ({key}=VALUE)")
+        else:
+            arguments += [flag, value]
     return arguments
 
 

@@ -67,15 +67,23 @@ def test_lossy_codecs_agree_across_ranks_and_keep_state_per_key(aggregator, job,
         assert all(s <= 4 for s in alone[0][1])  # at most 20 % of the 20 blocks
 
 
-def test_int32_is_always_exact(aggregator, job):
+@pytest.mark.parametrize("codec", [sparsereduce.Codec("3lc"),
+                                   sparsereduce.Codec("3lc", sparsity=1.5, fp32_results=True, tensor_scale=True),
+                                   sparsereduce.Codec("diana", alpha=0.5, l2_norm=True),
+                                   sparsereduce.Codec("topk", fraction=0.5)])
+def test_int32_is_always_exact(aggregator, new_job, codec):
+    """int32 sums go uncompressed whatever the Worker's codec and its codec-only options."""
+    job = new_job()
+
     def rank(r):
-        with sparsereduce.Worker([aggregator], job, r, 2, codec="3lc", **FAST) as w:
+        with sparsereduce.Worker([aggregator], job, r, 2, codec=codec, **FAST) as w:
             a = np.arange(1000, dtype=np.int32) * (r + 1)
             w.allreduce(a)
-            return a
+            return a, w.last_stats.codec
 
-    for a in run_ranks(2, rank):
+    for a, name in run_ranks(2, rank):
         np.testing.assert_array_equal(a, np.arange(1000, dtype=np.int32) * 3)
+        assert name == "none"
 
 
 def test_ranks_with_different_codecs_fail_clearly(aggregator, job):

@@ -229,8 +229,9 @@ std::future<void> Worker::Impl::Submit(std::span<std::byte> tensor, uint64_t cou
   Request request{tensor, CollectiveSpec{count, dtype, ReduceOp::kSum, options_.block_size}, {}};
   const CodecOptions& c = options.codec ? *options.codec : options_.codec;
   request.spec.codec = CodecSpecFor(c, options.key);
-  if (dtype == DType::kInt32) request.spec.codec.codec = Codec::kNone;  // int32 sums are always exact
   if (Status st = ValidateCodec(request.spec.codec); !st.ok()) throw MakeError(st.WithContext("codec " + c.name));
+  // int32 sums are always exact: no codec, and none of its options (a 3LC-only option would fail validation).
+  if (dtype == DType::kInt32) request.spec.codec = CodecSpec{Codec::kNone, options.key};
   std::future<void> future = request.promise.get_future();
   asio::post(io_, [this, request = std::move(request)]() mutable {
     if (broken_) {
