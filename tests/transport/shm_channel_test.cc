@@ -1,6 +1,6 @@
-// The shared-memory transport in one process: handoff, frames through the rings (also frames larger than a ring),
-// end of stream, peer death through the TCP connection, hostile ring positions, segment checks and network
-// namespaces. Every test runs its io_context for a bounded time.
+// The shared-memory transport in one process: handoff, peer death through the TCP connection, hostile ring
+// positions, segment checks and network namespaces (what every channel does, frames in order, end of stream,
+// frames cut short, is in channel_test.cc). Every test runs its io_context for a bounded time.
 #include <fcntl.h>
 #include <sched.h>
 #include <sys/mman.h>
@@ -22,6 +22,7 @@
 
 #include "protocol/frame.h"
 #include "protocol/frame_format.h"
+#include "channel_test_util.h"
 #include "transport/shm/channel.h"
 #include "transport/shm/handoff.h"
 
@@ -31,133 +32,13 @@ namespace {
 namespace asio = boost::asio;
 using asio::ip::tcp;
 using namespace std::chrono_literals;
+using testing::ExchangeFrames;
+using testing::MakeFrame;
+using testing::Pair;
+using testing::RunUntil;
+using testing::TcpPair;
 
-// A connected pair of TCP sockets on 127.0.0.1 (the liveness connections of the two ends).
-std::pair<tcp::socket, tcp::socket> TcpPair(asio::io_context& io) {
-  tcp::acceptor acceptor(io, tcp::endpoint(asio::ip::make_address("127.0.0.1"), 0));
-  tcp::socket client(io);
-  client.connect(acceptor.local_endpoint());
-  tcp::socket server = acceptor.accept();
-  return {std::move(server), std::move(client)};
-}
-
-// Runs `io` until `done()` holds or the bound passes.
-template <typename Done>
-void RunUntil(asio::io_context& io, Done done, std::chrono::seconds bound = 20s) {
-  const auto deadline = std::chrono::steady_clock::now() + bound;
-  while (!done() && std::chrono::steady_clock::now() < deadline) {
-    io.restart();
-    io.run_for(10ms);
-  }
-  ASSERT_TRUE(done()) << "not finished within " << bound.count() << " s";
-}
-void RunUntil(asio::io_context& io, const bool& done, std::chrono::seconds bound = 20s) {
-  RunUntil(io, [&done] { return done; }, bound);
-}
-
-// Both ends of a fresh shm connection, set up through the real handoff.
-struct Pair {
-  std::unique_ptr<transport::Channel> aggregator, worker;
-  std::shared_ptr<Segment> segment;  // the worker's mapping, for tests that tamper with it
-};
-
-Pair Connect(asio::io_context& io, uint64_t ring_capacity) {
-  auto offer = ShmOffer::Create(io.get_executor(), ring_capacity);
-  EXPECT_TRUE(offer.ok()) << offer.status().ToString();
-  bool handed = false, attached_done = false;
-  std::optional<ShmAttachment> attachment;
-  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
-    Status st = co_await (*offer)->Handoff(std::chrono::steady_clock::now() + 10s);
-    EXPECT_TRUE(st.ok()) << st.ToString();
-    handed = true;
-  }, asio::detached);
-  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
-    auto a = co_await AttachShm(io.get_executor(), (*offer)->socket_name(), (*offer)->token(),
-                                std::chrono::steady_clock::now() + 10s);
-    EXPECT_TRUE(a.ok()) << a.status().ToString();
-    if (a.ok()) attachment = std::move(*a);
-    attached_done = true;
-  }, asio::detached);
-  RunUntil(io, [&] { return handed && attached_done; });
-  auto [a_socket, w_socket] = TcpPair(io);
-  Pair pair;
-  pair.segment = attachment->segment;
-  pair.aggregator = (*offer)->MakeChannel(std::move(a_socket), io.get_executor());
-  pair.worker = attachment->MakeChannel(std::move(w_socket), io.get_executor());
-  return pair;
-}
-
-// A frame of `payload` bytes (header + bytes) whose job field is `seed` and whose payload bytes derive from it.
-std::vector<std::byte> MakeFrame(uint32_t seed, uint32_t payload) {
-  std::vector<std::byte> frame(kFrameHeaderSize + payload);
-  const FrameHeader h{FrameType::kContribution, payload, 0, seed, 1, 0};
-  EncodeFrameHeader(h, frame.data());
-  std::mt19937 random(seed);
-  for (uint32_t i = 0; i < payload; ++i) frame[kFrameHeaderSize + i] = static_cast<std::byte>(random());
-  return frame;
-}
-
-// Sends `count` frames of random sizes (some larger than the ring) as several gather parts each, and checks on the
-// other end that every byte arrives, in order.
-void ExchangeFrames(asio::io_context& io, transport::Channel& from, transport::Channel& to, int count,
-                    uint32_t max_payload, bool* received_all) {
-  std::mt19937 sizes(count);
-  std::vector<uint32_t> payloads;
-  for (int i = 0; i < count; ++i) payloads.push_back(sizes() % (max_payload + 1));
-  for (int i = 0; i < count; ++i) {
-    auto frame = std::make_shared<std::vector<std::byte>>(MakeFrame(i, payloads[i]));
-    std::vector<asio::const_buffer> parts;
-    for (size_t at = 0; at < frame->size();) {  // parts of 1..4096 bytes
-      const size_t n = std::min<size_t>(frame->size() - at, 1 + (at * 7919 + i) % 4096);
-      parts.push_back(asio::buffer(frame->data() + at, n));
-      at += n;
-    }
-    from.Send(std::move(parts), frame);
-  }
-  asio::co_spawn(io, [&to, payloads, count, received_all]() -> asio::awaitable<void> {
-    for (int i = 0; i < count; ++i) {
-      Result<FrameHeader> header = co_await to.ReadHeader();
-      EXPECT_TRUE(header.ok()) << header.status().ToString();
-      if (!header.ok()) co_return;
-      EXPECT_EQ(header->payload_length, payloads[i]);
-      EXPECT_EQ(header->job, static_cast<uint64_t>(i));
-      Result<ByteBuffer> payload = co_await to.ReadPayload(header->payload_length, nullptr);
-      EXPECT_TRUE(payload.ok()) << payload.status().ToString();
-      if (!payload.ok()) co_return;
-      const std::vector<std::byte> expected = MakeFrame(i, payloads[i]);
-      EXPECT_EQ(std::memcmp(payload->data(), expected.data() + kFrameHeaderSize, payloads[i]), 0) << "frame " << i;
-    }
-    *received_all = true;
-  }, asio::detached);
-}
-
-TEST(ShmChannel, FramesArriveIntactAndInOrderBothWays) {
-  asio::io_context io;
-  Pair pair = Connect(io, 4096);  // the smallest ring: most frames wrap around it or are larger than it
-  EXPECT_STREQ(pair.worker->kind(), "shm");
-  bool up = false, down = false;
-  ExchangeFrames(io, *pair.worker, *pair.aggregator, 300, 20000, &up);
-  ExchangeFrames(io, *pair.aggregator, *pair.worker, 300, 20000, &down);
-  RunUntil(io, [&] { return up && down; });
-  EXPECT_TRUE(pair.worker->idle());
-  EXPECT_TRUE(pair.aggregator->idle());
-}
-
-TEST(ShmChannel, CloseAfterFlushDeliversEverythingThenEndOfStream) {
-  asio::io_context io;
-  Pair pair = Connect(io, 8192);
-  bool received = false, ended = false;
-  ExchangeFrames(io, *pair.worker, *pair.aggregator, 20, 30000, &received);
-  pair.worker->CloseAfterFlush(/*both=*/false);
-  RunUntil(io, received);
-  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
-    Result<FrameHeader> header = co_await pair.aggregator->ReadHeader();
-    EXPECT_EQ(header.status().code(), StatusCode::kUnavailable);
-    EXPECT_EQ(header.status().message(), "connection closed by peer");
-    ended = true;
-  }, asio::detached);
-  RunUntil(io, ended);
-}
+Pair Connect(asio::io_context& io, uint64_t ring_capacity) { return testing::ConnectShm(io, ring_capacity); }
 
 TEST(ShmChannel, PeerDeathSeenThroughTcpAfterWhatItWrote) {
   asio::io_context io;
@@ -186,27 +67,6 @@ TEST(ShmChannel, PeerDeathSeenThroughTcpAfterWhatItWrote) {
   for (int i = 0; i < 10; ++i) pair.aggregator->Send(ByteBuffer(6000));  // more than the ring holds
   RunUntil(io, [&] { return error.has_value(); });
   EXPECT_EQ(error->code(), StatusCode::kUnavailable);
-}
-
-TEST(ShmChannel, FrameCutShortIsAProtocolError) {
-  asio::io_context io;
-  Pair pair = Connect(io, 8192);
-  std::vector<std::byte> frame = MakeFrame(1, 5000);
-  frame.resize(kFrameHeaderSize + 100);  // the header promises 5000 payload bytes
-  auto owner = std::make_shared<std::vector<std::byte>>(frame);
-  pair.worker->Send({asio::buffer(*owner)}, owner);
-  pair.worker->CloseAfterFlush(false);
-  bool done = false;
-  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
-    Result<FrameHeader> header = co_await pair.aggregator->ReadHeader();
-    EXPECT_TRUE(header.ok()) << header.status().ToString();
-    Result<ByteBuffer> payload = co_await pair.aggregator->ReadPayload(header->payload_length, nullptr);
-    EXPECT_EQ(payload.status().code(), StatusCode::kProtocolViolation);
-    EXPECT_NE(payload.status().message().find("closed inside a frame (100 of 5000 bytes)"), std::string::npos)
-        << payload.status().ToString();
-    done = true;
-  }, asio::detached);
-  RunUntil(io, done);
 }
 
 TEST(ShmChannel, HostilePositionsFailTheChannelWithoutCrashing) {

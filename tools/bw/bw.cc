@@ -109,6 +109,12 @@ void SendAck(Channel& channel) {
   channel.Send(std::move(bytes));
 }
 
+tcp::socket TakeSocket(sparsereduce::tcp::TcpChannel& channel) {
+  auto socket = channel.ReleaseSocket();
+  Check(socket.status(), "moving the connection off TCP");
+  return std::move(*socket);
+}
+
 // The server's end: the client's Hello names the transport, which is offered like the daemon does.
 asio::awaitable<std::unique_ptr<Channel>> Accept(tcp::socket socket, Config c, std::string* transport) {
   const auto executor = co_await asio::this_coro::executor;
@@ -126,7 +132,7 @@ asio::awaitable<std::unique_ptr<Channel>> Accept(tcp::socket socket, Config c, s
     const sparsereduce::proto::ControlMessage accept = co_await ReadControl(*tcp_channel);
     if (!accept.has_transport_accept()) throw std::runtime_error("the client did not accept the RDMA offer");
     Check(connection->Connect(accept.transport_accept().rdma()), "RDMA connection");
-    co_return sparsereduce::rdma::RdmaConnection::MakeChannel(std::move(connection), tcp_channel->ReleaseSocket(),
+    co_return sparsereduce::rdma::RdmaConnection::MakeChannel(std::move(connection), TakeSocket(*tcp_channel),
                                                               executor);
   }
 #endif
@@ -140,7 +146,7 @@ asio::awaitable<std::unique_ptr<Channel>> Accept(tcp::socket socket, Config c, s
   tcp_channel->Send(sparsereduce::EncodeControl(message));
   Check(co_await (*offer)->Handoff(Clock::now() + kSetupTimeout),
         "shared-memory handoff (client and server must share a host)");
-  co_return (*offer)->MakeChannel(tcp_channel->ReleaseSocket(), executor);
+  co_return (*offer)->MakeChannel(TakeSocket(*tcp_channel), executor);
 }
 
 // The client's end.
@@ -167,13 +173,13 @@ asio::awaitable<std::unique_ptr<Channel>> Connect(tcp::socket socket, Config c) 
     *accept.mutable_transport_accept()->mutable_rdma() = rdma->LocalEndpoint();
     tcp_channel->Send(sparsereduce::EncodeControl(accept));
     while (!tcp_channel->idle()) co_await asio::post(executor, asio::use_awaitable);  // the accept is written
-    co_return sparsereduce::rdma::RdmaConnection::MakeChannel(std::move(rdma), tcp_channel->ReleaseSocket(), executor);
+    co_return sparsereduce::rdma::RdmaConnection::MakeChannel(std::move(rdma), TakeSocket(*tcp_channel), executor);
   }
 #endif
   auto attached = co_await sparsereduce::shm::AttachShm(executor, offer.transport_offer().shm_socket(),
                                                         offer.transport_offer().token(), Clock::now() + kSetupTimeout);
   Check(attached.status(), "shared memory");
-  co_return attached->MakeChannel(tcp_channel->ReleaseSocket(), executor);
+  co_return attached->MakeChannel(TakeSocket(*tcp_channel), executor);
 }
 
 asio::awaitable<void> Serve(tcp::socket socket, Config c) {

@@ -1,4 +1,5 @@
-// transport::Channel over a TCP socket: frame_stream's reads and its ordered, gather-writing FrameWriter.
+// transport::Channel over a TCP socket: frame_stream's read-ahead FrameReader and its ordered, gathering
+// FrameWriter.
 #pragma once
 
 #include <boost/asio/any_io_executor.hpp>
@@ -13,14 +14,14 @@ class TcpChannel final : public transport::Channel {
  public:
   // Takes the connected socket; writes complete on `executor`.
   TcpChannel(Socket socket, asio::any_io_executor executor)
-      : socket_(std::move(socket)), writer_(socket_, std::move(executor)) {}
+      : socket_(std::move(socket)), reader_(socket_), writer_(socket_, std::move(executor)) {}
 
   const char* kind() const override { return "tcp"; }
-  asio::awaitable<Result<FrameHeader>> ReadHeader() override { return ReadFrameHeader(socket_); }
+  asio::awaitable<Result<FrameHeader>> ReadHeader() override { return reader_.ReadHeader(); }
   asio::awaitable<Result<ByteBuffer>> ReadPayload(uint64_t size, BufferPool* pool) override {
-    return tcp::ReadPayload(socket_, size, pool);
+    return reader_.ReadPayload(size, pool);
   }
-  asio::awaitable<Status> Discard(uint64_t size) override { return DiscardBytes(socket_, size); }
+  asio::awaitable<Status> Discard(uint64_t size) override { return reader_.Discard(size); }
 
   using Channel::Send;
   void Send(std::vector<asio::const_buffer> parts, std::shared_ptr<const void> owner) override {
@@ -36,11 +37,20 @@ class TcpChannel final : public transport::Channel {
     socket_.close(ignored);
   }
 
-  // Gives the socket back, e.g. to keep it beside a shared-memory channel. Only when idle().
-  Socket ReleaseSocket() { return std::move(socket_); }
+  // Gives the socket back, e.g. to keep it beside a shared-memory channel. Only when idle() and no read is
+  // running. Bytes the peer sent after its last frame read here are an error: once a connection moves to
+  // another transport nothing more may arrive on TCP (docs/PROTOCOL.md §10).
+  Result<Socket> ReleaseSocket() {
+    if (reader_.buffered() > 0) {
+      return ProtocolError(std::to_string(reader_.buffered()) +
+                           " bytes arrived on TCP after the last frame before the move to another transport");
+    }
+    return std::move(socket_);
+  }
 
  private:
   Socket socket_;
+  FrameReader reader_;
   FrameWriter writer_;
 };
 

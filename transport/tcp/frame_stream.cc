@@ -1,8 +1,16 @@
 #include "transport/tcp/frame_stream.h"
 
+#include <sys/socket.h>
+
+#include <algorithm>
 #include <array>
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/post.hpp>
+#include <cerrno>
+#include <climits>
+#include <cstring>
 #include <boost/asio/bind_executor.hpp>
+#include <boost/asio/completion_condition.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
@@ -58,10 +66,76 @@ asio::awaitable<Status> DiscardBytes(Socket& socket, uint64_t size) {
   co_return Status::Ok();
 }
 
+FrameReader::FrameReader(Socket& socket, size_t read_ahead) : socket_(socket), buffer_(read_ahead) {}
+
+asio::awaitable<boost::system::error_code> FrameReader::Fill(size_t bytes) {
+  if (buffered() >= bytes) co_return boost::system::error_code{};
+  if (buffer_.size() - begin_ < bytes) {  // move the unread bytes to the front to make room
+    std::memmove(buffer_.data(), buffer_.data() + begin_, buffered());
+    end_ -= begin_;
+    begin_ = 0;
+  }
+  auto [ec, n] = co_await asio::async_read(socket_, asio::buffer(buffer_.data() + end_, buffer_.size() - end_),
+                                           asio::transfer_at_least(bytes - buffered()),
+                                           asio::as_tuple(asio::use_awaitable));
+  end_ += n;
+  co_return ec;
+}
+
+asio::awaitable<Result<FrameHeader>> FrameReader::ReadHeader() {
+  if (const boost::system::error_code ec = co_await Fill(kFrameHeaderSize); ec) {
+    if (ec == asio::error::eof && buffered() > 0) {
+      co_return ProtocolError("connection closed inside a frame header (" + std::to_string(buffered()) + " bytes)");
+    }
+    co_return FromErrorCode(ec, "read");
+  }
+  Result<FrameHeader> header = DecodeFrameHeader(std::span(buffer_.data() + begin_, kFrameHeaderSize));
+  begin_ += kFrameHeaderSize;
+  co_return header;
+}
+
+asio::awaitable<Result<ByteBuffer>> FrameReader::ReadPayload(uint64_t size, BufferPool* pool) {
+  ByteBuffer payload = pool ? pool->Acquire(size) : ByteBuffer(size);
+  const size_t have = static_cast<size_t>(std::min<uint64_t>(size, buffered()));
+  if (have > 0) std::memcpy(payload.data(), buffer_.data() + begin_, have);
+  begin_ += have;
+  if (have == size) co_return payload;
+  // The read-ahead buffer is empty now: the rest of the payload goes straight into place, what follows it into
+  // the read-ahead buffer, in the same recv.
+  begin_ = end_ = 0;
+  const size_t rest = static_cast<size_t>(size - have);
+  const std::array<asio::mutable_buffer, 2> targets{asio::buffer(payload.data() + have, rest),
+                                                     asio::buffer(buffer_.data(), buffer_.size())};
+  auto [ec, n] = co_await asio::async_read(socket_, targets, asio::transfer_at_least(rest),
+                                           asio::as_tuple(asio::use_awaitable));
+  if (n > rest) end_ = n - rest;
+  if (ec && n < rest) {
+    if (ec == asio::error::eof) {
+      co_return ProtocolError("connection closed inside a frame payload (" + std::to_string(have + n) + " of " +
+                              std::to_string(size) + " bytes)");
+    }
+    co_return FromErrorCode(ec, "read");
+  }
+  co_return payload;
+}
+
+asio::awaitable<Status> FrameReader::Discard(uint64_t size) {
+  while (size > 0) {
+    if (buffered() == 0) {
+      begin_ = end_ = 0;
+      if (const boost::system::error_code ec = co_await Fill(1); ec) co_return FromErrorCode(ec, "read");
+    }
+    const size_t take = static_cast<size_t>(std::min<uint64_t>(size, buffered()));
+    begin_ += take;
+    size -= take;
+  }
+  co_return Status::Ok();
+}
+
 void FrameWriter::Send(std::vector<asio::const_buffer> buffers, std::shared_ptr<const void> owner) {
   if (failed_ || close_after_flush_) return;
   queue_.push_back(Item{std::move(buffers), std::move(owner)});
-  if (!writing_) WriteNext();
+  if (!waiting_) WriteNext(/*from_send=*/true);
 }
 
 void FrameWriter::Send(std::shared_ptr<const ByteBuffer> frame) {
@@ -72,7 +146,7 @@ void FrameWriter::Send(std::shared_ptr<const ByteBuffer> frame) {
 void FrameWriter::CloseAfterFlush(bool both) {
   close_after_flush_ = true;
   close_both_ = both;
-  if (!writing_ && queue_.empty()) {
+  if (queue_.empty()) {
     boost::system::error_code ignored;
     socket_.shutdown(both ? Socket::shutdown_both : Socket::shutdown_send, ignored);
   }
@@ -80,39 +154,96 @@ void FrameWriter::CloseAfterFlush(bool both) {
 
 void FrameWriter::DropQueued() {
   if (queue_.empty()) return;
-  // The front item is in flight while writing_; keep it.
-  queue_.erase(queue_.begin() + (writing_ ? 1 : 0), queue_.end());
-  if (!writing_ && on_idle_) on_idle_();
+  // A frame partly written must be finished, or the stream would lose its framing.
+  const bool started = front_part_ > 0 || front_offset_ > 0;
+  queue_.erase(queue_.begin() + (started ? 1 : 0), queue_.end());
+  if (queue_.empty() && on_idle_) on_idle_();
 }
 
-void FrameWriter::WriteNext() {
-  if (queue_.empty()) {
-    writing_ = false;
-    if (close_after_flush_) {
-      boost::system::error_code ignored;
-      socket_.shutdown(close_both_ ? Socket::shutdown_both : Socket::shutdown_send, ignored);
+void FrameWriter::Consume(size_t bytes) {
+  while (!queue_.empty()) {
+    const Item& front = queue_.front();
+    for (; front_part_ < front.buffers.size(); ++front_part_, front_offset_ = 0) {
+      const size_t left = front.buffers[front_part_].size() - front_offset_;
+      if (left > bytes) {
+        front_offset_ += bytes;
+        return;
+      }
+      bytes -= left;
     }
+    queue_.pop_front();
+    front_part_ = 0;
+    front_offset_ = 0;
+  }
+}
+
+void FrameWriter::Notify(bool from_send, std::function<void()> notify) {
+  if (!from_send) return notify();
+  asio::post(executor_, [alive = alive_, notify = std::move(notify)] {
+    if (*alive) notify();
+  });
+}
+
+void FrameWriter::Failed(const boost::system::error_code& ec, bool from_send) {
+  queue_.clear();
+  front_part_ = front_offset_ = 0;
+  if (failed_) return;
+  failed_ = true;
+  Notify(from_send, [this, status = FromErrorCode(ec, "write")] {
+    if (on_error_) on_error_(status);
     if (on_idle_) on_idle_();
+  });
+}
+
+void FrameWriter::WriteNext(bool from_send) {
+  const size_t max_parts = IOV_MAX;
+  while (!queue_.empty()) {
+    iov_.clear();
+    size_t requested = 0;
+    for (auto item = queue_.begin(); item != queue_.end() && iov_.size() < max_parts; ++item) {
+      const bool front = item == queue_.begin();
+      for (size_t p = front ? front_part_ : 0; p < item->buffers.size() && iov_.size() < max_parts; ++p) {
+        const size_t skip = front && p == front_part_ ? front_offset_ : 0;
+        const asio::const_buffer& part = item->buffers[p];
+        if (part.size() == skip) continue;
+        iov_.push_back(iovec{const_cast<std::byte*>(static_cast<const std::byte*>(part.data())) + skip,
+                             part.size() - skip});
+        requested += part.size() - skip;
+      }
+    }
+    msghdr message{};
+    message.msg_iov = iov_.data();
+    message.msg_iovlen = iov_.size();
+    const ssize_t written = requested ? ::sendmsg(socket_.native_handle(), &message, MSG_NOSIGNAL | MSG_DONTWAIT) : 0;
+    if (written < 0) {
+      if (errno == EINTR) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        return Failed(boost::system::error_code(errno, boost::system::system_category()), from_send);
+      }
+    } else {
+      Consume(static_cast<size_t>(written));
+      if (static_cast<size_t>(written) == requested) continue;
+    }
+    // The socket's send buffer is full: go on when there is room.
+    waiting_ = true;
+    socket_.async_wait(Socket::wait_write,
+                       asio::bind_executor(executor_, [this, alive = alive_](const boost::system::error_code& ec) {
+                         if (!*alive) return;
+                         waiting_ = false;
+                         if (ec) return Failed(ec, /*from_send=*/false);
+                         WriteNext(/*from_send=*/false);
+                       }));
     return;
   }
-  writing_ = true;
-  asio::async_write(socket_, queue_.front().buffers,
-                    asio::bind_executor(executor_, [this, alive = alive_](const boost::system::error_code& ec,
-                                                                         size_t) {
-                      if (!*alive) return;
-                      queue_.pop_front();
-                      if (ec) {
-                        writing_ = false;
-                        queue_.clear();
-                        if (!failed_) {
-                          failed_ = true;
-                          if (on_error_) on_error_(FromErrorCode(ec, "write"));
-                        }
-                        if (*alive && on_idle_) on_idle_();
-                        return;
-                      }
-                      WriteNext();
-                    }));
+  if (close_after_flush_) {
+    boost::system::error_code ignored;
+    socket_.shutdown(close_both_ ? Socket::shutdown_both : Socket::shutdown_send, ignored);
+  }
+  if (on_idle_) {
+    Notify(from_send, [this] {
+      if (queue_.empty() && on_idle_) on_idle_();
+    });
+  }
 }
 
 }  // namespace sparsereduce::tcp

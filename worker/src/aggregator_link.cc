@@ -138,7 +138,9 @@ asio::awaitable<Status> AggregatorLink::TakeShmOffer(const proto::TransportOffer
     co_return attached.status().WithContext("moving the connection to shared memory");
   }
   auto* tcp_channel = static_cast<sparsereduce::tcp::TcpChannel*>(channel_.get());
-  UseChannel(attached->MakeChannel(tcp_channel->ReleaseSocket(), io_.get_executor()));
+  Result<tcp::socket> socket = tcp_channel->ReleaseSocket();
+  if (!socket.ok()) co_return socket.status().WithContext("moving the connection to shared memory");
+  UseChannel(attached->MakeChannel(std::move(*socket), io_.get_executor()));
   co_return Status::Ok();
 }
 
@@ -153,12 +155,13 @@ asio::awaitable<Status> AggregatorLink::TakeRdmaOffer(const proto::TransportOffe
   *accept.mutable_transport_accept()->mutable_rdma() = (*connection)->LocalEndpoint();
   const ByteBuffer frame = EncodeControl(accept);
   auto* tcp_channel = static_cast<sparsereduce::tcp::TcpChannel*>(channel_.get());
-  tcp::socket socket = tcp_channel->ReleaseSocket();
-  auto [ec, written] = co_await asio::async_write(socket, asio::buffer(frame.data(), frame.size()),
+  Result<tcp::socket> socket = tcp_channel->ReleaseSocket();
+  if (!socket.ok()) co_return socket.status().WithContext("RDMA connection");
+  auto [ec, written] = co_await asio::async_write(*socket, asio::buffer(frame.data(), frame.size()),
                                                   asio::as_tuple(asio::use_awaitable));
   if (ec) co_return Status(StatusCode::kUnavailable, "sending TransportAccept: " + ec.message());
   Count(written);
-  UseChannel(rdma::RdmaConnection::MakeChannel(std::move(*connection), std::move(socket), io_.get_executor()));
+  UseChannel(rdma::RdmaConnection::MakeChannel(std::move(*connection), std::move(*socket), io_.get_executor()));
   co_return Status::Ok();
 #else
   (void)offer;

@@ -1,0 +1,246 @@
+// What every transport::Channel does, run over each transport (as Gloo parameterizes its transport tests): frames
+// of any size and any number of gather parts arrive intact and in order, Discard skips exactly one payload, end of
+// stream after a flush, a frame cut short is a protocol error, DropQueued keeps the stream framed. Then what is
+// particular to TCP's read-ahead reader and gathering writer. Every test runs its io_context for a bounded time.
+#include <sys/socket.h>
+
+#include <gtest/gtest.h>
+
+#include <boost/asio/write.hpp>
+
+#include "channel_test_util.h"
+#include "transport/tcp/channel.h"
+
+namespace sparsereduce::testing {
+namespace {
+
+Pair Connect(asio::io_context& io, const std::string& kind) {
+  if (kind == "shm") return ConnectShm(io, 64 * 1024);
+  auto [a, w] = TcpPair(io);
+  Pair pair;
+  pair.aggregator = std::make_unique<sparsereduce::tcp::TcpChannel>(std::move(a), io.get_executor());
+  pair.worker = std::make_unique<sparsereduce::tcp::TcpChannel>(std::move(w), io.get_executor());
+  return pair;
+}
+
+// Reads frames until end of stream; each must be one MakeFrame made, with consecutive seeds from `first`.
+asio::awaitable<void> ReadUntilEnd(transport::Channel& from, uint32_t first, uint32_t* frames, Status* end) {
+  for (uint32_t i = first;; ++i) {
+    Result<FrameHeader> header = co_await from.ReadHeader();
+    if (!header.ok()) {
+      *end = header.status();
+      co_return;
+    }
+    Result<ByteBuffer> payload = co_await from.ReadPayload(header->payload_length, nullptr);
+    if (!payload.ok()) {
+      *end = payload.status();
+      co_return;
+    }
+    EXPECT_EQ(header->job, i);
+    const std::vector<std::byte> expected = MakeFrame(i, header->payload_length);
+    EXPECT_EQ(std::memcmp(payload->data(), expected.data() + kFrameHeaderSize, payload->size()), 0) << "frame " << i;
+    ++*frames;
+  }
+}
+
+class ChannelTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  asio::io_context io_;
+};
+
+TEST_P(ChannelTest, FramesArriveIntactAndInOrderBothWays) {
+  Pair pair = Connect(io_, GetParam());
+  EXPECT_EQ(pair.worker->kind(), GetParam());
+  bool up = false, down = false;
+  // Payloads up to 300 KB: several times the shm ring, TCP's read-ahead buffer and a socket buffer, so reads
+  // and writes stop and resume mid-frame.
+  ExchangeFrames(io_, *pair.worker, *pair.aggregator, 300, 300000, &up);
+  ExchangeFrames(io_, *pair.aggregator, *pair.worker, 300, 300000, &down);
+  RunUntil(io_, [&] { return up && down; });
+  EXPECT_TRUE(pair.worker->idle());
+  EXPECT_TRUE(pair.aggregator->idle());
+}
+
+TEST_P(ChannelTest, SmallFramesAndFramesOfThousandsOfParts) {
+  Pair pair = Connect(io_, GetParam());
+  bool small = false, many_parts = false;
+  ExchangeFrames(io_, *pair.worker, *pair.aggregator, 2000, 64, &small);  // many frames per read
+  // Parts of 1..16 bytes: a 40 KB frame has thousands, more than one sendmsg takes (IOV_MAX).
+  ExchangeFrames(io_, *pair.aggregator, *pair.worker, 50, 40000, &many_parts, /*max_part=*/16);
+  RunUntil(io_, [&] { return small && many_parts; });
+}
+
+TEST_P(ChannelTest, DiscardSkipsExactlyOnePayload) {
+  Pair pair = Connect(io_, GetParam());
+  for (uint32_t i = 0; i < 3; ++i) {
+    auto frame = std::make_shared<std::vector<std::byte>>(MakeFrame(i, i == 1 ? 200000 : 1000));
+    pair.worker->Send({asio::buffer(*frame)}, frame);
+  }
+  bool done = false;
+  asio::co_spawn(io_, [&]() -> asio::awaitable<void> {
+    for (uint32_t i = 0; i < 3; ++i) {
+      Result<FrameHeader> header = co_await pair.aggregator->ReadHeader();
+      EXPECT_TRUE(header.ok()) << header.status().ToString();
+      if (!header.ok()) co_return;
+      EXPECT_EQ(header->job, i);
+      if (i == 1) {
+        EXPECT_TRUE((co_await pair.aggregator->Discard(header->payload_length)).ok());
+        continue;
+      }
+      Result<ByteBuffer> payload = co_await pair.aggregator->ReadPayload(header->payload_length, nullptr);
+      EXPECT_TRUE(payload.ok());
+      if (!payload.ok()) co_return;
+      EXPECT_EQ(std::memcmp(payload->data(), MakeFrame(i, 1000).data() + kFrameHeaderSize, 1000), 0);
+    }
+    done = true;
+  }, asio::detached);
+  RunUntil(io_, done);
+}
+
+TEST_P(ChannelTest, CloseAfterFlushDeliversEverythingThenEndOfStream) {
+  Pair pair = Connect(io_, GetParam());
+  bool received = false, ended = false;
+  ExchangeFrames(io_, *pair.worker, *pair.aggregator, 20, 30000, &received);
+  pair.worker->CloseAfterFlush(/*both=*/false);
+  RunUntil(io_, received);
+  asio::co_spawn(io_, [&]() -> asio::awaitable<void> {
+    Result<FrameHeader> header = co_await pair.aggregator->ReadHeader();
+    EXPECT_EQ(header.status().code(), StatusCode::kUnavailable);
+    EXPECT_EQ(header.status().message(), "connection closed by peer");
+    ended = true;
+  }, asio::detached);
+  RunUntil(io_, ended);
+}
+
+TEST_P(ChannelTest, FrameCutShortIsAProtocolError) {
+  Pair pair = Connect(io_, GetParam());
+  std::vector<std::byte> frame = MakeFrame(1, 5000);
+  frame.resize(kFrameHeaderSize + 100);  // the header promises 5000 payload bytes
+  auto owner = std::make_shared<std::vector<std::byte>>(frame);
+  pair.worker->Send({asio::buffer(*owner)}, owner);
+  pair.worker->CloseAfterFlush(false);
+  bool done = false;
+  asio::co_spawn(io_, [&]() -> asio::awaitable<void> {
+    Result<FrameHeader> header = co_await pair.aggregator->ReadHeader();
+    EXPECT_TRUE(header.ok()) << header.status().ToString();
+    Result<ByteBuffer> payload = co_await pair.aggregator->ReadPayload(header->payload_length, nullptr);
+    EXPECT_EQ(payload.status().code(), StatusCode::kProtocolViolation);
+    EXPECT_NE(payload.status().message().find("closed inside a frame"), std::string::npos)
+        << payload.status().ToString();
+    EXPECT_NE(payload.status().message().find("100 of 5000 bytes"), std::string::npos) << payload.status().ToString();
+    done = true;
+  }, asio::detached);
+  RunUntil(io_, done);
+}
+
+TEST_P(ChannelTest, DropQueuedKeepsTheStreamFramed) {
+  Pair pair = Connect(io_, GetParam());
+  // Nobody reads yet, so the frames back up: some are written (maybe one partly), the rest stay queued.
+  for (uint32_t i = 0; i < 400; ++i) {
+    auto frame = std::make_shared<std::vector<std::byte>>(MakeFrame(i, 50000));
+    pair.worker->Send({asio::buffer(*frame)}, frame);
+  }
+  ASSERT_FALSE(pair.worker->idle()) << "20 MB should not fit in the transport's buffers";
+  pair.worker->DropQueued();
+  pair.worker->CloseAfterFlush(false);
+  uint32_t frames = 0;
+  Status end;
+  bool done = false;
+  asio::co_spawn(io_, [&]() -> asio::awaitable<void> {
+    co_await ReadUntilEnd(*pair.aggregator, 0, &frames, &end);
+    done = true;
+  }, asio::detached);
+  RunUntil(io_, done);
+  // Every frame that arrived is whole, and the stream ends cleanly after the last one.
+  EXPECT_EQ(end.message(), "connection closed by peer") << end.ToString();
+  EXPECT_GT(frames, 0u);
+  EXPECT_LT(frames, 400u);
+  EXPECT_TRUE(pair.worker->idle());
+}
+
+INSTANTIATE_TEST_SUITE_P(Transports, ChannelTest, ::testing::Values("tcp", "shm"),
+                         [](const auto& info) { return info.param; });
+
+// --- TCP only ---
+
+TEST(TcpChannel, HeaderCutShortIsAProtocolError) {
+  asio::io_context io;
+  auto [raw, other] = TcpPair(io);
+  sparsereduce::tcp::TcpChannel channel(std::move(other), io.get_executor());
+  const std::vector<std::byte> frame = MakeFrame(1, 0);
+  asio::write(raw, asio::buffer(frame.data(), 20));
+  raw.shutdown(tcp::socket::shutdown_send);
+  bool done = false;
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+    Result<FrameHeader> header = co_await channel.ReadHeader();
+    EXPECT_EQ(header.status().code(), StatusCode::kProtocolViolation);
+    EXPECT_EQ(header.status().message(), "connection closed inside a frame header (20 bytes)");
+    done = true;
+  }, asio::detached);
+  RunUntil(io, done);
+}
+
+TEST(TcpChannel, ReleaseSocketRefusesBytesThatFollowTheLastFrame) {
+  asio::io_context io;
+  auto [raw, other] = TcpPair(io);
+  sparsereduce::tcp::TcpChannel channel(std::move(other), io.get_executor());
+  // One frame and, in the same write, 7 bytes after it: the reader's read-ahead takes them in with the frame.
+  std::vector<std::byte> bytes = MakeFrame(1, 100);
+  bytes.resize(bytes.size() + 7);
+  asio::write(raw, asio::buffer(bytes));
+  bool done = false;
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+    Result<FrameHeader> header = co_await channel.ReadHeader();
+    EXPECT_TRUE(header.ok());
+    EXPECT_TRUE((co_await channel.ReadPayload(100, nullptr)).ok());
+    done = true;
+  }, asio::detached);
+  RunUntil(io, done);
+  Result<sparsereduce::tcp::Socket> socket = channel.ReleaseSocket();
+  EXPECT_EQ(socket.status().code(), StatusCode::kProtocolViolation);
+  EXPECT_NE(socket.status().message().find("7 bytes arrived on TCP"), std::string::npos) << socket.status().ToString();
+
+  // Without anything after the frame, the socket comes back.
+  auto [raw2, other2] = TcpPair(io);
+  sparsereduce::tcp::TcpChannel clean(std::move(other2), io.get_executor());
+  asio::write(raw2, asio::buffer(MakeFrame(2, 100)));
+  done = false;
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+    EXPECT_TRUE((co_await clean.ReadHeader()).ok());
+    EXPECT_TRUE((co_await clean.ReadPayload(100, nullptr)).ok());
+    done = true;
+  }, asio::detached);
+  RunUntil(io, done);
+  EXPECT_TRUE(clean.ReleaseSocket().ok());
+}
+
+TEST(TcpChannel, WriteErrorIsReportedOnceAndLater) {
+  asio::io_context io;
+  auto [raw, other] = TcpPair(io);
+  sparsereduce::tcp::TcpChannel channel(std::move(other), io.get_executor());
+  int errors = 0;
+  bool in_send = false, error_inside_send = false;
+  channel.set_error_handler([&](const Status& st) {
+    ++errors;
+    error_inside_send = error_inside_send || in_send;
+    EXPECT_EQ(st.code(), StatusCode::kUnavailable) << st.ToString();
+  });
+  raw.close();  // the peer is gone: writes fail with a reset or a broken pipe
+  for (int i = 0; i < 200 && errors == 0; ++i) {
+    in_send = true;
+    channel.Send(ByteBuffer(100000));
+    in_send = false;
+    io.restart();
+    io.run_for(5ms);
+  }
+  RunUntil(io, [&] { return errors > 0; });
+  for (int i = 0; i < 5; ++i) channel.Send(ByteBuffer(1000));  // ignored after the failure
+  io.restart();
+  io.run_for(20ms);
+  EXPECT_EQ(errors, 1);
+  EXPECT_FALSE(error_inside_send) << "the error handler ran inside Send";
+  EXPECT_TRUE(channel.idle());
+}
+
+}  // namespace
+}  // namespace sparsereduce::testing
