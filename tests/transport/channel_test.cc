@@ -38,7 +38,9 @@ asio::awaitable<void> ReadUntilEnd(transport::Channel& from, uint32_t first, uin
     }
     EXPECT_EQ(header->job, i);
     const std::vector<std::byte> expected = MakeFrame(i, header->payload_length);
-    EXPECT_EQ(std::memcmp(payload->data(), expected.data() + kFrameHeaderSize, payload->size()), 0) << "frame " << i;
+    EXPECT_TRUE(payload->size() == 0 ||
+                std::memcmp(payload->data(), expected.data() + kFrameHeaderSize, payload->size()) == 0)
+        << "frame " << i;
     ++*frames;
   }
 }
