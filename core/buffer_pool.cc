@@ -36,7 +36,7 @@ ByteBuffer BufferPool::Acquire(size_t size) {
       return ByteBuffer(data, size, shared_from_this(), capacity);
     }
   }
-  const size_t capacity = (size + kGranularity - 1) / kGranularity * kGranularity;
+  const size_t capacity = CapacityFor(size);
   return ByteBuffer(new std::byte[capacity], size, shared_from_this(), capacity);
 }
 

@@ -26,6 +26,13 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
 
   // The pool keeps at most `max_retained_bytes` of free buffers; a buffer returned beyond that is freed.
   static std::shared_ptr<BufferPool> Create(size_t max_retained_bytes);
+  // A pool that keeps `count` free buffers of `size` bytes each: their capacities are rounded up, so `count · size`
+  // would keep one fewer, and that one would be freed and allocated again on every round of use.
+  static std::shared_ptr<BufferPool> ForBuffers(size_t count, size_t size) {
+    return Create(count * CapacityFor(size));
+  }
+  // The capacity a buffer of `size` bytes gets.
+  static size_t CapacityFor(size_t size) { return (size + kGranularity - 1) / kGranularity * kGranularity; }
 
   BufferPool(const BufferPool&) = delete;
   BufferPool& operator=(const BufferPool&) = delete;

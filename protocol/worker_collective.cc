@@ -14,15 +14,18 @@ constexpr std::byte kZeros[8] = {};
 }  // namespace
 
 WorkerCollective::WorkerCollective(const JobShape& shape, uint64_t job, uint64_t seq, const CollectiveSpec& spec,
-                                   std::span<std::byte> tensor, ByteBuffer backup_storage, CodecContext codec)
+                                   std::span<std::byte> tensor, CollectiveScratch scratch, CodecContext codec)
     : shape_(shape),
       job_(job),
       seq_(seq),
       spec_(spec),
       tensor_(tensor),
       layout_(shape, spec.element_count, spec.block_size, FindDType(spec.dtype)->size),
-      backup_data_(std::move(backup_storage)) {
-  flags_.resize(layout_.num_blocks());
+      flags_(std::move(scratch.flags)),
+      backup_blocks_(std::move(scratch.backup_blocks)),
+      backup_data_(std::move(scratch.backup_data)) {
+  flags_.assign(layout_.num_blocks(), 0);
+  backup_blocks_.clear();
   if (spec.codec.codec != Codec::kNone) {
     // The codec decides what to send (its wire bytes, not the tensor's); any block may come back changed, so
     // any block may need a backup.
@@ -37,6 +40,7 @@ WorkerCollective::WorkerCollective(const JobShape& shape, uint64_t job, uint64_t
     backup_capacity_blocks_ = nonzero_blocks_;
     for (uint8_t f : flags_) backup_capacity_blocks_ += (f & kBlockHasNegativeZero) ? 1 : 0;
   }
+  backup_blocks_.reserve(backup_capacity_blocks_);
   const uint32_t element_size = FindDType(spec.dtype)->size;
   schedules_.reserve(shape.num_aggregators);
   for (uint32_t a = 0; a < shape.num_aggregators; ++a) {

@@ -24,15 +24,22 @@ struct CodecContext {
   uint64_t seed = 0;
 };
 
+// Memory one collective hands on to the next, so that a steady training loop does not allocate, and fault in,
+// per-tensor buffers every step (glibc gives the freed pages of a thread's arena back to the kernel).
+struct CollectiveScratch {
+  ByteBuffer backup_data;               // Restore()'s copies of overwritten blocks
+  std::vector<uint64_t> backup_blocks;  // which blocks those are
+  std::vector<uint8_t> flags;           // one per block
+};
+
 class WorkerCollective {
  public:
   // `tensor` holds spec.element_count elements of spec.dtype and is reduced in place; it must stay valid and
   // untouched by the caller until the collective is done. `spec` must have passed ValidateSpec.
-  // `backup_storage` is memory for Restore()'s copies that the caller recycles across collectives (see
-  // ReleaseBackupStorage), so that a steady training loop does not fault in fresh pages every step.
+  // `scratch` is memory the caller recycles across collectives (see ReleaseScratch); its contents do not matter.
   // With a codec (spec.codec), `codec` must hold the key's state, which the collective advances in Finish only.
   WorkerCollective(const JobShape& shape, uint64_t job, uint64_t seq, const CollectiveSpec& spec,
-                   std::span<std::byte> tensor, ByteBuffer backup_storage = {}, CodecContext codec = {});
+                   std::span<std::byte> tensor, CollectiveScratch scratch = {}, CodecContext codec = {});
 
   WorkerCollective(const WorkerCollective&) = delete;
   WorkerCollective& operator=(const WorkerCollective&) = delete;
@@ -57,8 +64,10 @@ class WorkerCollective {
   // the caller's input again. Costs a copy of each overwritten block that was not all-zero bits, kept from the
   // moment it is overwritten (at most the tensor's nonzero blocks).
   void Restore();
-  // Hands the backup memory back for the next collective.
-  ByteBuffer ReleaseBackupStorage() { return std::move(backup_data_); }
+  // Hands the collective's memory on to the next one; this collective is unusable afterwards.
+  CollectiveScratch ReleaseScratch() {
+    return {std::move(backup_data_), std::move(backup_blocks_), std::move(flags_)};
+  }
 
   // Largest RESULT payload this collective allows.
   uint64_t MaxResultPayload() const;

@@ -26,6 +26,19 @@ TEST(BufferPool, ReusesFreedBuffersOfSimilarSize) {
   EXPECT_EQ(pool->retained_bytes(), 0u);
 }
 
+TEST(BufferPool, ForBuffersKeepsThatManyBuffersWhateverTheRounding) {
+  // A worker's RESULT buffers: S x A frames of 128 blocks (134144 bytes, not a multiple of the granularity).
+  const size_t frame = 128 * (24 + 1024);
+  auto pool = BufferPool::ForBuffers(8, frame);
+  for (int round = 0; round < 3; ++round) {
+    std::vector<ByteBuffer> in_flight;
+    for (int i = 0; i < 8; ++i) in_flight.push_back(pool->Acquire(frame));
+  }
+  // Only the first round allocated: every later Acquire found a free buffer.
+  EXPECT_EQ(pool->reuses(), 16u);
+  EXPECT_EQ(pool->retained_bytes(), 8 * BufferPool::CapacityFor(frame));
+}
+
 TEST(BufferPool, DoesNotHandOutBuffersTwiceTheRequest) {
   auto pool = BufferPool::Create(1 << 20);
   { ByteBuffer big = pool->Acquire(64 * 1024); }

@@ -61,7 +61,7 @@ inline SimulationOutcome Simulate(const JobShape& shape, const CollectiveSpec& s
   std::vector<std::unique_ptr<WorkerCollective>> workers;
   for (uint32_t w = 0; w < W; ++w) {
     CodecContext context{&states->workers[w], w, states->seed};
-    workers.push_back(std::make_unique<WorkerCollective>(shape, job, seq, spec, tensors[w], ByteBuffer(), context));
+    workers.push_back(std::make_unique<WorkerCollective>(shape, job, seq, spec, tensors[w], CollectiveScratch{}, context));
   }
 
   // Channel (w, a, to_aggregator) -> FIFO of frames, like one TCP connection per direction.

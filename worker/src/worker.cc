@@ -107,7 +107,7 @@ class Worker::Impl : public AggregatorLink::Handler {
   // Codec state per (codec, key), across collectives.
   std::map<std::pair<Codec, uint64_t>, codec::KeyState> codec_states_;
   uint64_t seq_ = 0;
-  ByteBuffer backup_storage_;  // recycled between collectives (WorkerCollective::Restore's copies)
+  CollectiveScratch scratch_;  // recycled between collectives
 
   std::optional<std::exception_ptr> failure_;  // set by Fail, delivered by FinishFailure
   asio::steady_timer failure_grace_{io_};
@@ -140,7 +140,7 @@ Worker::Impl::Impl(WorkerOptions options)
   }
   const uint64_t max_frame =
       uint64_t{options_.blocks_per_message} * (kEntrySize + Pad8(uint64_t{options_.block_size} * sizeof(float)));
-  result_buffers_ = BufferPool::Create(uint64_t{options_.slots} * options_.aggregators.size() * max_frame);
+  result_buffers_ = BufferPool::ForBuffers(size_t{options_.slots} * options_.aggregators.size(), max_frame);
 #if SPARSEREDUCE_HAVE_RDMA
   std::shared_ptr<rdma::RdmaDevice> rdma_device;
   if (options_.transport == "rdma") {
@@ -265,7 +265,7 @@ void Worker::Impl::StartNext() {
     codec.seed = options_.codec_seed;
   }
   a.collective = std::make_unique<WorkerCollective>(shape_, options_.job, seq, a.request.spec, a.request.tensor,
-                                                    std::move(backup_storage_), codec);
+                                                    std::move(scratch_), codec);
 
   proto::ControlMessage begin;
   begin.mutable_collective_begin()->set_seq(seq);
@@ -434,7 +434,7 @@ void Worker::Impl::MaybeComplete() {
     last_stats_ = stats;
   }
   std::promise<void> promise = std::move(a.request.promise);
-  backup_storage_ = a.collective->ReleaseBackupStorage();
+  scratch_ = a.collective->ReleaseScratch();
   active_.reset();
   promise.set_value();
   StartNext();
