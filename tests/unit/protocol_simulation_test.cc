@@ -259,5 +259,33 @@ TEST(ProtocolSimulation, RestoreAfterFailureAtAnyPoint) {
   }
 }
 
+// A steady loop hands each collective's memory to the next: nothing per-tensor is allocated again.
+TEST(WorkerCollectiveScratch, NextCollectiveReusesTheMemory) {
+  const JobShape shape{2, 1, 2, 4};
+  const CollectiveSpec spec{100'000, DType::kFloat32, ReduceOp::kSum, 256};
+  std::vector<std::byte> tensor(spec.element_count * 4, std::byte{1});  // every block nonzero
+  CollectiveScratch scratch;
+  const std::byte* backup = nullptr;
+  const uint64_t* blocks = nullptr;
+  const uint8_t* flags = nullptr;
+  for (uint64_t seq = 1; seq <= 3; ++seq) {
+    WorkerCollective collective(shape, 1, seq, spec, tensor, std::move(scratch));
+    // Round 0, and a first RESULT on slot 0 so that blocks get backed up.
+    std::vector<OutgoingFrame> frames = collective.Start(0);
+    ASSERT_FALSE(frames.empty());
+    scratch = collective.ReleaseScratch();
+    if (seq > 1) {
+      EXPECT_EQ(scratch.flags.data(), flags);
+      EXPECT_EQ(scratch.backup_blocks.data(), blocks);
+      EXPECT_EQ(scratch.backup_data.data(), backup);
+    }
+    flags = scratch.flags.data();
+    blocks = scratch.backup_blocks.data();
+    if (scratch.backup_data.size() == 0) scratch.backup_data = ByteBuffer(1 << 20);
+    backup = scratch.backup_data.data();
+    EXPECT_GE(scratch.backup_blocks.capacity(), (spec.element_count + 255) / 256);  // reserved for every block
+  }
+}
+
 }  // namespace
 }  // namespace sparsereduce::testing
