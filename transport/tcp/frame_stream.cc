@@ -5,15 +5,14 @@
 #include <algorithm>
 #include <array>
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/bind_executor.hpp>
+#include <boost/asio/completion_condition.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <cerrno>
 #include <climits>
 #include <cstring>
-#include <boost/asio/bind_executor.hpp>
-#include <boost/asio/completion_condition.hpp>
-#include <boost/asio/read.hpp>
-#include <boost/asio/use_awaitable.hpp>
-#include <boost/asio/write.hpp>
 
 namespace sparsereduce::tcp {
 namespace {
