@@ -45,8 +45,7 @@ ColumnEngine::ColumnEngine(const JobShape& shape, uint32_t aggregator_index, uin
 }
 
 uint64_t ColumnEngine::MaxContributionPayload() const {
-  return uint64_t{shape_.blocks_per_message} *
-         (kEntrySize + Pad8(codec::MaxWireBytes(upload_, spec_.block_size, element_size_)));
+  return MaxDataPayloadFor(shape_.blocks_per_message, codec::MaxWireBytes(upload_, spec_.block_size, element_size_));
 }
 
 std::vector<uint32_t> ColumnEngine::AwaitedRanks() const {

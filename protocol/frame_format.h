@@ -20,5 +20,10 @@ enum class FrameType : uint8_t {
 };
 
 inline constexpr uint64_t Pad8(uint64_t n) { return (n + 7) & ~uint64_t{7}; }
+// The largest data payload (§3.2) of a frame of up to `entries` entries whose blocks take at most
+// `max_block_bytes` each on the wire.
+inline constexpr uint64_t MaxDataPayloadFor(uint64_t entries, uint64_t max_block_bytes) {
+  return entries * (kEntrySize + Pad8(max_block_bytes));
+}
 
 }  // namespace sparsereduce

@@ -58,7 +58,7 @@ Status ValidateFrameSize(const JobShape& shape, const CollectiveSpec& spec) {
   const uint32_t element_size = FindDType(spec.dtype)->size;
   const uint64_t block_bytes = std::max(codec::MaxWireBytes(UploadFormat(spec.codec), spec.block_size, element_size),
                                         codec::MaxWireBytes(DownloadFormat(spec.codec), spec.block_size, element_size));
-  const uint64_t largest = uint64_t{shape.blocks_per_message} * (kEntrySize + Pad8(block_bytes));
+  const uint64_t largest = MaxDataPayloadFor(shape.blocks_per_message, block_bytes);
   if (largest > kMaxDataPayload) {
     return InvalidArgument("blocks_per_message " + std::to_string(shape.blocks_per_message) + " x block of " +
                            std::to_string(block_bytes) + " bytes makes frames of " + std::to_string(largest) +

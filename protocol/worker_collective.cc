@@ -59,8 +59,7 @@ bool WorkerCollective::done() const {
 
 uint64_t WorkerCollective::MaxResultPayload() const {
   const uint32_t element_size = FindDType(spec_.dtype)->size;
-  return uint64_t{shape_.blocks_per_message} *
-         (kEntrySize + Pad8(codec::MaxWireBytes(download_, spec_.block_size, element_size)));
+  return MaxDataPayloadFor(shape_.blocks_per_message, codec::MaxWireBytes(download_, spec_.block_size, element_size));
 }
 
 void WorkerCollective::SetWireSizes(OutgoingFrame* frame) const {

@@ -138,8 +138,9 @@ Worker::Impl::Impl(WorkerOptions options)
     if (st.ok()) st = ValidateFrameSize(shape_, spec);
     if (!st.ok()) throw MakeError(st);
   }
-  const uint64_t max_frame =
-      uint64_t{options_.blocks_per_message} * (kEntrySize + Pad8(uint64_t{options_.block_size} * sizeof(float)));
+  // RESULT payloads of raw 4-byte elements, the largest for the usual block sizes (the pool only sizes what it
+  // keeps; a larger frame still gets a buffer).
+  const uint64_t max_frame = MaxDataPayloadFor(options_.blocks_per_message, uint64_t{options_.block_size} * 4);
   result_buffers_ = BufferPool::ForBuffers(size_t{options_.slots} * options_.aggregators.size(), max_frame);
 #if SPARSEREDUCE_HAVE_RDMA
   std::shared_ptr<rdma::RdmaDevice> rdma_device;
