@@ -23,46 +23,40 @@ Status FromErrorCode(const boost::system::error_code& ec, const char* operation)
   return Status(StatusCode::kUnavailable, std::string(operation) + " failed: " + ec.message());
 }
 
+// A read of a frame header that ended early: after some of its bytes, a protocol error; before, the peer closed.
+Status HeaderReadError(const boost::system::error_code& ec, size_t got) {
+  if (ec == asio::error::eof && got > 0) {
+    return ProtocolError("connection closed inside a frame header (" + std::to_string(got) + " bytes)");
+  }
+  return FromErrorCode(ec, "read");
+}
+
+Status PayloadReadError(const boost::system::error_code& ec, uint64_t got, uint64_t size) {
+  if (ec == asio::error::eof) {
+    return ProtocolError("connection closed inside a frame payload (" + std::to_string(got) + " of " +
+                         std::to_string(size) + " bytes)");
+  }
+  return FromErrorCode(ec, "read");
+}
+
+ByteBuffer NewPayload(uint64_t size, BufferPool* pool) { return pool ? pool->Acquire(size) : ByteBuffer(size); }
+
 }  // namespace
 
 asio::awaitable<Result<FrameHeader>> ReadFrameHeader(Socket& socket) {
   std::array<std::byte, kFrameHeaderSize> bytes;
   auto [ec, n] = co_await asio::async_read(socket, asio::buffer(bytes), asio::as_tuple(asio::use_awaitable));
-  if (ec) {
-    if (ec == asio::error::eof && n > 0) {
-      co_return ProtocolError("connection closed inside a frame header (" + std::to_string(n) + " bytes)");
-    }
-    co_return FromErrorCode(ec, "read");
-  }
+  if (ec) co_return HeaderReadError(ec, n);
   co_return DecodeFrameHeader(bytes);
 }
 
 asio::awaitable<Result<ByteBuffer>> ReadPayload(Socket& socket, uint64_t size, BufferPool* pool) {
-  ByteBuffer payload = pool ? pool->Acquire(size) : ByteBuffer(size);
+  ByteBuffer payload = NewPayload(size, pool);
   if (size == 0) co_return payload;
   auto [ec, n] = co_await asio::async_read(socket, asio::buffer(payload.data(), size),
                                            asio::as_tuple(asio::use_awaitable));
-  if (ec) {
-    if (ec == asio::error::eof) {
-      co_return ProtocolError("connection closed inside a frame payload (" + std::to_string(n) + " of " +
-                              std::to_string(size) + " bytes)");
-    }
-    co_return FromErrorCode(ec, "read");
-  }
+  if (ec) co_return PayloadReadError(ec, n, size);
   co_return payload;
-}
-
-asio::awaitable<Status> DiscardBytes(Socket& socket, uint64_t size) {
-  // On the heap, not in the coroutine frame: frames are allocated per call anyway and should stay small.
-  std::vector<std::byte> scratch(size < 64 * 1024 ? static_cast<size_t>(size) : 64 * 1024);
-  while (size > 0) {
-    const size_t chunk = size < scratch.size() ? static_cast<size_t>(size) : scratch.size();
-    auto [ec, n] = co_await asio::async_read(socket, asio::buffer(scratch.data(), chunk),
-                                             asio::as_tuple(asio::use_awaitable));
-    if (ec) co_return FromErrorCode(ec, "read");
-    size -= n;
-  }
-  co_return Status::Ok();
 }
 
 FrameReader::FrameReader(Socket& socket, size_t read_ahead) : socket_(socket), buffer_(read_ahead) {}
@@ -83,10 +77,7 @@ asio::awaitable<boost::system::error_code> FrameReader::Fill(size_t bytes) {
 
 asio::awaitable<Result<FrameHeader>> FrameReader::ReadHeader() {
   if (const boost::system::error_code ec = co_await Fill(kFrameHeaderSize); ec) {
-    if (ec == asio::error::eof && buffered() > 0) {
-      co_return ProtocolError("connection closed inside a frame header (" + std::to_string(buffered()) + " bytes)");
-    }
-    co_return FromErrorCode(ec, "read");
+    co_return HeaderReadError(ec, buffered());
   }
   Result<FrameHeader> header = DecodeFrameHeader(std::span(buffer_.data() + begin_, kFrameHeaderSize));
   begin_ += kFrameHeaderSize;
@@ -94,7 +85,7 @@ asio::awaitable<Result<FrameHeader>> FrameReader::ReadHeader() {
 }
 
 asio::awaitable<Result<ByteBuffer>> FrameReader::ReadPayload(uint64_t size, BufferPool* pool) {
-  ByteBuffer payload = pool ? pool->Acquire(size) : ByteBuffer(size);
+  ByteBuffer payload = NewPayload(size, pool);
   const size_t have = static_cast<size_t>(std::min<uint64_t>(size, buffered()));
   if (have > 0) std::memcpy(payload.data(), buffer_.data() + begin_, have);
   begin_ += have;
@@ -108,13 +99,7 @@ asio::awaitable<Result<ByteBuffer>> FrameReader::ReadPayload(uint64_t size, Buff
   auto [ec, n] = co_await asio::async_read(socket_, targets, asio::transfer_at_least(rest),
                                            asio::as_tuple(asio::use_awaitable));
   if (n > rest) end_ = n - rest;
-  if (ec && n < rest) {
-    if (ec == asio::error::eof) {
-      co_return ProtocolError("connection closed inside a frame payload (" + std::to_string(have + n) + " of " +
-                              std::to_string(size) + " bytes)");
-    }
-    co_return FromErrorCode(ec, "read");
-  }
+  if (ec && n < rest) co_return PayloadReadError(ec, have + n, size);
   co_return payload;
 }
 

@@ -1,6 +1,7 @@
-// Frames over a TCP socket: reading one frame (header first, then a payload whose size the caller has checked) and
-// an ordered write queue with gather writes. Shared by the aggregator daemon and the worker library. Include only
-// from .cc files: it pulls in Asio.
+// Frames over a TCP socket: exact reads for the handshake, a read-ahead FrameReader for the data path (header
+// first, then a payload whose size the caller has checked), and an ordered write queue that gathers queued frames
+// into one sendmsg. Shared by the aggregator daemon and the worker library. Include only from .cc files: it pulls
+// in Asio.
 #pragma once
 
 #include <boost/asio/any_io_executor.hpp>
@@ -25,12 +26,11 @@ namespace sparsereduce::tcp {
 namespace asio = boost::asio;
 using Socket = asio::ip::tcp::socket;
 
+// Exact reads, nothing read ahead: for the handshake, after which the socket may move to another transport.
 // Reads and decodes a frame header. End of stream before the first byte is kUnavailable "connection closed".
 asio::awaitable<Result<FrameHeader>> ReadFrameHeader(Socket& socket);
 // Reads exactly `size` payload bytes, into a buffer from `pool` when one is given.
 asio::awaitable<Result<ByteBuffer>> ReadPayload(Socket& socket, uint64_t size, BufferPool* pool = nullptr);
-// Reads and drops `size` bytes through a small scratch buffer (for frames of a job that no longer exists).
-asio::awaitable<Status> DiscardBytes(Socket& socket, uint64_t size);
 
 // Reads frames from one socket through a read-ahead buffer, so that a stream of frames costs about one recv per
 // frame or fewer instead of one for the header and one for the payload: a header, and the payloads of small frames,
@@ -42,7 +42,7 @@ class FrameReader {
   FrameReader(const FrameReader&) = delete;
   FrameReader& operator=(const FrameReader&) = delete;
 
-  // As ReadFrameHeader, ReadPayload and DiscardBytes above.
+  // As ReadFrameHeader and ReadPayload above; Discard reads and drops `size` bytes.
   asio::awaitable<Result<FrameHeader>> ReadHeader();
   asio::awaitable<Result<ByteBuffer>> ReadPayload(uint64_t size, BufferPool* pool);
   asio::awaitable<Status> Discard(uint64_t size);
