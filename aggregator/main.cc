@@ -27,7 +27,6 @@ using namespace sparsereduce::aggregator;
 using sparsereduce::Result;
 using sparsereduce::Status;
 using sparsereduce::StatusCode;
-namespace rdma = sparsereduce::rdma;
 
 // Written to a temporary name and renamed, so a reader never sees a partial file.
 void WritePortFile(const std::string& path, uint16_t port) {
@@ -49,6 +48,7 @@ Status OpenRdma(const ServerOptions& options, ServiceContext& context) {
     return Status::Ok();
   }
 #if SPARSEREDUCE_HAVE_RDMA
+  namespace rdma = sparsereduce::rdma;
   const rdma::RdmaOptions rdma_options{options.rdma_device, static_cast<uint8_t>(options.rdma_port),
                                        options.rdma_gid_index};
   // One connection's rings: the memlock limit must allow at least that much.

@@ -9,6 +9,7 @@ packages=(
   libboost1.81-dev            # Asio (header-only); conflicts with the 1.74 -dev packages
   libprotobuf-dev protobuf-compiler
   libgtest-dev libgmock-dev libbenchmark-dev
+  libibverbs-dev              # the RDMA transport (built without it, but then RDMA is off)
   libspdlog-dev libfmt-dev libcli11-dev
   libssl-dev                  # HMAC-SHA256 for job authentication
   libsystemd-dev              # sd_notify (Type=notify, watchdog)
