@@ -161,6 +161,27 @@ std::pair<std::string, std::string> JoinError(const std::string& address, uint64
   }
 }
 
+// A daemon that exits at startup (here: its metrics address is taken) is reported at once, with its exit status,
+// not after the wait for its port file times out: the exited child is a zombie until reaped.
+TEST(Service, DaemonThatCannotStartIsReportedAtOnce) {
+  boost::asio::io_context io;
+  boost::asio::ip::tcp::acceptor taken(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
+  const std::string dir = std::filesystem::temp_directory_path() / ("sr-svc-early-" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  auto daemon = tools::Subprocess::Spawn(
+      {SPARSEREDUCE_AGGREGATOR_BIN, "--listen", "127.0.0.1:0", "--port-file", dir + "/port", "--metrics-listen",
+       "127.0.0.1:" + std::to_string(taken.local_endpoint().port()), "--log-level", "off"},
+      false);
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+  const auto start = std::chrono::steady_clock::now();
+  auto port = tools::WaitForFileLine(dir + "/port", 60s, daemon->get());
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
+  ASSERT_FALSE(port.ok()) << "the daemon started although its metrics address was taken";
+  EXPECT_EQ(port.status().code(), StatusCode::kUnavailable) << port.status().ToString();
+  EXPECT_NE(port.status().ToString().find("exit code 2"), std::string::npos) << port.status().ToString();
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Service, MetricsAndProbesDescribeWhatHappened) {
   Daemon daemon;
   EXPECT_EQ(daemon.Get("/healthz").status, 200);

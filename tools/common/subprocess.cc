@@ -118,15 +118,17 @@ std::string DescribeExit(int status) {
 }
 
 Result<std::string> WaitForFileLine(const std::string& path, std::chrono::milliseconds timeout,
-                                    const Subprocess* must_stay_alive) {
+                                    Subprocess* must_stay_alive) {
   const auto deadline = Clock::now() + timeout;
   while (Clock::now() < deadline) {
     std::ifstream in(path);
     std::string line;
     if (in && std::getline(in, line) && !line.empty()) return line;
-    if (must_stay_alive && kill(must_stay_alive->pid(), 0) != 0) {
-      return Status(StatusCode::kUnavailable, "process " + std::to_string(must_stay_alive->pid()) +
-                                                  " exited before writing " + path);
+    if (must_stay_alive) {
+      if (Result<int> exited = must_stay_alive->Wait(std::chrono::milliseconds(0)); exited.ok()) {
+        return Status(StatusCode::kUnavailable, "process " + std::to_string(must_stay_alive->pid()) + " ended (" +
+                                                    DescribeExit(*exited) + ") before writing " + path);
+      }
     }
     // The daemon renames the file into place once it listens; there is no event to wait on portably.
     std::this_thread::sleep_for(std::chrono::milliseconds(5));

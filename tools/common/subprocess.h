@@ -39,8 +39,9 @@ class Subprocess {
 // Describes a waitpid status: "exit code 3", "killed by signal 9".
 std::string DescribeExit(int status);
 
-// Waits until `path` exists and holds a line, or the deadline passes. Returns the line.
+// Waits until `path` exists and holds a line, or the deadline passes, or `must_stay_alive` exits (it is then
+// reaped: an exited child stays a zombie, which kill(pid, 0) would still find). Returns the line.
 Result<std::string> WaitForFileLine(const std::string& path, std::chrono::milliseconds timeout,
-                                    const Subprocess* must_stay_alive = nullptr);
+                                    Subprocess* must_stay_alive = nullptr);
 
 }  // namespace sparsereduce::tools
