@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <thread>
@@ -15,16 +16,49 @@ namespace {
 
 using namespace std::chrono_literals;
 
-TEST(InProcess, TwoJobsInOneProcess) {
-  const std::string dir = std::filesystem::temp_directory_path() / ("sr-inproc-" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
-  auto daemon = tools::Subprocess::Spawn(
-      {SPARSEREDUCE_AGGREGATOR_BIN, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--port-file", dir + "/port", "--log-level", "warn"},
-      false);
-  ASSERT_TRUE(daemon.ok());
-  auto port = tools::WaitForFileLine(dir + "/port", 10s, daemon->get());
-  ASSERT_TRUE(port.ok()) << port.status().ToString();
+// A daemon process on 127.0.0.1 for one test; stopped (SIGTERM) at the end of the test.
+class Daemon {
+ public:
+  Daemon() : dir_(std::filesystem::temp_directory_path() / ("sr-inproc-d-" + std::to_string(getpid()))) {
+    std::filesystem::create_directories(dir_);
+    auto spawned = tools::Subprocess::Spawn(
+        {SPARSEREDUCE_AGGREGATOR_BIN, "--listen", "127.0.0.1:0", "--port-file", dir_ + "/port", "--log-level", "warn",
+         "--metrics-listen", "127.0.0.1:0"},
+        false);
+    if (!spawned.ok()) throw std::runtime_error(spawned.status().ToString());
+    process_ = std::move(*spawned);
+    auto port = tools::WaitForFileLine(dir_ + "/port", 10s, process_.get());
+    if (!port.ok()) throw std::runtime_error(port.status().ToString());
+    address_ = "127.0.0.1:" + *port;
+  }
+  ~Daemon() {
+    process_->Signal(SIGTERM);
+    EXPECT_TRUE(process_->Wait(10s).ok());
+    std::filesystem::remove_all(dir_);
+  }
+  const std::string& address() const { return address_; }
 
+ private:
+  std::string dir_;
+  std::unique_ptr<tools::Subprocess> process_;
+  std::string address_;
+};
+
+// Reduces a synthetic tensor (blocking or async) and compares it bit for bit; "" when right.
+std::string ReduceAndCheck(Worker& worker, const tools::SyntheticSpec& spec, uint32_t rank, bool async) {
+  std::vector<float> t(spec.elements);
+  tools::FillTensor(spec, rank, t);
+  if (async) {
+    worker.allreduce_async(std::span(t)).get();
+  } else {
+    worker.allreduce(std::span(t));
+  }
+  const auto ref = tools::ReferenceSumFloat(spec);
+  return std::memcmp(t.data(), ref.data(), t.size() * sizeof(float)) == 0 ? "" : "wrong result";
+}
+
+TEST(InProcess, TwoJobsInOneProcess) {
+  Daemon daemon;
   constexpr uint32_t kRanks = 2;
   std::vector<std::thread> threads;
   std::vector<std::string> failures(4);
@@ -34,25 +68,17 @@ TEST(InProcess, TwoJobsInOneProcess) {
         const size_t slot = (job - 1) * kRanks + rank;
         try {
           WorkerOptions options;
-          options.aggregators = {"127.0.0.1:" + *port};
+          options.aggregators = {daemon.address()};
           options.job = job;
           options.rank = rank;
           options.world_size = kRanks;
           options.connect_timeout = options.join_timeout = options.collective_timeout = 10s;
           Worker worker(options);
-          for (uint64_t c = 0; c < 3; ++c) {
+          for (uint64_t c = 0; c < 3 && failures[slot].empty(); ++c) {
             tools::SyntheticSpec spec{5000 + job * 100, 256, 0.3, tools::Overlap::kRandom, kRanks, job * 10 + c};
-            std::vector<float> t(spec.elements);
-            tools::FillTensor(spec, rank, t);
             // Alternate the blocking and the async form.
-            if (c % 2) {
-              worker.allreduce_async(std::span(t)).get();
-            } else {
-              worker.allreduce(std::span(t));
-            }
-            const auto ref = tools::ReferenceSumFloat(spec);
-            if (std::memcmp(t.data(), ref.data(), t.size() * sizeof(float)) != 0) {
-              failures[slot] = "wrong result in collective " + std::to_string(c);
+            if (std::string f = ReduceAndCheck(worker, spec, rank, c % 2); !f.empty()) {
+              failures[slot] = f + " in collective " + std::to_string(c);
             }
           }
         } catch (const std::exception& e) {
@@ -63,9 +89,57 @@ TEST(InProcess, TwoJobsInOneProcess) {
   }
   for (auto& t : threads) t.join();
   for (const auto& f : failures) EXPECT_EQ(f, "");
-  daemon->get()->Signal(SIGTERM);
-  EXPECT_TRUE(daemon->get()->Wait(10s).ok());
-  std::filesystem::remove_all(dir);
+}
+
+// A send buffer far below one frame (128 KiB) makes every frame go out in many partial writes; the sums stay exact.
+TEST(InProcess, SmallTcpSendBufferStillSumsExactly) {
+  Daemon daemon;
+  constexpr uint32_t kRanks = 2;
+  std::vector<std::string> failures(kRanks);
+  std::vector<std::thread> threads;
+  for (uint32_t rank = 0; rank < kRanks; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        WorkerOptions options;
+        options.aggregators = {daemon.address()};
+        options.job = 3;
+        options.rank = rank;
+        options.world_size = kRanks;
+        options.transport = "tcp";
+        options.tcp_send_buffer = 4096;
+        options.connect_timeout = options.join_timeout = options.collective_timeout = 20s;
+        Worker worker(options);
+        for (uint64_t c = 0; c < 2 && failures[rank].empty(); ++c) {
+          tools::SyntheticSpec spec{1 << 20, 256, c ? 1.0 : 0.2, tools::Overlap::kRandom, kRanks, 40 + c};
+          if (std::string f = ReduceAndCheck(worker, spec, rank, false); !f.empty()) {
+            failures[rank] = f + " in collective " + std::to_string(c);
+          }
+        }
+      } catch (const std::exception& e) {
+        failures[rank] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const auto& f : failures) EXPECT_EQ(f, "");
+}
+
+TEST(InProcess, BadTcpSendBufferVariableIsRefused) {
+  WorkerOptions options;
+  options.aggregators = {"127.0.0.1:1"};  // never contacted: the options are checked first
+  for (const char* value : {"64k", "-1", "99999999999"}) {
+    ::setenv("SPARSEREDUCE_TCP_SEND_BUFFER", value, 1);
+    try {
+      Worker worker(options);
+      ADD_FAILURE() << "SPARSEREDUCE_TCP_SEND_BUFFER=" << value << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), "INVALID_ARGUMENT") << e.what();
+      EXPECT_NE(std::string(e.what()).find("SPARSEREDUCE_TCP_SEND_BUFFER '" + std::string(value) + "'"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  ::unsetenv("SPARSEREDUCE_TCP_SEND_BUFFER");
 }
 
 }  // namespace

@@ -45,6 +45,7 @@ struct Config {
   uint64_t seed = 1;
   uint64_t timeout_ms = 120000;
   std::string transport;  // empty: SPARSEREDUCE_TRANSPORT, else auto
+  std::string tcp_send_buffer = "0";  // 0: SPARSEREDUCE_TCP_SEND_BUFFER, else the kernel's autotuning
   sparsereduce::CodecOptions codec;
 };
 
@@ -136,6 +137,7 @@ void PrintHeader(const Config& c, const std::vector<std::string>& transports) {
               "blocks/message %u, rank 0 transports %s, codec %s\n", c.world_size, c.aggregators.size(),
               c.dtype.c_str(), c.density, c.overlap.c_str(), c.block_size, c.slots, c.blocks_per_message, used.c_str(),
               c.codec.name.c_str());
+  if (c.tcp_send_buffer != "0") std::printf("# tcp send buffer %s per aggregator connection\n", c.tcp_send_buffer.c_str());
   std::printf("# time: median over %u iterations of the slowest rank; GB = 1e9 B; busbw = algbw*2(n-1)/n; "
               "sent/recv: bytes on the wire per rank 0\n", c.iters);
   std::printf("#%11s %12s %6s %6s %11s %12s %12s %7s %8s %7s %12s %12s\n", "size", "count", "type", "redop",
@@ -157,7 +159,8 @@ void WriteJson(const Config& c, const std::vector<Row>& rows) {
   out << "{\"tool\":\"sparsereduce\",\"world_size\":" << c.world_size << ",\"aggregators\":" << c.aggregators.size()
       << ",\"dtype\":\"" << c.dtype << "\",\"density\":" << c.density << ",\"overlap\":\"" << c.overlap
       << "\",\"block_size\":" << c.block_size << ",\"codec\":\"" << c.codec.name << "\",\"slots\":" << c.slots
-      << ",\"blocks_per_message\":" << c.blocks_per_message << ",\"results\":[";
+      << ",\"blocks_per_message\":" << c.blocks_per_message << ",\"tcp_send_buffer\":\"" << c.tcp_send_buffer
+      << "\",\"results\":[";
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     out << (i ? "," : "") << "{\"size\":" << r.size << ",\"count\":" << r.count
@@ -177,6 +180,11 @@ int RunRank(const Config& c) {
     std::fprintf(stderr, "sparsereduce-perf: need -b <= -e and -f > 1\n");
     return 2;
   }
+  auto tcp_send_buffer = tools::ParseByteSize(c.tcp_send_buffer);
+  if (!tcp_send_buffer.ok() || *tcp_send_buffer > UINT32_MAX) {
+    std::fprintf(stderr, "sparsereduce-perf: --tcp-send-buffer: a byte count (K/M suffixes) below 4G\n");
+    return 2;
+  }
   sparsereduce::WorkerOptions options;
   options.aggregators = c.aggregators;
   options.job = c.job;
@@ -186,6 +194,7 @@ int RunRank(const Config& c) {
   options.slots = c.slots;
   options.blocks_per_message = c.blocks_per_message;
   options.transport = c.transport;
+  options.tcp_send_buffer = static_cast<uint32_t>(*tcp_send_buffer);
   options.codec = c.codec;
   options.connect_timeout = options.join_timeout = options.collective_timeout =
       std::chrono::milliseconds(c.timeout_ms);
@@ -301,6 +310,10 @@ int main(int argc, char** argv) {
                  "auto (shared memory with aggregators on this host, else TCP), tcp, shm or rdma; default "
                  "SPARSEREDUCE_TRANSPORT, else auto")
       ->check(CLI::IsMember({"auto", "tcp", "shm", "rdma"}));
+  app.add_option("--tcp-send-buffer", c.tcp_send_buffer,
+                 "SO_SNDBUF of each TCP aggregator connection (K/M suffixes); 0: SPARSEREDUCE_TCP_SEND_BUFFER, else "
+                 "the kernel's autotuning")
+      ->capture_default_str();
   app.add_option("--codec", c.codec.name, "none, fp16, bf16, 3lc, diana, topk or adaptive (float only)")
       ->check(CLI::IsMember({"none", "fp16", "bf16", "3lc", "diana", "topk", "adaptive"}))
       ->capture_default_str();

@@ -19,14 +19,13 @@ namespace asio = boost::asio;
 using asio::ip::tcp;
 
 AggregatorLink::AggregatorLink(asio::io_context& io, uint32_t index, std::string address, Handler& handler,
-                               BufferPool& pool, std::string transport, std::chrono::milliseconds setup_timeout)
+                               BufferPool& pool, Options options)
     : io_(io),
       index_(index),
       address_(std::move(address)),
       handler_(handler),
       pool_(pool),
-      transport_option_(std::move(transport)),
-      setup_timeout_(setup_timeout),
+      options_(std::move(options)),
       socket_(io),
       write_error_grace_(io) {}
 
@@ -92,6 +91,14 @@ asio::awaitable<Status> AggregatorLink::Connect(std::chrono::steady_clock::time_
       if (!cec) {
         boost::system::error_code ignored;
         socket_.set_option(tcp::no_delay(true), ignored);
+        if (options_.tcp_send_buffer > 0) {
+          boost::system::error_code sec;
+          socket_.set_option(asio::socket_base::send_buffer_size(static_cast<int>(options_.tcp_send_buffer)), sec);
+          if (sec) {
+            co_return Status(StatusCode::kInvalidArgument, "tcp_send_buffer " + std::to_string(options_.tcp_send_buffer) +
+                                                               ": cannot set SO_SNDBUF: " + sec.message());
+          }
+        }
         // Keepalive finds an aggregator host that vanished while this worker is idle between collectives.
         (void)sparsereduce::tcp::ApplyLiveness(socket_, {});
         co_return Status::Ok();
@@ -112,12 +119,12 @@ asio::awaitable<Status> AggregatorLink::TakeOffer(const proto::TransportOffer& o
   if (std::string_view(channel_->kind()) != "tcp" || !channel_->idle()) {
     co_return ProtocolError("TransportOffer after the connection moved, or with TCP writes pending");
   }
-  if (offer.kind() == "shm" && (transport_option_ == "auto" || transport_option_ == "shm")) {
+  if (offer.kind() == "shm" && (options_.transport == "auto" || options_.transport == "shm")) {
     co_return co_await TakeShmOffer(offer);
   }
-  if (offer.kind() == "rdma" && transport_option_ == "rdma") co_return co_await TakeRdmaOffer(offer);
+  if (offer.kind() == "rdma" && options_.transport == "rdma") co_return co_await TakeRdmaOffer(offer);
   co_return ProtocolError("unexpected TransportOffer of '" + offer.kind() + "' (this worker asked for " +
-                          transport_option_ + ")");
+                          options_.transport + ")");
 }
 
 void AggregatorLink::Decline(const std::string& reason) {
@@ -128,10 +135,10 @@ void AggregatorLink::Decline(const std::string& reason) {
 
 asio::awaitable<Status> AggregatorLink::TakeShmOffer(const proto::TransportOffer& offer) {
   Result<shm::ShmAttachment> attached = co_await shm::AttachShm(
-      io_.get_executor(), offer.shm_socket(), offer.token(), std::chrono::steady_clock::now() + setup_timeout_);
+      io_.get_executor(), offer.shm_socket(), offer.token(), std::chrono::steady_clock::now() + options_.setup_timeout);
   if (!attached.ok()) {
     // Unreachable socket: another host (or network namespace). Anything else is a broken handoff.
-    if (attached.status().code() == StatusCode::kUnavailable && transport_option_ == "auto") {
+    if (attached.status().code() == StatusCode::kUnavailable && options_.transport == "auto") {
       Decline(attached.status().message());
       co_return Status::Ok();
     }

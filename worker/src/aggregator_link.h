@@ -35,10 +35,15 @@ class AggregatorLink {
     virtual void OnWriterIdle(AggregatorLink& link) = 0;
   };
 
-  // RESULT payloads are read into buffers from `pool`, which must outlive the link. `transport` is the worker's
-  // option ("auto", "tcp" or "shm"); `setup_timeout` bounds taking a shared-memory offer.
+  struct Options {
+    std::string transport = "auto";  // the worker's option: "auto", "tcp", "shm" or "rdma"
+    std::chrono::milliseconds setup_timeout{30'000};  // bounds taking a shared-memory or RDMA offer
+    uint32_t tcp_send_buffer = 0;  // SO_SNDBUF of the TCP connection; 0: the kernel's autotuning
+  };
+
+  // RESULT payloads are read into buffers from `pool`, which must outlive the link.
   AggregatorLink(boost::asio::io_context& io, uint32_t index, std::string address, Handler& handler,
-                 BufferPool& pool, std::string transport, std::chrono::milliseconds setup_timeout);
+                 BufferPool& pool, Options options);
 #if SPARSEREDUCE_HAVE_RDMA
   // The device for transport "rdma" (opened by the Worker), with the ring size to use.
   void set_rdma(std::shared_ptr<rdma::RdmaDevice> device) { rdma_device_ = std::move(device); }
@@ -91,8 +96,7 @@ class AggregatorLink {
   std::string address_;
   Handler& handler_;
   BufferPool& pool_;
-  std::string transport_option_;
-  std::chrono::milliseconds setup_timeout_;
+  Options options_;
 #if SPARSEREDUCE_HAVE_RDMA
   std::shared_ptr<rdma::RdmaDevice> rdma_device_;
 #endif

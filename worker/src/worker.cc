@@ -160,8 +160,9 @@ Worker::Impl::Impl(WorkerOptions options)
   }
 #endif
   for (uint32_t a = 0; a < options_.aggregators.size(); ++a) {
-    links_.push_back(std::make_unique<AggregatorLink>(io_, a, options_.aggregators[a], *this, *result_buffers_,
-                                                      options_.transport, options_.connect_timeout));
+    links_.push_back(std::make_unique<AggregatorLink>(
+        io_, a, options_.aggregators[a], *this, *result_buffers_,
+        AggregatorLink::Options{options_.transport, options_.connect_timeout, options_.tcp_send_buffer}));
 #if SPARSEREDUCE_HAVE_RDMA
     links_.back()->set_rdma(rdma_device);
 #endif

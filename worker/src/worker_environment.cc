@@ -27,6 +27,9 @@ std::vector<std::string> SplitList(const std::string& text) {
   return out;
 }
 
+// SO_SNDBUF takes an int, which the kernel doubles.
+constexpr uint64_t kMaxTcpSendBuffer = uint64_t{1} << 30;
+
 }  // namespace
 
 Result<WorkerOptions> ApplyEnvironment(WorkerOptions options) {
@@ -42,6 +45,22 @@ Result<WorkerOptions> ApplyEnvironment(WorkerOptions options) {
                            "WorkerOptions::transport or SPARSEREDUCE_TRANSPORT)");
   }
   if (options.rdma_device.empty()) options.rdma_device = Get("SPARSEREDUCE_RDMA_DEVICE");
+  if (options.tcp_send_buffer == 0) {
+    if (std::string text = Get("SPARSEREDUCE_TCP_SEND_BUFFER"); !text.empty()) {
+      char* end = nullptr;
+      errno = 0;
+      const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
+      if (errno != 0 || end == text.c_str() || *end != '\0' || text[0] == '-' || value > kMaxTcpSendBuffer) {
+        return InvalidArgument("SPARSEREDUCE_TCP_SEND_BUFFER '" + text + "' is not a byte count from 0 to " +
+                               std::to_string(kMaxTcpSendBuffer));
+      }
+      options.tcp_send_buffer = static_cast<uint32_t>(value);
+    }
+  }
+  if (options.tcp_send_buffer > kMaxTcpSendBuffer) {
+    return InvalidArgument("tcp_send_buffer " + std::to_string(options.tcp_send_buffer) + " is above " +
+                           std::to_string(kMaxTcpSendBuffer) + " bytes");
+  }
   if (!options.secret.empty()) return options;
   if (std::string secret = Get("SPARSEREDUCE_SECRET"); !secret.empty()) {
     Result<std::string> normalized = auth::NormalizeSecret(std::move(secret), "SPARSEREDUCE_SECRET");

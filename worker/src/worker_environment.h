@@ -1,5 +1,6 @@
-// WorkerOptions fields left empty by the caller, filled from SPARSEREDUCE_AGGREGATORS, SPARSEREDUCE_SECRET and
-// SPARSEREDUCE_SECRET_FILE (the names the Kubernetes and systemd examples use).
+// WorkerOptions fields left empty by the caller, filled from the SPARSEREDUCE_* variables worker.h names
+// (SPARSEREDUCE_AGGREGATORS, SPARSEREDUCE_SECRET and SPARSEREDUCE_SECRET_FILE are the ones the Kubernetes and
+// systemd examples use), and checked.
 #pragma once
 
 #include "core/status.h"

@@ -76,6 +76,14 @@ struct WorkerOptions {
   std::string rdma_device;
   uint32_t rdma_port = 1;
   int32_t rdma_gid_index = -1;
+  // Kernel send buffer (SO_SNDBUF) of each TCP aggregator connection, in bytes; 0: SPARSEREDUCE_TCP_SEND_BUFFER,
+  // else the kernel's autotuning. The connections to the A aggregators share this host's link; with deep queues
+  // on the way (the benchmarks' tbf shaping) some of them get most of the bandwidth for a while, their aggregators
+  // race ahead and the others finish late. A small buffer (32 KiB: Linux doubles it and caps it at
+  // net.core.wmem_max) bounds each connection's data in flight so they advance together (BENCHMARKS.md: 10 %
+  // full overlap 19 % faster at 100 Mbit/s). It also caps a connection at about 2 x value per round trip:
+  // keep 0 where the link's bandwidth-delay product exceeds A x 2 x value (25 Gbit/s x 100 us = 312 KB).
+  uint32_t tcp_send_buffer = 0;
   // Connecting keeps retrying (the aggregator may not be up yet) until this passes.
   std::chrono::milliseconds connect_timeout{30'000};
   // After connecting: how long to wait for the other ranks to join.
