@@ -95,7 +95,8 @@ asio::awaitable<Status> AggregatorLink::Connect(std::chrono::steady_clock::time_
           boost::system::error_code sec;
           socket_.set_option(asio::socket_base::send_buffer_size(static_cast<int>(options_.tcp_send_buffer)), sec);
           if (sec) {
-            co_return Status(StatusCode::kInvalidArgument, "tcp_send_buffer " + std::to_string(options_.tcp_send_buffer) +
+            co_return Status(StatusCode::kInvalidArgument, "tcp_send_buffer " +
+                                                               std::to_string(options_.tcp_send_buffer) +
                                                                ": cannot set SO_SNDBUF: " + sec.message());
           }
         }
