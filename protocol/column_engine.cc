@@ -203,9 +203,36 @@ void ColumnEngine::AnnounceReply(Slot& slot, uint32_t s, std::vector<Broadcast>*
   out->push_back({s, std::make_shared<const ByteBuffer>(EncodeDataFrame(header, entries, {}))});
 }
 
+template <typename Combine>
+void ColumnEngine::AggregateLanes(Slot& slot, Combine&& combine) {
+  const uint32_t W = shape_.world_size;
+  // Each contributor's entries are in lane order, so one cursor per rank finds its entry for the lane.
+  std::vector<uint32_t> cursor(W, 0);
+  std::vector<const EntryView*> contributions;
+  contributions.reserve(W);
+  for (uint32_t lane = 0; lane < slot.lanes; ++lane) {
+    const uint64_t cur = slot.cur[lane];
+    if (cur == kEndOfColumn) continue;
+    uint64_t* next = &slot.next[size_t{lane} * W];
+    contributions.clear();
+    uint64_t new_cur = kEndOfColumn;
+    for (uint32_t r = 0; r < W; ++r) {
+      if (next[r] == cur) {
+        contributions.push_back(&slot.pending[r].entries[cursor[r]++]);
+        next[r] = contributions.back()->next;
+      }
+      new_cur = std::min(new_cur, next[r]);
+    }
+    // cur is the smallest announced next, so the lane has at least one contributor.
+    combine(cur, std::span<const EntryView* const>(contributions), new_cur);
+    slot.cur[lane] = new_cur;
+    if (new_cur == kEndOfColumn) --slot.active_lanes;
+    ++blocks_aggregated_;
+  }
+}
+
 void ColumnEngine::AggregateReply(Slot& slot, uint32_t s, std::vector<Broadcast>* out) {
   if (decodes_) return AggregateDecoded(slot, s, out);
-  const uint32_t W = shape_.world_size;
   std::vector<Entry> entries;
   entries.reserve(slot.active_lanes);
   for (uint32_t lane = 0; lane < slot.lanes; ++lane) {
@@ -215,39 +242,20 @@ void ColumnEngine::AggregateReply(Slot& slot, uint32_t s, std::vector<Broadcast>
   const size_t frame_size = kFrameHeaderSize + DataPayloadLength(entries);
   auto frame = std::make_shared<ByteBuffer>(pool_ ? pool_->Acquire(frame_size) : ByteBuffer(frame_size));
 
-  // Sum straight into the outgoing frame: per lane, contributors in ascending rank order. Each contributor's
-  // entries are in lane order, so one cursor per rank finds its entry for the lane.
-  std::vector<uint32_t> cursor(W, 0);
+  // Sum straight into the outgoing frame.
   std::byte* data = frame->data() + kFrameHeaderSize + uint64_t{kEntrySize} * entries.size();
   size_t e = 0;
-  for (uint32_t lane = 0; lane < slot.lanes; ++lane) {
-    const uint64_t cur = slot.cur[lane];
-    if (cur == kEndOfColumn) continue;
+  AggregateLanes(slot, [&](uint64_t cur, std::span<const EntryView* const> contributions, uint64_t new_cur) {
     const uint32_t bytes = layout_.BlockBytes(cur);
     const size_t count = bytes / element_size_;
-    uint64_t* next = &slot.next[size_t{lane} * W];
-    bool first = true;
-    uint64_t new_cur = kEndOfColumn;
-    for (uint32_t r = 0; r < W; ++r) {
-      if (next[r] == cur) {
-        const EntryView& contribution = slot.pending[r].entries[cursor[r]++];
-        if (first) {
-          kernels_->first(data, contribution.data.data(), count);
-          first = false;
-        } else {
-          kernels_->accumulate(data, contribution.data.data(), count);
-        }
-        next[r] = contribution.next;
-      }
-      new_cur = std::min(new_cur, next[r]);
+    kernels_->first(data, contributions[0]->data.data(), count);
+    for (size_t i = 1; i < contributions.size(); ++i) {
+      kernels_->accumulate(data, contributions[i]->data.data(), count);
     }
     std::memset(data + bytes, 0, Pad8(bytes) - bytes);
     data += Pad8(bytes);
     entries[e++].next = new_cur;
-    slot.cur[lane] = new_cur;
-    if (new_cur == kEndOfColumn) --slot.active_lanes;
-    ++blocks_aggregated_;
-  }
+  });
   // Header and table last: the next indices are known only now.
   EncodeDataPrefix({FrameType::kResult, 0, s, job_, seq_, 0}, entries, frame->data());
   out->push_back({s, std::move(frame)});
@@ -263,40 +271,24 @@ uint32_t ColumnEngine::EncodeResult(uint64_t block, float* sum, uint32_t n, std:
 }
 
 void ColumnEngine::AggregateDecoded(Slot& slot, uint32_t s, std::vector<Broadcast>* out) {
-  // Decode and sum every lane's block in fp32 (contributors in ascending rank order), encode each sum into a slot
-  // scratch, then frame them: ternary sizes are known only once encoded.
-  const uint32_t W = shape_.world_size;
+  // Decode and sum every lane's block in fp32, encode each sum into a slot scratch, then frame them: ternary sizes
+  // are known only once encoded.
   const uint32_t max_bytes = codec::MaxWireBytes(download_, spec_.block_size, element_size_);
   result_scratch_.resize(size_t{slot.active_lanes} * Pad8(max_bytes));
   std::vector<Entry> entries;
   entries.reserve(slot.active_lanes);
-  std::vector<uint32_t> cursor(W, 0);
   uint64_t data_length = 0;
-  for (uint32_t lane = 0; lane < slot.lanes; ++lane) {
-    const uint64_t cur = slot.cur[lane];
-    if (cur == kEndOfColumn) continue;
+  AggregateLanes(slot, [&](uint64_t cur, std::span<const EntryView* const> contributions, uint64_t new_cur) {
     const uint32_t n = static_cast<uint32_t>(layout_.BlockElements(cur));
-    uint64_t* next = &slot.next[size_t{lane} * W];
-    bool first = true;
-    uint64_t new_cur = kEndOfColumn;
-    for (uint32_t r = 0; r < W; ++r) {
-      if (next[r] == cur) {
-        const EntryView& contribution = slot.pending[r].entries[cursor[r]++];
-        // Checked whole when the frame arrived (ValidateRound), so decoding cannot fail here.
-        (void)codec::DecodeFloats(upload_, contribution.data, n, sum_scratch_.data(), !first);
-        first = false;
-        next[r] = contribution.next;
-      }
-      new_cur = std::min(new_cur, next[r]);
+    for (size_t i = 0; i < contributions.size(); ++i) {
+      // Checked whole when the frame arrived (ValidateRound), so decoding cannot fail here.
+      (void)codec::DecodeFloats(upload_, contributions[i]->data, n, sum_scratch_.data(), i > 0);
     }
     const uint32_t bytes = EncodeResult(cur, sum_scratch_.data(), n, result_scratch_.data() + data_length);
     std::memset(result_scratch_.data() + data_length + bytes, 0, Pad8(bytes) - bytes);
     data_length += Pad8(bytes);
     entries.push_back(Entry{cur, new_cur, bytes});
-    slot.cur[lane] = new_cur;
-    if (new_cur == kEndOfColumn) --slot.active_lanes;
-    ++blocks_aggregated_;
-  }
+  });
   const size_t prefix = kFrameHeaderSize + uint64_t{kEntrySize} * entries.size();
   auto frame = std::make_shared<ByteBuffer>(pool_ ? pool_->Acquire(prefix + data_length) : ByteBuffer(prefix + data_length));
   EncodeDataPrefix({FrameType::kResult, 0, s, job_, seq_, 0}, entries, frame->data());

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "core/buffer_pool.h"
@@ -73,6 +74,11 @@ class ColumnEngine {
   Status ValidateRound(uint32_t rank, Slot& slot, uint32_t s, const std::vector<EntryView>& entries) const;
   void CompleteRound(Slot& slot, uint32_t s, std::vector<Broadcast>* out);
   void AnnounceReply(Slot& slot, uint32_t s, std::vector<Broadcast>* out);
+  // One aggregation round over the slot's active lanes, in lane order: `combine(cur, contributions, new_cur)`
+  // gets each lane's block, its contributors' entries in ascending rank order and the lane's next block (END
+  // when it finishes); the lane then moves on.
+  template <typename Combine>
+  void AggregateLanes(Slot& slot, Combine&& combine);
   void AggregateReply(Slot& slot, uint32_t s, std::vector<Broadcast>* out);
   // Codecs: contributions decoded and summed in fp32, the sum encoded in the download format.
   void AggregateDecoded(Slot& slot, uint32_t s, std::vector<Broadcast>* out);
