@@ -57,7 +57,7 @@ class Worker(_Worker):
     transport: 'auto' (shared memory with aggregators on this host, TCP otherwise), 'tcp', 'shm' or 'rdma'; empty
     means SPARSEREDUCE_TRANSPORT, else 'auto'. `worker.transports` tells what each connection uses.
     tcp_send_buffer: SO_SNDBUF of each TCP aggregator connection in bytes; 0 means SPARSEREDUCE_TCP_SEND_BUFFER,
-    else the kernel's autotuning (see README, "Tuning").
+    else the kernel's autotuning (README, Transports: "TCP send buffer").
 
     codec: the compression of float32 allreduces that do not name one: a Codec, or a name ('none', 'fp16',
     'bf16', '3lc', 'diana', 'topk', 'adaptive'); every rank must use the same. codec_seed seeds DIANA's rounding.

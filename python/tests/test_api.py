@@ -156,6 +156,21 @@ def test_transport_option(aggregator, job, transport):
         np.testing.assert_array_equal(a, 2 * np.arange(5000, dtype=np.float32))
 
 
+def test_tcp_send_buffer_option(aggregator, job, monkeypatch):
+    def rank(r):
+        with sparsereduce.Worker([aggregator], job, r, 2, transport="tcp", tcp_send_buffer=8192, **FAST) as w:
+            a = sparse_array(r, 300_000, np.float32)
+            expected = rank_order_sum([sparse_array(q, 300_000, np.float32) for q in range(2)])
+            w.allreduce(a)
+            return a, expected
+
+    for a, expected in run_ranks(2, rank):
+        np.testing.assert_array_equal(a, expected)
+    monkeypatch.setenv("SPARSEREDUCE_TCP_SEND_BUFFER", "32k")
+    with pytest.raises(sparsereduce.Error, match="SPARSEREDUCE_TCP_SEND_BUFFER '32k'"):
+        sparsereduce.Worker([aggregator], job, 0, 1, **FAST)
+
+
 def test_unknown_transport_is_refused(aggregator, job):
     with pytest.raises(sparsereduce.Error, match="unknown transport 'carrier-pigeon'") as raised:
         sparsereduce.Worker([aggregator], job, 0, 1, transport="carrier-pigeon", **FAST)
