@@ -1,48 +1,19 @@
-// Several Worker objects in one process (two jobs, two ranks each) against a real daemon process.
+// Workers in this process against a real daemon process: several Worker objects (two jobs, two ranks each), a
+// tiny TCP send buffer, and the send-buffer variable checked.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <thread>
 
 #include "sparsereduce/worker.h"
-#include "tools/common/subprocess.h"
+#include "tools/common/local_cluster.h"
 #include "tools/common/synthetic_tensor.h"
 
 namespace sparsereduce::testing {
 namespace {
 
 using namespace std::chrono_literals;
-
-// A daemon process on 127.0.0.1 for one test; stopped (SIGTERM) at the end of the test.
-class Daemon {
- public:
-  Daemon() : dir_(std::filesystem::temp_directory_path() / ("sr-inproc-d-" + std::to_string(getpid()))) {
-    std::filesystem::create_directories(dir_);
-    auto spawned = tools::Subprocess::Spawn(
-        {SPARSEREDUCE_AGGREGATOR_BIN, "--listen", "127.0.0.1:0", "--port-file", dir_ + "/port", "--log-level", "warn",
-         "--metrics-listen", "127.0.0.1:0"},
-        false);
-    if (!spawned.ok()) throw std::runtime_error(spawned.status().ToString());
-    process_ = std::move(*spawned);
-    auto port = tools::WaitForFileLine(dir_ + "/port", 10s, process_.get());
-    if (!port.ok()) throw std::runtime_error(port.status().ToString());
-    address_ = "127.0.0.1:" + *port;
-  }
-  ~Daemon() {
-    process_->Signal(SIGTERM);
-    EXPECT_TRUE(process_->Wait(10s).ok());
-    std::filesystem::remove_all(dir_);
-  }
-  const std::string& address() const { return address_; }
-
- private:
-  std::string dir_;
-  std::unique_ptr<tools::Subprocess> process_;
-  std::string address_;
-};
 
 // Reduces a synthetic tensor (blocking or async) and compares it bit for bit; "" when right.
 std::string ReduceAndCheck(Worker& worker, const tools::SyntheticSpec& spec, uint32_t rank, bool async) {
@@ -58,7 +29,8 @@ std::string ReduceAndCheck(Worker& worker, const tools::SyntheticSpec& spec, uin
 }
 
 TEST(InProcess, TwoJobsInOneProcess) {
-  Daemon daemon;
+  auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
   constexpr uint32_t kRanks = 2;
   std::vector<std::thread> threads;
   std::vector<std::string> failures(4);
@@ -68,7 +40,7 @@ TEST(InProcess, TwoJobsInOneProcess) {
         const size_t slot = (job - 1) * kRanks + rank;
         try {
           WorkerOptions options;
-          options.aggregators = {daemon.address()};
+          options.aggregators = {(*daemon)->AddressList()};
           options.job = job;
           options.rank = rank;
           options.world_size = kRanks;
@@ -89,11 +61,13 @@ TEST(InProcess, TwoJobsInOneProcess) {
   }
   for (auto& t : threads) t.join();
   for (const auto& f : failures) EXPECT_EQ(f, "");
+  EXPECT_TRUE((*daemon)->Stop());
 }
 
 // A send buffer far below one frame (128 KiB) makes every frame go out in many partial writes; the sums stay exact.
 TEST(InProcess, SmallTcpSendBufferStillSumsExactly) {
-  Daemon daemon;
+  auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
   constexpr uint32_t kRanks = 2;
   std::vector<std::string> failures(kRanks);
   std::vector<std::thread> threads;
@@ -101,7 +75,7 @@ TEST(InProcess, SmallTcpSendBufferStillSumsExactly) {
     threads.emplace_back([&, rank] {
       try {
         WorkerOptions options;
-        options.aggregators = {daemon.address()};
+        options.aggregators = {(*daemon)->AddressList()};
         options.job = 3;
         options.rank = rank;
         options.world_size = kRanks;
@@ -122,6 +96,7 @@ TEST(InProcess, SmallTcpSendBufferStillSumsExactly) {
   }
   for (auto& t : threads) t.join();
   for (const auto& f : failures) EXPECT_EQ(f, "");
+  EXPECT_TRUE((*daemon)->Stop());
 }
 
 TEST(InProcess, BadTcpSendBufferVariableIsRefused) {

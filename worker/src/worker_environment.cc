@@ -1,6 +1,7 @@
 #include "worker/src/worker_environment.h"
 
 #include <cerrno>
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -47,10 +48,9 @@ Result<WorkerOptions> ApplyEnvironment(WorkerOptions options) {
   if (options.rdma_device.empty()) options.rdma_device = Get("SPARSEREDUCE_RDMA_DEVICE");
   if (options.tcp_send_buffer == 0) {
     if (std::string text = Get("SPARSEREDUCE_TCP_SEND_BUFFER"); !text.empty()) {
-      char* end = nullptr;
-      errno = 0;
-      const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
-      if (errno != 0 || end == text.c_str() || *end != '\0' || text[0] == '-' || value > kMaxTcpSendBuffer) {
+      uint64_t value = 0;
+      const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+      if (ec != std::errc() || end != text.data() + text.size() || value > kMaxTcpSendBuffer) {
         return InvalidArgument("SPARSEREDUCE_TCP_SEND_BUFFER '" + text + "' is not a byte count from 0 to " +
                                std::to_string(kMaxTcpSendBuffer));
       }
