@@ -54,6 +54,17 @@ void Job::OnStallTimer(uint64_t seq) {
         waiting);
 }
 
+std::string Job::DescribeDepartures() const {
+  std::string reasons;
+  for (uint32_t r : departed_) {
+    auto it = departure_reasons_.find(r);
+    if (it == departure_reasons_.end()) continue;
+    reasons += (reasons.empty() ? "" : "; ") + ("rank " + std::to_string(r) + " because: " + it->second);
+  }
+  const std::string text = "rank(s) " + RankList(departed_) + " left the job";
+  return reasons.empty() ? text : text + " (" + reasons + ")";
+}
+
 std::string Job::Describe(uint32_t rank) const {
   std::string peer = rank < members_.size() && members_[rank] ? members_[rank]->peer() : "?";
   return "job " + std::to_string(id_) + " rank " + std::to_string(rank) + " (peer " + peer + ")";
@@ -67,7 +78,7 @@ Job::JoinOutcome Job::Join(const std::shared_ptr<Session>& session) {
     // A member of a broken job is reconnecting: the old formation can never run another collective.
     Abort(Status(StatusCode::kPeerLeft, "job " + std::to_string(id_) + " is being formed again (rank " +
                                             std::to_string(rank) + " reconnected from " + session->peer() +
-                                            ") after rank(s) " + RankList(departed_) + " left"),
+                                            ") after " + DescribeDepartures()),
           departed_);
     return JoinOutcome::kRetryWithNewJob;
   }
@@ -182,7 +193,9 @@ void Job::OnControl(uint32_t rank, const proto::ControlMessage& message) {
               {rank});
         return;
       }
-      spdlog::info("{}: left the job", Describe(rank));
+      spdlog::info("{}: left the job ({})", Describe(rank), message.goodbye().reason());
+      // Why it left is what the other ranks need to hear at their next collective, which will fail.
+      if (!message.goodbye().reason().empty()) departure_reasons_[rank] = message.goodbye().reason();
       members_[rank]->Close();
       return;  // OnDisconnect follows when the connection closes
     default:
@@ -194,7 +207,7 @@ void Job::OnControl(uint32_t rank, const proto::ControlMessage& message) {
 void Job::OnCollectiveBegin(uint32_t rank, const proto::CollectiveBegin& begin) {
   if (!departed_.empty()) {
     Abort(Status(StatusCode::kPeerLeft, "job " + std::to_string(id_) + ": collective " + std::to_string(begin.seq()) +
-                                            " cannot run: rank(s) " + RankList(departed_) + " left the job"),
+                                            " cannot run: " + DescribeDepartures()),
           departed_);
     return;
   }

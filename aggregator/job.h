@@ -82,6 +82,7 @@ class Job : public std::enable_shared_from_this<Job> {
   void MaybeCompleteCollective();
   void Violation(uint32_t rank, const Status& error);
   std::string Describe(uint32_t rank) const;  // "job J rank R (peer P)"
+  std::string DescribeDepartures() const;     // "rank(s) R left the job (rank R because: why)"
   void ReleaseIfEmpty();
   void Progress() { last_progress_ = std::chrono::steady_clock::now(); }
   void ArmStallTimer(std::chrono::steady_clock::time_point deadline);
@@ -96,7 +97,8 @@ class Job : public std::enable_shared_from_this<Job> {
   uint32_t joined_ = 0;
   bool formed_ = false;
   bool dead_ = false;
-  std::vector<uint32_t> departed_;  // ranks that left after formation
+  std::vector<uint32_t> departed_;                       // ranks that left after formation
+  std::map<uint32_t, std::string> departure_reasons_;  // their Goodbye reasons, where they gave one
   std::optional<ActiveCollective> active_;
   // 3LC's error feedback on the results this aggregator sends, per collective key, for the job's lifetime; each
   // holds its share of --max-total-memory while it exists.

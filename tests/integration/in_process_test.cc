@@ -1,11 +1,19 @@
 // Workers in this process against a real daemon process: several Worker objects (two jobs, two ranks each), a
-// tiny TCP send buffer, and the send-buffer variable checked.
+// tiny TCP send buffer, the send-buffer variable checked, and a hand-driven rank that leaves with a reason.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <thread>
 
+#include "protocol/control.h"
+#include "protocol/frame_format.h"
 #include "sparsereduce/worker.h"
 #include "tools/common/local_cluster.h"
 #include "tools/common/synthetic_tensor.h"
@@ -115,6 +123,70 @@ TEST(InProcess, BadTcpSendBufferVariableIsRefused) {
     }
   }
   ::unsetenv("SPARSEREDUCE_TCP_SEND_BUFFER");
+}
+
+// A rank that leaves between collectives with a Goodbye reason (as a worker does when another aggregator of the job
+// died): the next collective of the other ranks fails with PEER_LEFT naming the rank and that reason, which is
+// what they need to find the real fault. Rank 1 is driven by hand so that its Goodbye surely arrives while no
+// collective runs.
+TEST(InProcess, RankThatLeftBetweenCollectivesIsReportedWithItsReason) {
+  auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+  const std::string address = (*daemon)->AddressList();
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1))));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  auto send_control = [fd](const proto::ControlMessage& message) {
+    const ByteBuffer frame = EncodeControl(message);
+    ASSERT_EQ(write(fd, frame.data(), frame.size()), static_cast<ssize_t>(frame.size()));
+  };
+
+  WorkerOptions options;
+  options.aggregators = {address};
+  options.job = 21;
+  options.rank = 0;
+  options.world_size = 2;
+  options.connect_timeout = options.join_timeout = options.collective_timeout = 10s;
+  auto rank0 = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  proto::ControlMessage hello;
+  hello.mutable_hello()->set_protocol_version(kProtocolVersion);
+  hello.mutable_hello()->set_job_id(options.job);
+  hello.mutable_hello()->set_rank(1);
+  hello.mutable_hello()->set_world_size(2);
+  hello.mutable_hello()->set_num_aggregators(1);
+  hello.mutable_hello()->set_slots(options.slots);
+  hello.mutable_hello()->set_blocks_per_message(options.blocks_per_message);
+  send_control(hello);
+  std::unique_ptr<Worker> worker = rank0.get();  // returns once the job is formed, i.e. both Hellos were taken
+
+  proto::ControlMessage goodbye;
+  goodbye.mutable_goodbye()->set_reason("aggregator 7 (10.0.0.7:5000): connection closed by peer");
+  send_control(goodbye);
+  // The daemon closes the connection once it has taken the Goodbye: read (JobReady, then EOF) until then.
+  char buf[4096];
+  for (;;) {
+    pollfd pfd{fd, POLLIN, 0};
+    ASSERT_EQ(poll(&pfd, 1, 10000), 1) << "the daemon did not close rank 1's connection after its Goodbye";
+    if (read(fd, buf, sizeof buf) <= 0) break;
+  }
+  close(fd);
+
+  std::vector<float> tensor(4096, 1.0f);
+  try {
+    worker->allreduce(std::span(tensor));
+    ADD_FAILURE() << "the collective ran without rank 1";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "PEER_LEFT") << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank(s) 1 left the job (rank 1 because: " +
+                                         goodbye.goodbye().reason() + ")"),
+              std::string::npos)
+        << e.what();
+  }
+  worker.reset();
+  EXPECT_TRUE((*daemon)->Stop());
 }
 
 }  // namespace
