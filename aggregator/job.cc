@@ -1,5 +1,7 @@
 #include "aggregator/job.h"
 
+#include <algorithm>
+
 #include <spdlog/spdlog.h>
 
 #include "aggregator/job_registry.h"
@@ -194,7 +196,9 @@ void Job::OnControl(uint32_t rank, const proto::ControlMessage& message) {
         return;
       }
       spdlog::info("{}: left the job ({})", Describe(rank), message.goodbye().reason());
-      // Why it left is what the other ranks need to hear at their next collective, which will fail.
+      // Departed from now on, not only once the connection has closed: a CollectiveBegin of another rank may
+      // arrive first. Why it left is what the other ranks need to hear at their next collective, which will fail.
+      departed_.push_back(rank);
       if (!message.goodbye().reason().empty()) departure_reasons_[rank] = message.goodbye().reason();
       members_[rank]->Close();
       return;  // OnDisconnect follows when the connection closes
@@ -369,8 +373,8 @@ void Job::Violation(uint32_t rank, const Status& error) {
 
 void Job::OnDisconnect(uint32_t rank, const Session* session, const Status& reason) {
   if (rank >= members_.size() || members_[rank].get() != session) return;  // rejected or replaced session
-  if (dead_) {
-    members_[rank].reset();
+  if (dead_ || std::find(departed_.begin(), departed_.end(), rank) != departed_.end()) {
+    members_[rank].reset();  // the job is over, or the rank said Goodbye and is already counted as departed
     ReleaseIfEmpty();
     return;
   }
