@@ -68,6 +68,8 @@ class RefAggregator {
         spec_(spec),
         nb_(fuzz::NumBlocks(spec)),
         columns_(uint64_t{A_} * S_ * K_),
+        shape_(shape),
+        run_length_(fuzz::RunLength(shape, nb_)),
         slots_(S_) {
     for (uint32_t s = 0; s < S_; ++s) {
       Slot& sl = slots_[s];
@@ -80,7 +82,7 @@ class RefAggregator {
     }
   }
 
-  uint64_t Column(uint32_t s, uint32_t k) const { return uint64_t{A_} * (s + uint64_t{S_} * k) + a_; }
+  uint64_t Column(uint32_t s, uint32_t k) const { return fuzz::ColumnOf(shape_, run_length_, a_, s, k); }
 
   bool Done() const {
     for (const Slot& sl : slots_) {
@@ -254,6 +256,8 @@ class RefAggregator {
   uint32_t W_, A_, S_, K_, a_;
   CollectiveSpec spec_;
   uint64_t nb_, columns_;
+  JobShape shape_;
+  uint32_t run_length_;
   std::vector<Slot> slots_;
 };
 
@@ -296,17 +300,18 @@ class Harness {
     }
     for (uint32_t r = 0; r < W_; ++r) {
       workers_.push_back(std::make_unique<WorkerCollective>(setup.shape, kJob, kSeq, spec, tensors_[r]));
-      uint64_t nonzero = 0;
-      for (uint64_t b = 0; b < fuzz::NumBlocks(spec); ++b) nonzero += fuzz::BlockIsNonzero(spec, tensors_[r], b);
-      FUZZ_CHECK(workers_[r]->nonzero_blocks() == nonzero, "rank %u: nonzero_blocks %llu, expected %llu", r,
-                 static_cast<unsigned long long>(workers_[r]->nonzero_blocks()),
-                 static_cast<unsigned long long>(nonzero));
       for (uint32_t a = 0; a < A_; ++a) {
         for (const OutgoingFrame& f : workers_[r]->Start(a)) {
           FUZZ_CHECK(f.slot < S_, "Start produced slot %u", f.slot);
           to_agg_[Q(r, a, f.slot)].push_back(Bytes(workers_[r]->EncodeFrame(f)));
         }
       }
+      // Every slot is started (and so scanned) now.
+      uint64_t nonzero = 0;
+      for (uint64_t b = 0; b < fuzz::NumBlocks(spec); ++b) nonzero += fuzz::BlockIsNonzero(spec, tensors_[r], b);
+      FUZZ_CHECK(workers_[r]->nonzero_blocks() == nonzero, "rank %u: nonzero_blocks %llu, expected %llu", r,
+                 static_cast<unsigned long long>(workers_[r]->nonzero_blocks()),
+                 static_cast<unsigned long long>(nonzero));
     }
   }
 

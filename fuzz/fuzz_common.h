@@ -104,6 +104,20 @@ inline SmallSetup ReadSmallSetup(ByteReader& in) {
 inline uint64_t NumBlocks(const CollectiveSpec& spec) {
   return (spec.element_count + spec.block_size - 1) / spec.block_size;
 }
+// docs/PROTOCOL.md §2: the run length L, and the column of (aggregator a, slot s, lane k).
+inline uint32_t RunLength(const JobShape& shape, uint64_t nb) {
+  const uint64_t A = shape.num_aggregators, S = shape.slots, K = shape.blocks_per_message;
+  if (nb >= A * S * K) return static_cast<uint32_t>(K);
+  uint64_t best = 1;
+  for (uint64_t d = 1; d <= K; ++d) {
+    if (K % d == 0 && d <= std::max<uint64_t>(1, nb / (A * S))) best = d;
+  }
+  return static_cast<uint32_t>(best);
+}
+inline uint64_t ColumnOf(const JobShape& shape, uint32_t run_length, uint32_t a, uint32_t s, uint32_t k) {
+  const uint64_t A = shape.num_aggregators, S = shape.slots, L = run_length;
+  return ((k / L) * A * S + s * A + a) * L + k % L;
+}
 inline uint32_t BlockBytesOf(const CollectiveSpec& spec, uint64_t block) {
   const uint64_t start = block * spec.block_size;
   const uint64_t n = std::min<uint64_t>(spec.block_size, spec.element_count - start);

@@ -102,7 +102,7 @@ void FrameSeeds() {
 
   proto::ControlMessage hello;
   auto* h = hello.mutable_hello();
-  h->set_protocol_version(1);
+  h->set_protocol_version(kProtocolVersion);
   h->set_job_id(9);
   h->set_rank(1);
   h->set_world_size(2);
@@ -131,7 +131,7 @@ void ControlSeeds() {
   };
   proto::ControlMessage m;
   auto* h = m.mutable_hello();
-  h->set_protocol_version(1);
+  h->set_protocol_version(kProtocolVersion);
   h->set_job_id(77);
   h->set_rank(3);
   h->set_world_size(4);
@@ -142,7 +142,7 @@ void ControlSeeds() {
   save("hello", {0x10, 0x20, 3, 7}, m);
 
   m.Clear();
-  m.mutable_job_ready()->set_protocol_version(1);
+  m.mutable_job_ready()->set_protocol_version(kProtocolVersion);
   save("job_ready", {0, 0, 0, 0}, m);
 
   const struct {

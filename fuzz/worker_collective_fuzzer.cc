@@ -65,6 +65,8 @@ class RefWorker {
         spec_(spec),
         nb_(fuzz::NumBlocks(spec)),
         columns_(uint64_t{A_} * S_ * K_),
+        shape_(shape),
+        run_length_(fuzz::RunLength(shape, nb_)),
         tensor_(tensor.begin(), tensor.end()),
         received_(nb_, false),
         slots_(A_, std::vector<Slot>(S_)) {
@@ -203,7 +205,7 @@ class RefWorker {
     std::vector<Lane> lane;
   };
 
-  uint64_t Column(uint32_t a, uint32_t s, uint32_t k) const { return uint64_t{A_} * (s + uint64_t{S_} * k) + a; }
+  uint64_t Column(uint32_t a, uint32_t s, uint32_t k) const { return fuzz::ColumnOf(shape_, run_length_, a, s, k); }
   uint64_t NextOwn(uint64_t from) const {
     for (uint64_t b = from; b < nb_; b += columns_) {
       if (own_[b]) return b;
@@ -214,6 +216,8 @@ class RefWorker {
   uint32_t A_, S_, K_;
   CollectiveSpec spec_;
   uint64_t nb_, columns_;
+  JobShape shape_;
+  uint32_t run_length_;
   std::vector<std::byte> tensor_;
   std::vector<bool> own_, received_;
   std::vector<std::vector<Slot>> slots_;  // [aggregator][slot]

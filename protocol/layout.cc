@@ -74,24 +74,35 @@ ColumnLayout::ColumnLayout(const JobShape& shape, uint64_t element_count, uint32
       block_size_(block_size),
       element_size_(element_size),
       num_blocks_((element_count + block_size - 1) / block_size),
-      num_columns_(uint64_t{shape.num_aggregators} * shape.slots * shape.blocks_per_message) {}
+      num_columns_(uint64_t{shape.num_aggregators} * shape.slots * shape.blocks_per_message),
+      pairs_(uint64_t{shape.num_aggregators} * shape.slots),
+      run_length_(shape.blocks_per_message) {
+  if (num_blocks_ >= num_columns_) return;
+  // Less than one row: the largest divisor of K that still gives every (aggregator, slot) pair a run.
+  const uint64_t fair_share = std::max<uint64_t>(1, num_blocks_ / pairs_);
+  for (uint32_t d = 1; d <= shape.blocks_per_message; ++d) {
+    if (shape.blocks_per_message % d == 0 && d <= fair_share) run_length_ = d;
+  }
+}
 
 uint64_t ColumnLayout::BlocksOf(uint32_t aggregator) const {
   uint64_t blocks = 0;
-  for (uint64_t column = aggregator; column < num_columns_ && column < num_blocks_;
-       column += shape_.num_aggregators) {
-    blocks += (num_blocks_ - column + num_columns_ - 1) / num_columns_;
+  for (uint32_t s = 0; s < shape_.slots; ++s) {
+    ForEachRun(aggregator, s, [&](uint64_t, uint64_t count) { blocks += count; });
   }
   return blocks;
 }
 
 uint32_t ColumnLayout::NonEmptyLanes(uint32_t aggregator, uint32_t slot) const {
-  // Column(a, s, k) = A*(s + S*k) + a < NB  <=>  k < (NB - a - A*s) / (A*S), rounded up.
-  const uint64_t first = Column(aggregator, slot, 0);
-  if (first >= num_blocks_) return 0;
-  const uint64_t stride = uint64_t{shape_.num_aggregators} * shape_.slots;
-  const uint64_t lanes = (num_blocks_ - first + stride - 1) / stride;
-  return lanes < shape_.blocks_per_message ? static_cast<uint32_t>(lanes) : shape_.blocks_per_message;
+  // Column(a, s, k) grows with k: count the lanes of the first row's runs that start below NB.
+  uint64_t lanes = 0;
+  const uint64_t pair = uint64_t{slot} * shape_.num_aggregators + aggregator;
+  for (uint64_t run = pair; run * run_length_ < num_columns_; run += pairs_) {
+    const uint64_t first = run * run_length_;
+    if (first >= num_blocks_) break;
+    lanes += std::min<uint64_t>(run_length_, num_blocks_ - first);
+  }
+  return static_cast<uint32_t>(lanes);
 }
 
 bool ColumnLayout::IsValidNext(uint64_t index, uint64_t column, uint64_t after, bool inclusive) const {

@@ -1,6 +1,7 @@
 // Where every block lives: column, aggregator, slot and lane (docs/PROTOCOL.md §2). Pure arithmetic.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 
@@ -49,11 +50,35 @@ class ColumnLayout {
   uint32_t slots() const { return shape_.slots; }
   uint32_t lanes_per_slot() const { return shape_.blocks_per_message; }
 
+  // Blocks in a run: consecutive columns (and so consecutive blocks of a row) of one aggregator's slot. K when the
+  // tensor fills at least one row, less for smaller tensors so that every slot of every aggregator still gets
+  // blocks; always divides K (docs/PROTOCOL.md §2).
+  uint32_t run_length() const { return run_length_; }
+
   uint64_t ColumnOf(uint64_t block) const { return block % num_columns_; }
-  uint32_t AggregatorOf(uint64_t column) const { return static_cast<uint32_t>(column % shape_.num_aggregators); }
+  uint32_t AggregatorOf(uint64_t column) const {
+    return static_cast<uint32_t>(column / run_length_ % shape_.num_aggregators);
+  }
+  uint32_t SlotOf(uint64_t column) const { return static_cast<uint32_t>(column / run_length_ % pairs_ / shape_.num_aggregators); }
+  uint32_t LaneOf(uint64_t column) const {
+    return static_cast<uint32_t>(column / run_length_ / pairs_ * run_length_ + column % run_length_);
+  }
   // Global column index of (aggregator, slot, lane).
   uint64_t Column(uint32_t aggregator, uint32_t slot, uint32_t lane) const {
-    return uint64_t{shape_.num_aggregators} * (slot + uint64_t{shape_.slots} * lane) + aggregator;
+    const uint64_t run = lane / run_length_ * pairs_ + uint64_t{slot} * shape_.num_aggregators + aggregator;
+    return run * run_length_ + lane % run_length_;
+  }
+  // Calls fn(first_block, block_count) for each run of consecutive blocks of (aggregator, slot), in order.
+  template <typename Fn>
+  void ForEachRun(uint32_t aggregator, uint32_t slot, Fn&& fn) const {
+    const uint64_t pair = uint64_t{slot} * shape_.num_aggregators + aggregator;
+    for (uint64_t row_start = 0; row_start < num_blocks_; row_start += num_columns_) {
+      for (uint64_t run = pair; run * run_length_ < num_columns_; run += pairs_) {
+        const uint64_t first = row_start + run * run_length_;
+        if (first >= num_blocks_) return;
+        fn(first, std::min<uint64_t>(run_length_, num_blocks_ - first));
+      }
+    }
   }
   // Blocks in the columns of `aggregator` (what it aggregates when every block is nonzero).
   uint64_t BlocksOf(uint32_t aggregator) const;
@@ -67,7 +92,10 @@ class ColumnLayout {
   // Position of `block` among the blocks of its aggregator's columns (0 .. BlocksOf(aggregator)), row by row: where
   // an aggregator keeps per-block state (3LC error memory).
   uint64_t LocalBlock(uint64_t block) const {
-    return block / num_columns_ * shape_.slots * shape_.blocks_per_message + block % num_columns_ / shape_.num_aggregators;
+    // Within a row, the aggregator's columns in increasing order: a partial last row fills a prefix.
+    const uint64_t column = block % num_columns_;
+    return block / num_columns_ * shape_.slots * shape_.blocks_per_message +
+           column / run_length_ / shape_.num_aggregators * run_length_ + column % run_length_;
   }
   uint32_t BlockBytes(uint64_t block) const { return static_cast<uint32_t>(BlockElements(block) * element_size_); }
   uint64_t BlockByteOffset(uint64_t block) const { return block * block_size_ * element_size_; }
@@ -80,6 +108,8 @@ class ColumnLayout {
   uint64_t element_size_;
   uint64_t num_blocks_;
   uint64_t num_columns_;
+  uint64_t pairs_;  // A·S: (aggregator, slot) pairs
+  uint32_t run_length_;
 };
 
 }  // namespace sparsereduce

@@ -1,5 +1,6 @@
 #include "protocol/worker_collective.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/block_scan.h"
@@ -34,13 +35,8 @@ WorkerCollective::WorkerCollective(const JobShape& shape, uint64_t job, uint64_t
     const std::span<const float> values(reinterpret_cast<const float*>(tensor.data()), spec.element_count);
     nonzero_blocks_ = encoder_->Prepare(values, flags_);
     for (uint8_t& f : flags_) f = f ? kBlockNonzero : 0;
-    backup_capacity_blocks_ = flags_.size();
-  } else {
-    nonzero_blocks_ = ScanBlocks(tensor.data(), spec.element_count, spec.block_size, *FindDType(spec.dtype), flags_);
-    backup_capacity_blocks_ = nonzero_blocks_;
-    for (uint8_t f : flags_) backup_capacity_blocks_ += (f & kBlockHasNegativeZero) ? 1 : 0;
   }
-  backup_blocks_.reserve(backup_capacity_blocks_);
+  // Without a codec the blocks are scanned slot by slot as the slots start (StartSlot).
   const uint32_t element_size = FindDType(spec.dtype)->size;
   schedules_.reserve(shape.num_aggregators);
   for (uint32_t a = 0; a < shape.num_aggregators; ++a) {
@@ -48,7 +44,27 @@ WorkerCollective::WorkerCollective(const JobShape& shape, uint64_t job, uint64_t
   }
 }
 
-std::vector<OutgoingFrame> WorkerCollective::Start(uint32_t aggregator) { return schedules_[aggregator].Start(); }
+std::vector<OutgoingFrame> WorkerCollective::Start(uint32_t aggregator) {
+  std::vector<OutgoingFrame> frames;
+  for (uint32_t s = 0; s < shape_.slots; ++s) {
+    OutgoingFrame frame;
+    if (StartSlot(aggregator, s, &frame)) frames.push_back(std::move(frame));
+  }
+  return frames;
+}
+
+bool WorkerCollective::StartSlot(uint32_t aggregator, uint32_t slot, OutgoingFrame* frame) {
+  if (!encoder_) {
+    const DTypeInfo& dtype = *FindDType(spec_.dtype);
+    layout_.ForEachRun(aggregator, slot, [&](uint64_t first, uint64_t count) {
+      const uint64_t first_element = first * spec_.block_size;
+      const uint64_t elements = std::min<uint64_t>(count * spec_.block_size, spec_.element_count - first_element);
+      nonzero_blocks_ += ScanBlocks(tensor_.data() + first_element * dtype.size, elements, spec_.block_size, dtype,
+                                    std::span(flags_).subspan(first, count));
+    });
+  }
+  return schedules_[aggregator].StartSlot(slot, frame);
+}
 
 bool WorkerCollective::done() const {
   for (const WorkerSchedule& s : schedules_) {
@@ -93,10 +109,9 @@ Status WorkerCollective::OnResult(uint32_t aggregator, const FrameHeader& header
                                : (flags_[e.block] & (kBlockNonzero | kBlockHasNegativeZero)) != 0;
     if (keep) {
       // Only the first time: every block is carried by at most one RESULT.
-      if (backup_blocks_.empty() && backup_data_.size() < backup_capacity_blocks_ * layout_.MaxBlockBytes()) {
-        backup_data_ = ByteBuffer(backup_capacity_blocks_ * layout_.MaxBlockBytes());
-      }
-      std::memcpy(backup_data_.data() + backup_blocks_.size() * layout_.MaxBlockBytes(), block, block_bytes);
+      const uint64_t used = backup_blocks_.size() * layout_.MaxBlockBytes();
+      if (backup_data_.size() < used + layout_.MaxBlockBytes()) GrowBackup(used + layout_.MaxBlockBytes());
+      std::memcpy(backup_data_.data() + used, block, block_bytes);
       backup_blocks_.push_back(e.block);
     }
     if (download_ == codec::WireFormat::kRaw) {
@@ -108,6 +123,16 @@ Status WorkerCollective::OnResult(uint32_t aggregator, const FrameHeader& header
     flags_[e.block] |= kBlockReceived;
   }
   return Status::Ok();
+}
+
+void WorkerCollective::GrowBackup(uint64_t at_least) {
+  // Doubling keeps the copies below the final size; the buffer is handed on to the next collective, so a steady
+  // loop stops growing after its first step.
+  const uint64_t size = std::max({at_least, 2 * uint64_t{backup_data_.size()}, 64 * uint64_t{layout_.MaxBlockBytes()}});
+  ByteBuffer grown(size);
+  const uint64_t used = backup_blocks_.size() * layout_.MaxBlockBytes();
+  if (used > 0) std::memcpy(grown.data(), backup_data_.data(), used);
+  backup_data_ = std::move(grown);
 }
 
 void WorkerCollective::Restore() {

@@ -46,10 +46,15 @@ class WorkerCollective {
 
   uint64_t seq() const { return seq_; }
   uint64_t num_blocks() const { return flags_.size(); }
-  uint64_t nonzero_blocks() const { return nonzero_blocks_; }  // the blocks this worker sends
+  uint64_t nonzero_blocks() const { return nonzero_blocks_; }  // the blocks this worker sends (of started slots)
   uint64_t selected_blocks() const { return encoder_ ? encoder_->selected_blocks() : 0; }
 
+  // The round-0 frames of every slot of `aggregator`.
   std::vector<OutgoingFrame> Start(uint32_t aggregator);
+  // Scans the blocks of one slot of `aggregator` (without a codec; a codec has chosen every block up front) and
+  // returns its round-0 frame in `*frame`, or false when the slot has no block. Starting the slots one by one lets
+  // the first ones travel while the rest of the tensor is still being scanned. Every slot is started once.
+  bool StartSlot(uint32_t aggregator, uint32_t slot, OutgoingFrame* frame);
 
   // A RESULT frame from `aggregator`. On success the data is in the tensor and `*next` holds the CONTRIBUTION to
   // send on the same slot if `*has_next`.
@@ -84,6 +89,8 @@ class WorkerCollective {
   static std::span<const std::byte> PaddingFor(uint32_t data_bytes);
 
  private:
+  void GrowBackup(uint64_t at_least);
+
   JobShape shape_;
   uint64_t job_;
   uint64_t seq_;
@@ -95,8 +102,7 @@ class WorkerCollective {
   std::vector<WorkerSchedule> schedules_;
   // Original bytes of overwritten blocks that were not all-zero bits, in overwrite order (see Restore).
   std::vector<uint64_t> backup_blocks_;
-  ByteBuffer backup_data_;  // grown at the first overwrite if too small; pages are touched only as blocks are saved
-  uint64_t backup_capacity_blocks_ = 0;
+  ByteBuffer backup_data_;  // grown by doubling as blocks are saved (see GrowBackup)
   std::vector<EntryView> scratch_entries_;
   // With a codec: it chose the blocks to send and holds their wire bytes; results are decoded into the tensor.
   std::unique_ptr<codec::TensorEncoder> encoder_;

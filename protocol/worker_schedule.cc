@@ -26,24 +26,31 @@ uint64_t WorkerSchedule::NextNonzero(uint64_t from) const {
 std::vector<OutgoingFrame> WorkerSchedule::Start() {
   std::vector<OutgoingFrame> frames;
   for (uint32_t s = 0; s < shape_.slots; ++s) {
-    Slot& slot = slots_[s];
-    slot.lanes = layout_.NonEmptyLanes(aggregator_, s);
-    if (slot.lanes == 0) continue;
-    ++active_slots_;
-    slot.active_lanes = slot.lanes;
-    slot.awaiting_result = true;
-    slot.lane.resize(slot.lanes);
-    OutgoingFrame frame{s, {}};
-    frame.entries.reserve(slot.lanes);
-    for (uint32_t k = 0; k < slot.lanes; ++k) {
-      const uint64_t column = layout_.Column(aggregator_, s, k);
-      slot.lane[k].cur = column;
-      slot.lane[k].my_next = NextNonzero(column);
-      frame.entries.push_back(Entry{column, slot.lane[k].my_next, 0});
-    }
-    frames.push_back(std::move(frame));
+    OutgoingFrame frame;
+    if (StartSlot(s, &frame)) frames.push_back(std::move(frame));
   }
   return frames;
+}
+
+bool WorkerSchedule::StartSlot(uint32_t s, OutgoingFrame* frame) {
+  ++started_slots_;
+  Slot& slot = slots_[s];
+  slot.lanes = layout_.NonEmptyLanes(aggregator_, s);
+  if (slot.lanes == 0) return false;
+  ++active_slots_;
+  slot.active_lanes = slot.lanes;
+  slot.awaiting_result = true;
+  slot.lane.resize(slot.lanes);
+  frame->slot = s;
+  frame->entries.clear();
+  frame->entries.reserve(slot.lanes);
+  for (uint32_t k = 0; k < slot.lanes; ++k) {
+    const uint64_t column = layout_.Column(aggregator_, s, k);
+    slot.lane[k].cur = column;
+    slot.lane[k].my_next = NextNonzero(column);
+    frame->entries.push_back(Entry{column, slot.lane[k].my_next, 0});
+  }
+  return true;
 }
 
 Status WorkerSchedule::OnResult(uint32_t s, std::span<const EntryView> entries, OutgoingFrame* next,

@@ -27,6 +27,10 @@ class WorkerSchedule {
 
   // The round-0 (announce) frames, one per slot that has non-empty columns.
   std::vector<OutgoingFrame> Start();
+  // Starts one slot: its announce frame in `*frame`, or false when the slot has no block. The flags of the slot's
+  // blocks (layout().ForEachRun) must be final. Each slot is started once; the schedule is done only when all
+  // were started.
+  bool StartSlot(uint32_t slot, OutgoingFrame* frame);
 
   // Checks a RESULT on `slot` and advances. On success, `*next` receives the frame to send on the slot in the
   // following round, or is left empty when this worker contributes nothing to it (or the slot finished). The
@@ -34,7 +38,7 @@ class WorkerSchedule {
   // aggregator.
   Status OnResult(uint32_t slot, std::span<const EntryView> entries, OutgoingFrame* next, bool* has_next);
 
-  bool done() const { return active_slots_ == 0; }
+  bool done() const { return started_slots_ == slots_.size() && active_slots_ == 0; }
   const ColumnLayout& layout() const { return layout_; }
 
  private:
@@ -61,6 +65,7 @@ class WorkerSchedule {
   std::span<const uint8_t> flags_;
   std::vector<Slot> slots_;
   uint32_t active_slots_ = 0;
+  uint32_t started_slots_ = 0;
 };
 
 }  // namespace sparsereduce

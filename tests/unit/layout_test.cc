@@ -28,7 +28,7 @@ std::vector<Combo> AllCombos() {
   std::vector<Combo> out;
   for (uint32_t a = 1; a <= 4; ++a) {
     for (uint32_t s = 1; s <= 3; ++s) {
-      for (uint32_t k = 1; k <= 4; ++k) {
+      for (uint32_t k : {1u, 2u, 3u, 4u, 6u}) {
         for (uint32_t b : {1u, 2u, 3u, 7u, 256u}) {
           for (uint64_t n : {uint64_t{0}, uint64_t{1}, uint64_t{b - 1}, uint64_t{b}, uint64_t{b + 1}, uint64_t{1000}}) {
             JobShape shape;
@@ -56,8 +56,10 @@ TEST(LayoutTest, EveryBlockHasExactlyOneHome) {
     EXPECT_EQ(layout.slots(), S);
     EXPECT_EQ(layout.lanes_per_slot(), K);
 
-    // (a, s, k) -> column is a bijection onto [0, C), and agrees with §2: a = c mod A, l = c div A, s = l mod S,
-    // k = l div S.
+    // (a, s, k) -> column is a bijection onto [0, C), and agrees with §2: run r = c div L, a = r mod A,
+    // s = (r div A) mod S, k = (r div (A·S))·L + c mod L.
+    const uint64_t L = layout.run_length();
+    ASSERT_EQ(K % L, 0u);
     std::vector<int> hits(C, 0);
     for (uint32_t a = 0; a < A; ++a) {
       for (uint32_t s = 0; s < S; ++s) {
@@ -66,9 +68,11 @@ TEST(LayoutTest, EveryBlockHasExactlyOneHome) {
           ASSERT_LT(col, C);
           ++hits[col];
           EXPECT_EQ(layout.AggregatorOf(col), a);
-          EXPECT_EQ(col % A, a);
-          EXPECT_EQ((col / A) % S, s);
-          EXPECT_EQ((col / A) / S, k);
+          EXPECT_EQ(layout.SlotOf(col), s);
+          EXPECT_EQ(layout.LaneOf(col), k);
+          EXPECT_EQ(col / L % A, a);
+          EXPECT_EQ(col / L / A % S, s);
+          EXPECT_EQ(col / L / (A * S) * L + col % L, k);
         }
       }
     }
@@ -86,6 +90,59 @@ TEST(LayoutTest, EveryBlockHasExactlyOneHome) {
   }
 }
 
+// §2's run length: K once the tensor fills a row; below that the largest divisor of K that is at most NB / (A·S)
+// (at least 1), so that a small tensor still reaches every aggregator and slot.
+TEST(LayoutTest, RunLengthIsKOrTheLargestFairDivisor) {
+  for (const Combo& c : AllCombos()) {
+    SCOPED_TRACE(Describe(c));
+    const uint32_t A = c.shape.num_aggregators, S = c.shape.slots, K = c.shape.blocks_per_message;
+    ColumnLayout layout(c.shape, c.n, c.b, 4);
+    uint32_t want = K;
+    if (layout.num_blocks() < layout.num_columns()) {
+      const uint64_t share = std::max<uint64_t>(1, layout.num_blocks() / (uint64_t{A} * S));
+      for (uint32_t d = 1; d <= K; ++d) {
+        if (K % d == 0 && d <= share) want = d;
+      }
+    }
+    EXPECT_EQ(layout.run_length(), want);
+  }
+  JobShape shape;
+  shape.num_aggregators = 4;
+  shape.slots = 8;
+  shape.blocks_per_message = 128;
+  EXPECT_EQ(ColumnLayout(shape, 64 << 20, 256, 4).run_length(), 128u);  // 64 Mi elements: 16 rows
+  EXPECT_EQ(ColumnLayout(shape, 1 << 18, 256, 4).run_length(), 32u);    // 1024 blocks: 32 per (a, s)
+  EXPECT_EQ(ColumnLayout(shape, 20 * 256, 256, 4).run_length(), 1u);    // 20 blocks: fewer than A·S
+}
+
+// ForEachRun(a, s) visits exactly the blocks of (a, s)'s columns, each once, in increasing order, in runs of
+// consecutive blocks: what a worker scans before it announces that slot.
+TEST(LayoutTest, ForEachRunVisitsExactlyTheSlotsBlocks) {
+  for (const Combo& c : AllCombos()) {
+    SCOPED_TRACE(Describe(c));
+    ColumnLayout layout(c.shape, c.n, c.b, 4);
+    std::vector<int> visits(layout.num_blocks(), 0);
+    for (uint32_t a = 0; a < c.shape.num_aggregators; ++a) {
+      for (uint32_t s = 0; s < c.shape.slots; ++s) {
+        uint64_t last_end = 0;
+        layout.ForEachRun(a, s, [&](uint64_t first, uint64_t count) {
+          EXPECT_GE(first, last_end);
+          EXPECT_GE(count, 1u);
+          EXPECT_LE(count, layout.run_length());
+          ASSERT_LE(first + count, layout.num_blocks());
+          for (uint64_t b = first; b < first + count; ++b) {
+            ++visits[b];
+            EXPECT_EQ(layout.AggregatorOf(layout.ColumnOf(b)), a) << "block " << b;
+            EXPECT_EQ(layout.SlotOf(layout.ColumnOf(b)), s) << "block " << b;
+          }
+          last_end = first + count;
+        });
+      }
+    }
+    for (uint64_t b = 0; b < visits.size(); ++b) EXPECT_EQ(visits[b], 1) << "block " << b;
+  }
+}
+
 TEST(LayoutTest, BlocksOfCountsEachAggregatorsBlocks) {
   for (const Combo& c : AllCombos()) {
     SCOPED_TRACE(Describe(c));
@@ -95,6 +152,15 @@ TEST(LayoutTest, BlocksOfCountsEachAggregatorsBlocks) {
       ++expected[layout.AggregatorOf(layout.ColumnOf(block))];
     }
     for (uint32_t a = 0; a < c.shape.num_aggregators; ++a) EXPECT_EQ(layout.BlocksOf(a), expected[a]) << "a=" << a;
+    // LocalBlock numbers each aggregator's blocks 0 .. BlocksOf - 1 (the aggregator's per-block state).
+    std::vector<std::vector<int>> local(c.shape.num_aggregators);
+    for (uint32_t a = 0; a < c.shape.num_aggregators; ++a) local[a].assign(expected[a], 0);
+    for (uint64_t block = 0; block < layout.num_blocks(); ++block) {
+      const uint32_t a = layout.AggregatorOf(layout.ColumnOf(block));
+      ASSERT_LT(layout.LocalBlock(block), expected[a]) << "block " << block;
+      ++local[a][layout.LocalBlock(block)];
+    }
+    for (const auto& l : local) EXPECT_EQ(std::count(l.begin(), l.end(), 1), static_cast<long>(l.size()));
   }
 }
 

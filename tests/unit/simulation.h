@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <map>
 #include <memory>
 #include <random>
@@ -72,11 +73,11 @@ inline SimulationOutcome Simulate(const JobShape& shape, const CollectiveSpec& s
     outcome.bytes_sent[w] += bytes->size();
     channels[{w, a, true}].push_back(std::move(bytes));
   };
-  for (uint32_t w = 0; w < W; ++w) {
-    for (uint32_t a = 0; a < A; ++a) {
-      for (const OutgoingFrame& f : workers[w]->Start(a)) send_contribution(w, a, f);
-    }
-  }
+  // Each worker starts its (aggregator, slot) pairs one at a time in the library's order (slot-major), at random
+  // points among the deliveries, as the real worker does between its scans.
+  const uint64_t pairs = uint64_t{A} * shape.slots;
+  std::vector<uint64_t> next_pair(W, 0);
+  constexpr uint32_t kStartNextPair = std::numeric_limits<uint32_t>::max();
 
   std::mt19937_64 rng(seed);
   std::vector<ColumnEngine::Broadcast> broadcasts;
@@ -86,6 +87,9 @@ inline SimulationOutcome Simulate(const JobShape& shape, const CollectiveSpec& s
     for (auto& [key, queue] : channels) {
       if (!queue.empty()) ready.push_back(key);
     }
+    for (uint32_t w = 0; w < W; ++w) {
+      if (next_pair[w] < pairs) ready.emplace_back(w, kStartNextPair, false);
+    }
     if (ready.empty()) break;
     if (max_deliveries-- == 0) {
       for (auto& w : workers) w->Restore();
@@ -94,6 +98,12 @@ inline SimulationOutcome Simulate(const JobShape& shape, const CollectiveSpec& s
     }
     const auto key = ready[rng() % ready.size()];
     auto [w, a, to_aggregator] = key;
+    if (a == kStartNextPair) {
+      const uint64_t pair = next_pair[w]++;
+      OutgoingFrame frame;
+      if (workers[w]->StartSlot(pair % A, static_cast<uint32_t>(pair / A), &frame)) send_contribution(w, pair % A, frame);
+      continue;
+    }
     auto frame = channels[key].front();
     channels[key].pop_front();
     Result<FrameHeader> header = DecodeFrameHeader(frame->span());

@@ -80,6 +80,9 @@ class Worker::Impl : public AggregatorLink::Handler {
   void MaybeFinishFailure();
   void FinishFailure();
   void StartNext();
+  // Scans and starts the (aggregator, slot) pairs of collective `seq` from `pair` on, one pair per turn of the
+  // event loop, so that the first slots' rounds run while the rest of the tensor is being scanned.
+  void StartSlots(uint64_t seq, uint64_t pair);
   void SendFrame(AggregatorLink& link, const OutgoingFrame& frame);
   void MaybeComplete();
 
@@ -277,7 +280,6 @@ void Worker::Impl::StartNext() {
     ByteBuffer copy(begin_frame.size());
     std::memcpy(copy.data(), begin_frame.data(), begin_frame.size());
     link->Send(std::move(copy));
-    for (const OutgoingFrame& frame : a.collective->Start(link->index())) SendFrame(*link, frame);
   }
   deadline_.expires_after(options_.collective_timeout);
   deadline_.async_wait([this, seq](const boost::system::error_code& ec) {
@@ -292,6 +294,21 @@ void Worker::Impl::StartNext() {
                                                    std::to_string(options_.collective_timeout.count()) +
                                                    " ms; still waiting on " + waiting));
   });
+  StartSlots(seq, 0);
+}
+
+void Worker::Impl::StartSlots(uint64_t seq, uint64_t pair) {
+  if (broken_ || !active_ || active_->collective->seq() != seq) return;
+  // Slot-major order: slot 0 of every aggregator first, so that all aggregators get work from the start.
+  const uint32_t aggregator = static_cast<uint32_t>(pair % links_.size());
+  OutgoingFrame frame;
+  if (active_->collective->StartSlot(aggregator, static_cast<uint32_t>(pair / links_.size()), &frame)) {
+    SendFrame(*links_[aggregator], frame);
+  }
+  if (++pair < uint64_t{links_.size()} * shape_.slots) {
+    asio::post(io_, [this, seq, pair] { StartSlots(seq, pair); });
+    return;
+  }
   MaybeComplete();  // an empty tensor may already be done once accepted
 }
 
