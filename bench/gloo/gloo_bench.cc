@@ -7,9 +7,9 @@
 // are reduced with max over ranks (the collective ends when its slowest rank ends) and the median over
 // iterations is reported.
 //
-// The buffer is refilled from a pristine copy before every iteration (outside the timed region), so every
-// allreduce sums the same inputs and can be checked exactly: rank r's element i is ((7i + 13r) mod 1024) / 8,
-// small multiples of 1/8, whose sums are exact in float in any order.
+// The buffer is refilled from a pristine copy before every iteration (between two barriers, outside every rank's
+// timed region), so every allreduce sums the same inputs and can be checked exactly: rank r's element i is
+// ((7i + 13r) mod 1024) / 8, small multiples of 1/8, whose sums are exact in float in any order.
 
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -136,6 +136,7 @@ class GlooRank {
     std::vector<double> times_us;
     uint64_t worst_wrong = 0;
     for (int it = 0; it < options_.warmup_iters + options_.iters; ++it) {
+      Barrier();  // as sparsereduce-perf: nobody copies its input while another rank still times its allreduce
       std::copy(pristine.begin(), pristine.end(), buffer.begin());
       gloo::AllreduceOptions opts(context_);
       opts.setAlgorithm(algorithm_);
