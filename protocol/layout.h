@@ -59,7 +59,9 @@ class ColumnLayout {
   uint32_t AggregatorOf(uint64_t column) const {
     return static_cast<uint32_t>(column / run_length_ % shape_.num_aggregators);
   }
-  uint32_t SlotOf(uint64_t column) const { return static_cast<uint32_t>(column / run_length_ % pairs_ / shape_.num_aggregators); }
+  uint32_t SlotOf(uint64_t column) const {
+    return static_cast<uint32_t>(column / run_length_ % pairs_ / shape_.num_aggregators);
+  }
   uint32_t LaneOf(uint64_t column) const {
     return static_cast<uint32_t>(column / run_length_ / pairs_ * run_length_ + column % run_length_);
   }

@@ -101,7 +101,8 @@ inline SimulationOutcome Simulate(const JobShape& shape, const CollectiveSpec& s
     if (a == kStartNextPair) {
       const uint64_t pair = next_pair[w]++;
       OutgoingFrame frame;
-      if (workers[w]->StartSlot(pair % A, static_cast<uint32_t>(pair / A), &frame)) send_contribution(w, pair % A, frame);
+      const uint32_t a_of_pair = static_cast<uint32_t>(pair % A);
+      if (workers[w]->StartSlot(a_of_pair, static_cast<uint32_t>(pair / A), &frame)) send_contribution(w, a_of_pair, frame);
       continue;
     }
     auto frame = channels[key].front();
