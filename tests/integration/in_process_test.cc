@@ -10,9 +10,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <future>
+#include <optional>
 #include <thread>
 
 #include "protocol/control.h"
+#include "protocol/frame.h"
 #include "protocol/frame_format.h"
 #include "sparsereduce/worker.h"
 #include "tools/common/local_cluster.h"
@@ -187,6 +189,56 @@ TEST(InProcess, RankThatLeftBetweenCollectivesIsReportedWithItsReason) {
   }
   worker.reset();
   EXPECT_TRUE((*daemon)->Stop());
+}
+
+// A peer of protocol version 1 (whose layout differs, docs/PROTOCOL.md §9) is refused with VERSION_MISMATCH
+// naming the version, in a frame this version can read, and the connection is closed.
+TEST(InProcess, OlderProtocolVersionIsRefusedByName) {
+  auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+  const std::string address = (*daemon)->AddressList();
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1))));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  proto::ControlMessage hello;
+  hello.mutable_hello()->set_protocol_version(1);
+  hello.mutable_hello()->set_job_id(22);
+  hello.mutable_hello()->set_world_size(1);
+  hello.mutable_hello()->set_num_aggregators(1);
+  hello.mutable_hello()->set_slots(1);
+  hello.mutable_hello()->set_blocks_per_message(1);
+  ByteBuffer frame = EncodeControl(hello);
+  frame.data()[4] = std::byte{1};  // the frame header's version byte, as a version-1 worker writes it
+  ASSERT_EQ(write(fd, frame.data(), frame.size()), static_cast<ssize_t>(frame.size()));
+
+  // Read the answer (one frame); the daemon then waits for this side to close (§5), which the test does.
+  std::vector<std::byte> reply;
+  std::optional<FrameHeader> header;
+  char buf[4096];
+  while (!header || reply.size() < kFrameHeaderSize + uint64_t{header->payload_length}) {
+    pollfd pfd{fd, POLLIN, 0};
+    ASSERT_EQ(poll(&pfd, 1, 10000), 1) << "the daemon did not answer";
+    const ssize_t n = read(fd, buf, sizeof buf);
+    ASSERT_GT(n, 0) << "the daemon closed after " << reply.size() << " bytes, before a whole frame";
+    reply.insert(reply.end(), reinterpret_cast<std::byte*>(buf), reinterpret_cast<std::byte*>(buf) + n);
+    if (!header && reply.size() >= kFrameHeaderSize) {
+      Result<FrameHeader> decoded = DecodeFrameHeader(std::span(reply).first(kFrameHeaderSize));
+      ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
+      header = *decoded;
+    }
+  }
+  close(fd);
+  ASSERT_EQ(header->type, FrameType::kControl);
+  Result<proto::ControlMessage> error =
+      DecodeControl(std::span(reply).subspan(kFrameHeaderSize, header->payload_length));
+  ASSERT_TRUE(error.ok()) << error.status().ToString();
+  ASSERT_TRUE(error->has_error());
+  EXPECT_EQ(error->error().code(), proto::VERSION_MISMATCH);
+  EXPECT_NE(error->error().message().find("version 1"), std::string::npos) << error->error().message();
+  // No Stop(): a drain waits out the rejected connection's 5 s close grace; the destructor kills the daemon.
 }
 
 }  // namespace
