@@ -94,14 +94,10 @@ uint64_t ColumnLayout::BlocksOf(uint32_t aggregator) const {
 }
 
 uint32_t ColumnLayout::NonEmptyLanes(uint32_t aggregator, uint32_t slot) const {
-  // Column(a, s, k) grows with k: count the lanes of the first row's runs that start below NB.
+  // Column(a, s, k) grows with k: the non-empty lanes are the blocks of the slot's runs in the first row.
   uint64_t lanes = 0;
-  const uint64_t pair = uint64_t{slot} * shape_.num_aggregators + aggregator;
-  for (uint64_t run = pair; run * run_length_ < num_columns_; run += pairs_) {
-    const uint64_t first = run * run_length_;
-    if (first >= num_blocks_) break;
-    lanes += std::min<uint64_t>(run_length_, num_blocks_ - first);
-  }
+  auto count = [&](uint64_t, uint64_t blocks) { lanes += blocks; };
+  ForEachRunInRow(0, aggregator, slot, count);
   return static_cast<uint32_t>(lanes);
 }
 

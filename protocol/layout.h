@@ -73,13 +73,8 @@ class ColumnLayout {
   // Calls fn(first_block, block_count) for each run of consecutive blocks of (aggregator, slot), in order.
   template <typename Fn>
   void ForEachRun(uint32_t aggregator, uint32_t slot, Fn&& fn) const {
-    const uint64_t pair = uint64_t{slot} * shape_.num_aggregators + aggregator;
     for (uint64_t row_start = 0; row_start < num_blocks_; row_start += num_columns_) {
-      for (uint64_t run = pair; run * run_length_ < num_columns_; run += pairs_) {
-        const uint64_t first = row_start + run * run_length_;
-        if (first >= num_blocks_) return;
-        fn(first, std::min<uint64_t>(run_length_, num_blocks_ - first));
-      }
+      ForEachRunInRow(row_start, aggregator, slot, fn);
     }
   }
   // Blocks in the columns of `aggregator` (what it aggregates when every block is nonzero).
@@ -104,6 +99,17 @@ class ColumnLayout {
   uint32_t MaxBlockBytes() const { return block_size_ * element_size_; }
 
  private:
+  // ForEachRun within the row starting at block `row_start`.
+  template <typename Fn>
+  void ForEachRunInRow(uint64_t row_start, uint32_t aggregator, uint32_t slot, Fn& fn) const {
+    for (uint64_t run = uint64_t{slot} * shape_.num_aggregators + aggregator; run * run_length_ < num_columns_;
+         run += pairs_) {
+      const uint64_t first = row_start + run * run_length_;
+      if (first >= num_blocks_) return;
+      fn(first, std::min<uint64_t>(run_length_, num_blocks_ - first));
+    }
+  }
+
   JobShape shape_;
   uint64_t element_count_;
   uint64_t block_size_;

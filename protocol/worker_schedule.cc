@@ -23,15 +23,6 @@ uint64_t WorkerSchedule::NextNonzero(uint64_t from) const {
   return kEndOfColumn;
 }
 
-std::vector<OutgoingFrame> WorkerSchedule::Start() {
-  std::vector<OutgoingFrame> frames;
-  for (uint32_t s = 0; s < shape_.slots; ++s) {
-    OutgoingFrame frame;
-    if (StartSlot(s, &frame)) frames.push_back(std::move(frame));
-  }
-  return frames;
-}
-
 bool WorkerSchedule::StartSlot(uint32_t s, OutgoingFrame* frame) {
   ++started_slots_;
   Slot& slot = slots_[s];

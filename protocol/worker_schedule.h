@@ -25,8 +25,6 @@ class WorkerSchedule {
   WorkerSchedule(const JobShape& shape, uint32_t aggregator_index, const CollectiveSpec& spec,
                  uint32_t element_size, std::span<const uint8_t> block_flags);
 
-  // The round-0 (announce) frames, one per slot that has non-empty columns.
-  std::vector<OutgoingFrame> Start();
   // Starts one slot: its announce frame in `*frame`, or false when the slot has no block. The flags of the slot's
   // blocks (layout().ForEachRun) must be final. Each slot is started once; the schedule is done only when all
   // were started.

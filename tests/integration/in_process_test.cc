@@ -38,6 +38,18 @@ std::string ReduceAndCheck(Worker& worker, const tools::SyntheticSpec& spec, uin
   return std::memcmp(t.data(), ref.data(), t.size() * sizeof(float)) == 0 ? "" : "wrong result";
 }
 
+// A raw TCP connection to a local daemon's "127.0.0.1:PORT", for tests that play a peer by hand; -1 on failure.
+int ConnectTo(const std::string& address) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1))));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return fd;
+  if (fd >= 0) close(fd);
+  return -1;
+}
+
 TEST(InProcess, TwoJobsInOneProcess) {
   auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
   ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
@@ -135,12 +147,8 @@ TEST(InProcess, RankThatLeftBetweenCollectivesIsReportedWithItsReason) {
   auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
   ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
   const std::string address = (*daemon)->AddressList();
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1))));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const int fd = ConnectTo(address);
+  ASSERT_GE(fd, 0) << "cannot connect to " << address;
   auto send_control = [fd](const proto::ControlMessage& message) {
     const ByteBuffer frame = EncodeControl(message);
     ASSERT_EQ(write(fd, frame.data(), frame.size()), static_cast<ssize_t>(frame.size()));
@@ -197,12 +205,8 @@ TEST(InProcess, OlderProtocolVersionIsRefusedByName) {
   auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
   ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
   const std::string address = (*daemon)->AddressList();
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1))));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const int fd = ConnectTo(address);
+  ASSERT_GE(fd, 0) << "cannot connect to " << address;
   proto::ControlMessage hello;
   hello.mutable_hello()->set_protocol_version(1);
   hello.mutable_hello()->set_job_id(22);
