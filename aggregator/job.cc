@@ -21,7 +21,7 @@ std::string RankList(const std::vector<uint32_t>& ranks) {
 }
 
 JobShape ShapeOf(const proto::Hello& h) {
-  return JobShape{h.world_size(), h.num_aggregators(), h.slots(), h.blocks_per_message()};
+  return JobShape{h.world_size(), h.num_aggregators(), h.slots(), h.blocks_per_message(), h.window()};
 }
 
 }  // namespace
@@ -310,20 +310,22 @@ Result<uint64_t> Job::Admit(const CollectiveSpec& spec) {
                       " bytes exceeds this aggregator's --max-tensor-bytes of " +
                       std::to_string(limits.max_tensor_bytes));
   }
-  // Frames of one round per rank and slot, a RESULT per slot, and the engine's next-index table, for the columns
-  // of this collective that this aggregator serves (a small tensor leaves most of the job's lanes empty).
+  // Up to `window` frames of K blocks per rank and slot (§4), a RESULT per slot, and the engine's per-column tables,
+  // for the columns of this collective that this aggregator serves (a small tensor leaves most lanes empty).
   const ColumnLayout layout(shape_, spec.element_count, spec.block_size, element_size);
   uint64_t columns = 0;
   for (uint32_t s = 0; s < shape_.slots; ++s) columns += layout.NonEmptyLanes(aggregator_index_, s);
   const uint64_t entry = kEntrySize + Pad8(uint64_t{spec.block_size} * element_size);
-  const uint64_t memory = (uint64_t{shape_.world_size} + 1) * columns * entry + uint64_t{shape_.world_size} * columns * 8;
+  const uint64_t memory = (uint64_t{shape_.world_size} * shape_.window + 1) * columns * entry +
+                          uint64_t{shape_.world_size} * columns * 16;
   if (memory > limits.max_job_memory) {
     return Status(StatusCode::kResourceExhausted,
                   "the collective would hold up to " + std::to_string(memory) + " bytes on this aggregator ((" +
-                      std::to_string(shape_.world_size) + " ranks + 1) x " + std::to_string(columns) +
+                      std::to_string(shape_.world_size) + " ranks x window " + std::to_string(shape_.window) +
+                      " + 1) x " + std::to_string(columns) +
                       " columns x " + std::to_string(entry) + " bytes per block, plus index tables), above its " +
                       "--max-job-memory of " + std::to_string(limits.max_job_memory) +
-                      "; use fewer slots or blocks per message");
+                      "; use fewer slots, blocks per message or a smaller window");
   }
   if (!context_.memory.TryReserve(memory)) {
     return Status(StatusCode::kResourceExhausted,

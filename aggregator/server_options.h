@@ -25,6 +25,7 @@ struct ServerOptions {
   uint32_t max_world_size = 4096;
   uint32_t max_slots = 1024;
   uint32_t max_blocks_per_message = 4096;
+  uint32_t max_window = 256;
   uint64_t max_tensor_bytes = 16ull << 30;  // element count x element size of one collective
   // What one job's collective may hold on this aggregator: every rank's contributions of one round in every slot,
   // W · L · (24 + B · element size) bytes for its L ≤ S · K non-empty columns, plus one RESULT per slot and the

@@ -41,7 +41,7 @@ Status ValidateHello(const proto::Hello& h, const ServerOptions& o) {
                                                     " is not supported (this aggregator speaks " +
                                                     std::to_string(kProtocolVersion) + ")");
   }
-  JobShape shape{h.world_size(), h.num_aggregators(), h.slots(), h.blocks_per_message()};
+  JobShape shape{h.world_size(), h.num_aggregators(), h.slots(), h.blocks_per_message(), h.window()};
   if (Status st = ValidateShape(shape); !st.ok()) return st;
   if (h.rank() >= h.world_size()) {
     return InvalidArgument("rank " + std::to_string(h.rank()) + " is out of range for world_size " +
@@ -59,6 +59,7 @@ Status ValidateHello(const proto::Hello& h, const ServerOptions& o) {
   };
   if (Status st = limit("world_size", h.world_size(), o.max_world_size); !st.ok()) return st;
   if (Status st = limit("slots", h.slots(), o.max_slots); !st.ok()) return st;
+  if (Status st = limit("window", h.window(), o.max_window); !st.ok()) return st;
   return limit("blocks_per_message", h.blocks_per_message(), o.max_blocks_per_message);
 }
 

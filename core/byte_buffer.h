@@ -25,6 +25,8 @@ class ByteBuffer {
   size_t size() const { return size_; }
   std::span<std::byte> span() { return {data_.get(), size_}; }
   std::span<const std::byte> span() const { return {data_.get(), size_}; }
+  // Makes the buffer look `size` bytes long (at most its size); the memory stays allocated until it is released.
+  void Shrink(size_t size) { size_ = size < size_ ? size : size_; }
 
  private:
   friend class BufferPool;

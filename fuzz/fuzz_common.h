@@ -79,7 +79,8 @@ class Rng {
 };
 
 // Bytes 0..6 of the input: a small job shape and spec (W 1..4, A 1..2, S 1..3, K 1..4, N 0..200, B 1..8 or
-// rarely 9..72, float32 or int32). Layout of those bytes is part of the seed format, see fuzz/README.md.
+// rarely 9..72, float32 or int32, window D 1..3). Layout of those bytes is part of the seed format, see
+// fuzz/README.md; byte 6 holds both the dtype (bit 0) and the window (1 + (byte >> 1) % 3).
 struct SmallSetup {
   JobShape shape;
   CollectiveSpec spec;
@@ -95,7 +96,9 @@ inline SmallSetup ReadSmallSetup(ByteReader& in) {
   s.spec.element_count = in.U8() % 201;
   const uint8_t b = in.U8();  // mostly 1..8; 9..72 (blocks of >= 64 bytes reach the scan's wide loop) for b >= 0xE0
   s.spec.block_size = b < 0xE0 ? 1 + b % 8 : 9 + b % 64;
-  s.spec.dtype = (in.U8() & 1) ? DType::kInt32 : DType::kFloat32;
+  const uint8_t d = in.U8();  // bit 0: dtype; the rest: window D 1..3
+  s.spec.dtype = (d & 1) ? DType::kInt32 : DType::kFloat32;
+  s.shape.window = 1 + (d >> 1) % 3;
   s.spec.op = ReduceOp::kSum;
   s.element_size = 4;
   return s;

@@ -36,11 +36,13 @@ ColumnEngine::ColumnEngine(const JobShape& shape, uint32_t aggregator_index, uin
     if (slot.lanes == 0) continue;
     ++active_slots_;
     slot.active_lanes = slot.lanes;
+    slot.announces_missing = W;
     slot.cur.assign(slot.lanes, 0);
-    slot.next.assign(size_t{slot.lanes} * W, kEndOfColumn);
-    slot.expected.assign(W, 1);  // round 0: everyone announces
-    slot.awaited = W;
-    slot.pending.resize(W);
+    slot.missing.assign(slot.lanes, 0);
+    slot.expect.assign(size_t{slot.lanes} * W, kEndOfColumn);
+    slot.queue_head.assign(size_t{slot.lanes} * W, kNone);
+    slot.queue_tail.assign(size_t{slot.lanes} * W, kNone);
+    slot.streams.resize(W);
   }
 }
 
@@ -49,20 +51,35 @@ uint64_t ColumnEngine::MaxContributionPayload() const {
 }
 
 std::vector<uint32_t> ColumnEngine::AwaitedRanks() const {
+  const uint32_t W = shape_.world_size;
   std::vector<uint32_t> ranks;
-  for (uint32_t r = 0; r < shape_.world_size; ++r) {
+  for (uint32_t r = 0; r < W; ++r) {
+    bool awaited = false;
     for (const Slot& slot : slots_) {
-      if (slot.active_lanes > 0 && slot.expected[r]) {
-        ranks.push_back(r);
-        break;
+      if (slot.active_lanes == 0) continue;
+      if (!slot.replied) {
+        awaited = !slot.streams[r].announced;
+      } else {
+        for (uint32_t lane = 0; lane < slot.lanes && !awaited; ++lane) {
+          const size_t i = size_t{lane} * W + r;
+          awaited = slot.cur[lane] != kEndOfColumn && slot.queue_head[i] == kNone && slot.expect[i] == slot.cur[lane];
+        }
       }
+      if (awaited) break;
     }
+    if (awaited) ranks.push_back(r);
   }
   return ranks;
 }
 
 std::string ColumnEngine::Where(uint32_t rank, uint32_t s) const {
   return "rank " + std::to_string(rank) + ", collective " + std::to_string(seq_) + ", slot " + std::to_string(s);
+}
+
+uint64_t ColumnEngine::Head(const Slot& slot, uint32_t lane, uint32_t rank) const {
+  const size_t i = size_t{lane} * shape_.world_size + rank;
+  const uint32_t node = slot.queue_head[i];
+  return node == kNone ? slot.expect[i] : slot.streams[rank].nodes[node].entry.block;
 }
 
 Status ColumnEngine::OnContribution(uint32_t rank, const FrameHeader& header, ByteBuffer payload,
@@ -80,112 +97,159 @@ Status ColumnEngine::OnContribution(uint32_t rank, const FrameHeader& header, By
   Slot& slot = slots_[s];
   if (slot.lanes == 0) return ProtocolError(Where(rank, s) + ": contribution for a slot with no blocks");
   if (slot.active_lanes == 0) return ProtocolError(Where(rank, s) + ": contribution after the slot finished");
-  if (!slot.expected[rank]) {
-    return ProtocolError(Where(rank, s) + ", round " + std::to_string(slot.round) +
-                         ": unexpected contribution (already sent, or nothing to contribute in this round)");
-  }
-
-  Pending& pending = slot.pending[rank];
-  if (Status st = DecodeDataPayload(header, payload.span(), &pending.entries); !st.ok()) {
-    return st.WithContext(Where(rank, s));
-  }
-  Status st = slot.round == 0 ? ValidateAnnounce(rank, slot, s, pending.entries)
-                              : ValidateRound(rank, slot, s, pending.entries);
+  std::vector<uint32_t>& ready = scratch_ready_;
+  ready.clear();
+  Status st = slot.streams[rank].announced ? OnBlocks(rank, slot, s, header, std::move(payload), &ready)
+                                           : OnAnnounce(rank, slot, s, header, payload);
   if (!st.ok()) return st;
-  pending.payload = std::move(payload);
-  slot.expected[rank] = 0;
-  if (--slot.awaited == 0) CompleteRound(slot, s, out);
+  if (!slot.replied) {
+    if (slot.announces_missing > 0) return Status::Ok();
+    AnnounceReply(slot, s, out);
+    for (uint32_t lane = 0; lane < slot.lanes; ++lane) {
+      if (slot.cur[lane] != kEndOfColumn && slot.missing[lane] == 0) ready.push_back(lane);
+    }
+  }
+  for (uint32_t lane : ready) AggregateLane(slot, s, lane, out);
+  FlushResult(s, out);
+  if (slot.active_lanes == 0) {
+    --active_slots_;
+    std::vector<Stream>().swap(slot.streams);
+  }
   return Status::Ok();
 }
 
-Status ColumnEngine::ValidateAnnounce(uint32_t rank, Slot& slot, uint32_t s,
-                                      const std::vector<EntryView>& entries) const {
+Status ColumnEngine::OnAnnounce(uint32_t rank, Slot& slot, uint32_t s, const FrameHeader& header,
+                                const ByteBuffer& payload) {
+  std::vector<EntryView>& entries = scratch_entries_;
+  if (Status st = DecodeDataPayload(header, payload.span(), &entries); !st.ok()) return st.WithContext(Where(rank, s));
   if (entries.size() != slot.lanes) {
-    return ProtocolError(Where(rank, s) + ", round 0: " + std::to_string(entries.size()) +
-                         " announce entries, expected one per non-empty column (" + std::to_string(slot.lanes) + ")");
+    return ProtocolError(Where(rank, s) + ", announce: " + std::to_string(entries.size()) +
+                         " entries, expected one per non-empty column (" + std::to_string(slot.lanes) + ")");
   }
   const uint32_t W = shape_.world_size;
   for (uint32_t lane = 0; lane < slot.lanes; ++lane) {
     const EntryView& e = entries[lane];
     const uint64_t column = layout_.Column(aggregator_, s, lane);
     if (e.block != column || !e.data.empty()) {
-      return ProtocolError(Where(rank, s) + ", round 0, lane " + std::to_string(lane) + ": announce entry must be (block " +
+      return ProtocolError(Where(rank, s) + ", announce, lane " + std::to_string(lane) + ": entry must be (block " +
                            std::to_string(column) + ", no data), got block " + std::to_string(e.block) + " with " +
                            std::to_string(e.data.size()) + " data bytes");
     }
     if (!layout_.IsValidNext(e.next, column, column, /*inclusive=*/true)) {
-      return ProtocolError(Where(rank, s) + ", round 0: next index " + std::to_string(e.next) +
+      return ProtocolError(Where(rank, s) + ", announce: next index " + std::to_string(e.next) +
                            " is not a block of column " + std::to_string(column));
     }
   }
-  for (uint32_t lane = 0; lane < slot.lanes; ++lane) slot.next[size_t{lane} * W + rank] = entries[lane].next;
+  for (uint32_t lane = 0; lane < slot.lanes; ++lane) slot.expect[size_t{lane} * W + rank] = entries[lane].next;
+  slot.streams[rank].announced = true;
+  --slot.announces_missing;
   return Status::Ok();
 }
 
-Status ColumnEngine::ValidateRound(uint32_t rank, Slot& slot, uint32_t s,
-                                   const std::vector<EntryView>& entries) const {
+Status ColumnEngine::OnBlocks(uint32_t rank, Slot& slot, uint32_t s, const FrameHeader& header, ByteBuffer payload,
+                              std::vector<uint32_t>* ready) {
   const uint32_t W = shape_.world_size;
-  size_t i = 0;
-  for (uint32_t lane = 0; lane < slot.lanes; ++lane) {
-    const uint64_t cur = slot.cur[lane];
-    if (cur == kEndOfColumn || slot.next[size_t{lane} * W + rank] != cur) continue;
-    // The context string is built only on the error path: this loop runs for every block aggregated.
-    auto where = [&] {
-      return Where(rank, s) + ", round " + std::to_string(slot.round) + ", block " + std::to_string(cur);
-    };
-    if (i >= entries.size()) return ProtocolError(where() + ": missing entry for the block being aggregated");
-    const EntryView& e = entries[i++];
-    if (e.block != cur) {
-      return ProtocolError(where() + ": entry names block " + std::to_string(e.block) + " instead");
+  Stream& stream = slot.streams[rank];
+  if (stream.held_frames >= shape_.window) {
+    return ProtocolError(Where(rank, s) + ": a frame beyond the window: " + std::to_string(shape_.window) +
+                         " frames of this rank already wait for aggregation");
+  }
+  // Held before decoding, so that the entries point into the kept payload.
+  uint32_t f;
+  if (stream.free_frames.empty()) {
+    f = static_cast<uint32_t>(stream.frames.size());
+    stream.frames.emplace_back();
+  } else {
+    f = stream.free_frames.back();
+    stream.free_frames.pop_back();
+  }
+  HeldFrame& frame = stream.frames[f];
+  frame.payload = std::move(payload);
+  frame.waiting = 0;
+  std::vector<EntryView>& entries = scratch_entries_;
+  if (Status st = DecodeDataPayload(header, frame.payload.span(), &entries); !st.ok()) {
+    return st.WithContext(Where(rank, s));
+  }
+  if (entries.empty()) return ProtocolError(Where(rank, s) + ": a CONTRIBUTION after the announce without entries");
+  for (const EntryView& e : entries) {
+    // The context string is built only on the error path: this loop runs for every block received.
+    auto where = [&] { return Where(rank, s) + ", block " + std::to_string(e.block); };
+    if (stream.any_block && e.block <= stream.last_block) {
+      return ProtocolError(where() + ": blocks must come in increasing order, after block " +
+                           std::to_string(stream.last_block));
     }
-    const uint32_t elements = static_cast<uint32_t>(layout_.BlockElements(cur));
-    if (Status st = codec::CheckWireBlock(upload_, elements, element_size_, e.data); !st.ok()) {
+    if (e.block >= layout_.num_blocks()) {
+      return ProtocolError(where() + ": beyond the tensor's " + std::to_string(layout_.num_blocks()) + " blocks");
+    }
+    const uint64_t column = layout_.ColumnOf(e.block);
+    if (layout_.AggregatorOf(column) != aggregator_ || layout_.SlotOf(column) != s) {
+      return ProtocolError(where() + ": not a block of this slot of aggregator " + std::to_string(aggregator_));
+    }
+    const uint32_t lane = layout_.LaneOf(column);
+    const size_t i = size_t{lane} * W + rank;
+    if (slot.expect[i] != e.block) {
+      return ProtocolError(where() + ": the rank announced " +
+                           (slot.expect[i] == kEndOfColumn ? std::string("no further block")
+                                                           : "block " + std::to_string(slot.expect[i])) +
+                           " as its next one in column " + std::to_string(column));
+    }
+    if (e.data.empty()) return ProtocolError(where() + ": entry without data");
+    if (Status st = codec::CheckWireBlock(upload_, static_cast<uint32_t>(layout_.BlockElements(e.block)),
+                                          element_size_, e.data);
+        !st.ok()) {
       return st.WithContext(where());
     }
-    if (!layout_.IsValidNext(e.next, layout_.ColumnOf(cur), cur, /*inclusive=*/false)) {
+    if (!layout_.IsValidNext(e.next, column, e.block, /*inclusive=*/false)) {
       return ProtocolError(where() + ": next index " + std::to_string(e.next) + " is not a later block of the column");
     }
+    uint32_t n;
+    if (stream.free_nodes.empty()) {
+      n = static_cast<uint32_t>(stream.nodes.size());
+      stream.nodes.emplace_back();
+    } else {
+      n = stream.free_nodes.back();
+      stream.free_nodes.pop_back();
+    }
+    stream.nodes[n] = Queued{e, f, kNone};
+    if (slot.queue_tail[i] == kNone) {
+      slot.queue_head[i] = n;
+      // The lane waited for exactly this block.
+      if (slot.replied && slot.cur[lane] == e.block && --slot.missing[lane] == 0) ready->push_back(lane);
+    } else {
+      stream.nodes[slot.queue_tail[i]].next = n;
+    }
+    slot.queue_tail[i] = n;
+    slot.expect[i] = e.next;
+    stream.last_block = e.block;
+    stream.any_block = true;
+    ++frame.waiting;
   }
-  if (i != entries.size()) {
-    return ProtocolError(Where(rank, s) + ", round " + std::to_string(slot.round) + ": " +
-                         std::to_string(entries.size() - i) + " entries for blocks not being aggregated");
-  }
+  ++stream.held_frames;
   return Status::Ok();
 }
 
-void ColumnEngine::CompleteRound(Slot& slot, uint32_t s, std::vector<Broadcast>* out) {
-  if (slot.round == 0) {
-    AnnounceReply(slot, s, out);
-  } else {
-    AggregateReply(slot, s, out);
+uint32_t ColumnEngine::CountMissing(const Slot& slot, uint32_t lane) const {
+  const uint32_t W = shape_.world_size;
+  uint32_t missing = 0;
+  for (uint32_t r = 0; r < W; ++r) {
+    const size_t i = size_t{lane} * W + r;
+    if (slot.queue_head[i] == kNone && slot.expect[i] == slot.cur[lane]) ++missing;
   }
-  for (Pending& p : slot.pending) {
-    p.payload = ByteBuffer();
-    p.entries.clear();
-  }
-  ++slot.round;
-  if (slot.active_lanes == 0) {
-    --active_slots_;
-    std::vector<Pending>().swap(slot.pending);
-    return;
-  }
-  ComputeExpected(slot);
+  return missing;
 }
 
-void ColumnEngine::ComputeExpected(Slot& slot) {
-  const uint32_t W = shape_.world_size;
-  slot.awaited = 0;
-  std::fill(slot.expected.begin(), slot.expected.end(), 0);
-  for (uint32_t lane = 0; lane < slot.lanes; ++lane) {
-    const uint64_t cur = slot.cur[lane];
-    if (cur == kEndOfColumn) continue;
-    const uint64_t* next = &slot.next[size_t{lane} * W];
-    for (uint32_t r = 0; r < W; ++r) {
-      if (next[r] == cur && !slot.expected[r]) {
-        slot.expected[r] = 1;
-        ++slot.awaited;
-      }
-    }
+void ColumnEngine::Release(Slot& slot, uint32_t lane, uint32_t rank) {
+  const size_t i = size_t{lane} * shape_.world_size + rank;
+  Stream& stream = slot.streams[rank];
+  const uint32_t n = slot.queue_head[i];
+  slot.queue_head[i] = stream.nodes[n].next;
+  if (slot.queue_head[i] == kNone) slot.queue_tail[i] = kNone;
+  stream.free_nodes.push_back(n);
+  HeldFrame& frame = stream.frames[stream.nodes[n].frame];
+  if (--frame.waiting == 0) {
+    frame.payload = ByteBuffer();
+    stream.free_frames.push_back(stream.nodes[n].frame);
+    --stream.held_frames;
   }
 }
 
@@ -193,72 +257,102 @@ void ColumnEngine::AnnounceReply(Slot& slot, uint32_t s, std::vector<Broadcast>*
   const uint32_t W = shape_.world_size;
   std::vector<Entry> entries(slot.lanes);
   for (uint32_t lane = 0; lane < slot.lanes; ++lane) {
-    const uint64_t* next = &slot.next[size_t{lane} * W];
-    const uint64_t cur = *std::min_element(next, next + W);
+    uint64_t cur = kEndOfColumn;
+    for (uint32_t r = 0; r < W; ++r) cur = std::min(cur, Head(slot, lane, r));
     slot.cur[lane] = cur;
-    if (cur == kEndOfColumn) --slot.active_lanes;
+    if (cur == kEndOfColumn) {
+      --slot.active_lanes;
+    } else {
+      slot.missing[lane] = CountMissing(slot, lane);
+    }
     entries[lane] = Entry{layout_.Column(aggregator_, s, lane), cur, 0};
   }
+  slot.replied = true;
   FrameHeader header{FrameType::kResult, 0, s, job_, seq_, 0};
   out->push_back({s, std::make_shared<const ByteBuffer>(EncodeDataFrame(header, entries, {}))});
 }
 
-template <typename Combine>
-void ColumnEngine::AggregateLanes(Slot& slot, Combine&& combine) {
+void ColumnEngine::AggregateLane(Slot& slot, uint32_t s, uint32_t lane, std::vector<Broadcast>* out) {
   const uint32_t W = shape_.world_size;
-  // Each contributor's entries are in lane order, so one cursor per rank finds its entry for the lane.
-  std::vector<uint32_t> cursor(W, 0);
-  std::vector<const EntryView*> contributions;
-  contributions.reserve(W);
-  for (uint32_t lane = 0; lane < slot.lanes; ++lane) {
+  std::vector<const EntryView*>& contributions = scratch_contributions_;
+  std::vector<uint32_t>& contributors = scratch_contributors_;
+  while (slot.cur[lane] != kEndOfColumn && slot.missing[lane] == 0) {
     const uint64_t cur = slot.cur[lane];
-    if (cur == kEndOfColumn) continue;
-    uint64_t* next = &slot.next[size_t{lane} * W];
     contributions.clear();
+    contributors.clear();
     uint64_t new_cur = kEndOfColumn;
     for (uint32_t r = 0; r < W; ++r) {
-      if (next[r] == cur) {
-        contributions.push_back(&slot.pending[r].entries[cursor[r]++]);
-        next[r] = contributions.back()->next;
+      const size_t i = size_t{lane} * W + r;
+      const uint32_t n = slot.queue_head[i];
+      const std::vector<Queued>& nodes = slot.streams[r].nodes;
+      if (n != kNone && nodes[n].entry.block == cur) {
+        contributions.push_back(&nodes[n].entry);
+        contributors.push_back(r);
+        const uint32_t following = nodes[n].next;
+        new_cur = std::min(new_cur, following == kNone ? slot.expect[i] : nodes[following].entry.block);
+      } else {
+        new_cur = std::min(new_cur, Head(slot, lane, r));
       }
-      new_cur = std::min(new_cur, next[r]);
     }
-    // cur is the smallest announced next, so the lane has at least one contributor.
-    combine(cur, std::span<const EntryView* const>(contributions), new_cur);
+    // cur is the smallest head and no rank whose head it is misses it, so the lane has at least one contributor;
+    // they are in ascending rank order (§6).
+    std::byte* data = ResultSpace(s, out);
+    uint32_t bytes;
+    if (!decodes_) {
+      bytes = layout_.BlockBytes(cur);
+      const size_t count = bytes / element_size_;
+      kernels_->first(data, contributions[0]->data.data(), count);
+      for (size_t c = 1; c < contributions.size(); ++c) kernels_->accumulate(data, contributions[c]->data.data(), count);
+    } else {
+      // Codecs: contributions decoded and summed in fp32, the sum encoded in the download format.
+      const uint32_t n = static_cast<uint32_t>(layout_.BlockElements(cur));
+      for (size_t c = 0; c < contributions.size(); ++c) {
+        // Checked whole when the frame arrived (OnBlocks), so decoding cannot fail here.
+        (void)codec::DecodeFloats(upload_, contributions[c]->data, n, sum_scratch_.data(), c > 0);
+      }
+      bytes = EncodeResult(cur, sum_scratch_.data(), n, data);
+    }
+    std::memset(data + bytes, 0, Pad8(bytes) - bytes);
+    AddResult(Entry{cur, new_cur, bytes});
+    for (uint32_t r : contributors) Release(slot, lane, r);
     slot.cur[lane] = new_cur;
-    if (new_cur == kEndOfColumn) --slot.active_lanes;
     ++blocks_aggregated_;
+    if (new_cur == kEndOfColumn) {
+      --slot.active_lanes;
+    } else {
+      slot.missing[lane] = CountMissing(slot, lane);
+    }
   }
 }
 
-void ColumnEngine::AggregateReply(Slot& slot, uint32_t s, std::vector<Broadcast>* out) {
-  if (decodes_) return AggregateDecoded(slot, s, out);
-  std::vector<Entry> entries;
-  entries.reserve(slot.active_lanes);
-  for (uint32_t lane = 0; lane < slot.lanes; ++lane) {
-    const uint64_t cur = slot.cur[lane];
-    if (cur != kEndOfColumn) entries.push_back(Entry{cur, 0, layout_.BlockBytes(cur)});
+std::byte* ColumnEngine::ResultSpace(uint32_t s, std::vector<Broadcast>* out) {
+  const uint32_t K = shape_.blocks_per_message;
+  if (result_entries_.size() == K) FlushResult(s, out);
+  const uint64_t table_end = kFrameHeaderSize + uint64_t{kEntrySize} * K;
+  if (!result_frame_) {
+    const uint64_t size = kFrameHeaderSize + MaxDataPayloadFor(K, codec::MaxWireBytes(download_, spec_.block_size, element_size_));
+    result_frame_ = std::make_shared<ByteBuffer>(pool_ ? pool_->Acquire(size) : ByteBuffer(size));
+    result_data_bytes_ = 0;
   }
-  const size_t frame_size = kFrameHeaderSize + DataPayloadLength(entries);
-  auto frame = std::make_shared<ByteBuffer>(pool_ ? pool_->Acquire(frame_size) : ByteBuffer(frame_size));
+  return result_frame_->data() + table_end + result_data_bytes_;
+}
 
-  // Sum straight into the outgoing frame.
-  std::byte* data = frame->data() + kFrameHeaderSize + uint64_t{kEntrySize} * entries.size();
-  size_t e = 0;
-  AggregateLanes(slot, [&](uint64_t cur, std::span<const EntryView* const> contributions, uint64_t new_cur) {
-    const uint32_t bytes = layout_.BlockBytes(cur);
-    const size_t count = bytes / element_size_;
-    kernels_->first(data, contributions[0]->data.data(), count);
-    for (size_t i = 1; i < contributions.size(); ++i) {
-      kernels_->accumulate(data, contributions[i]->data.data(), count);
-    }
-    std::memset(data + bytes, 0, Pad8(bytes) - bytes);
-    data += Pad8(bytes);
-    entries[e++].next = new_cur;
-  });
-  // Header and table last: the next indices are known only now.
-  EncodeDataPrefix({FrameType::kResult, 0, s, job_, seq_, 0}, entries, frame->data());
-  out->push_back({s, std::move(frame)});
+void ColumnEngine::AddResult(const Entry& entry) {
+  result_entries_.push_back(entry);
+  result_data_bytes_ += Pad8(entry.data_bytes);
+}
+
+void ColumnEngine::FlushResult(uint32_t s, std::vector<Broadcast>* out) {
+  if (result_entries_.empty()) return;
+  const uint64_t table_end = kFrameHeaderSize + uint64_t{kEntrySize} * shape_.blocks_per_message;
+  const uint64_t prefix = kFrameHeaderSize + uint64_t{kEntrySize} * result_entries_.size();
+  std::byte* frame = result_frame_->data();
+  if (prefix != table_end) std::memmove(frame + prefix, frame + table_end, result_data_bytes_);
+  EncodeDataPrefix({FrameType::kResult, 0, s, job_, seq_, 0}, result_entries_, frame);
+  result_frame_->Shrink(prefix + result_data_bytes_);
+  out->push_back({s, std::move(result_frame_)});
+  result_frame_.reset();
+  result_entries_.clear();
 }
 
 uint32_t ColumnEngine::EncodeResult(uint64_t block, float* sum, uint32_t n, std::byte* out) {
@@ -268,32 +362,6 @@ uint32_t ColumnEngine::EncodeResult(uint64_t block, float* sum, uint32_t n, std:
   const float scale = codec::MaxAbsWithError(sum, error, n) * spec_.codec.sparsity;
   codec::QuantizeWithError(sum, error, n, scale, trit_scratch_.data());
   return static_cast<uint32_t>(codec::EncodeTernary(trit_scratch_.data(), n, scale, out));
-}
-
-void ColumnEngine::AggregateDecoded(Slot& slot, uint32_t s, std::vector<Broadcast>* out) {
-  // Decode and sum every lane's block in fp32, encode each sum into a slot scratch, then frame them: ternary sizes
-  // are known only once encoded.
-  const uint32_t max_bytes = codec::MaxWireBytes(download_, spec_.block_size, element_size_);
-  result_scratch_.resize(size_t{slot.active_lanes} * Pad8(max_bytes));
-  std::vector<Entry> entries;
-  entries.reserve(slot.active_lanes);
-  uint64_t data_length = 0;
-  AggregateLanes(slot, [&](uint64_t cur, std::span<const EntryView* const> contributions, uint64_t new_cur) {
-    const uint32_t n = static_cast<uint32_t>(layout_.BlockElements(cur));
-    for (size_t i = 0; i < contributions.size(); ++i) {
-      // Checked whole when the frame arrived (ValidateRound), so decoding cannot fail here.
-      (void)codec::DecodeFloats(upload_, contributions[i]->data, n, sum_scratch_.data(), i > 0);
-    }
-    const uint32_t bytes = EncodeResult(cur, sum_scratch_.data(), n, result_scratch_.data() + data_length);
-    std::memset(result_scratch_.data() + data_length + bytes, 0, Pad8(bytes) - bytes);
-    data_length += Pad8(bytes);
-    entries.push_back(Entry{cur, new_cur, bytes});
-  });
-  const size_t prefix = kFrameHeaderSize + uint64_t{kEntrySize} * entries.size();
-  auto frame = std::make_shared<ByteBuffer>(pool_ ? pool_->Acquire(prefix + data_length) : ByteBuffer(prefix + data_length));
-  EncodeDataPrefix({FrameType::kResult, 0, s, job_, seq_, 0}, entries, frame->data());
-  std::memcpy(frame->data() + prefix, result_scratch_.data(), data_length);
-  out->push_back({s, std::move(frame)});
 }
 
 }  // namespace sparsereduce

@@ -39,9 +39,10 @@ class ColumnEngine {
   uint64_t MaxContributionPayload() const;
 
   // A CONTRIBUTION from `rank` (header already decoded; `payload` holds header.payload_length bytes). The engine
-  // keeps the payload until the slot's round completes, so that ranks are summed in ascending order whatever the
-  // arrival order. Appends the RESULT frames that became ready to `out`. A non-ok status is a protocol violation
-  // by `rank`; the engine's state is then unspecified and the collective must be aborted.
+  // keeps the payload until every block in it is aggregated (a rank streams up to D frames per slot ahead, §4), so
+  // that ranks are summed in ascending order whatever the arrival order. Appends the RESULT frames that became
+  // ready to `out`. A non-ok status is a protocol violation by `rank`; the engine's state is then unspecified and
+  // the collective must be aborted.
   Status OnContribution(uint32_t rank, const FrameHeader& header, ByteBuffer payload, std::vector<Broadcast>* out);
 
   // All slots finished.
@@ -55,36 +56,62 @@ class ColumnEngine {
   uint64_t owned_blocks() const { return layout_.BlocksOf(aggregator_); }
 
  private:
-  struct Pending {
+  static constexpr uint32_t kNone = ~uint32_t{0};
+  // A received block not yet aggregated: a node of its (lane, rank) queue.
+  struct Queued {
+    EntryView entry;
+    uint32_t frame;  // index into Stream::frames
+    uint32_t next;   // next node of the queue, or kNone
+  };
+  // A received frame, kept while some of its blocks wait.
+  struct HeldFrame {
     ByteBuffer payload;
-    std::vector<EntryView> entries;
+    uint32_t waiting = 0;  // its blocks not yet aggregated
+  };
+  // What one rank sent on one slot.
+  struct Stream {
+    bool announced = false;
+    uint64_t last_block = 0;  // last data block received (blocks come in increasing order)
+    bool any_block = false;
+    uint32_t held_frames = 0;  // frames with waiting > 0 (at most D)
+    std::vector<HeldFrame> frames;
+    std::vector<uint32_t> free_frames;
+    std::vector<Queued> nodes;
+    std::vector<uint32_t> free_nodes;
   };
   struct Slot {
-    uint32_t lanes = 0;            // non-empty lanes (a prefix)
-    uint32_t round = 0;
-    uint32_t active_lanes = 0;     // lanes whose cur != END
-    uint32_t awaited = 0;          // contributions still missing in this round
-    std::vector<uint64_t> cur;     // per lane
-    std::vector<uint64_t> next;    // [lane * W + rank]: the rank's announced next block
-    std::vector<uint8_t> expected;  // per rank: must send in this round and has not yet
-    std::vector<Pending> pending;  // per rank
+    uint32_t lanes = 0;              // non-empty lanes (a prefix)
+    uint32_t active_lanes = 0;       // lanes whose cur != END
+    uint32_t announces_missing = 0;  // ranks that have not announced yet
+    bool replied = false;            // the announce reply went out; lanes then advance one by one
+    std::vector<uint64_t> cur;       // per lane
+    std::vector<uint32_t> missing;   // per lane: ranks whose block `cur` the lane still waits for
+    // [lane * W + rank]: the block the rank sends next in the lane (END: none left), and its queue of received,
+    // not yet aggregated blocks (node indices into the rank's Stream).
+    std::vector<uint64_t> expect;
+    std::vector<uint32_t> queue_head;
+    std::vector<uint32_t> queue_tail;
+    std::vector<Stream> streams;     // per rank
   };
 
-  Status ValidateAnnounce(uint32_t rank, Slot& slot, uint32_t s, const std::vector<EntryView>& entries) const;
-  Status ValidateRound(uint32_t rank, Slot& slot, uint32_t s, const std::vector<EntryView>& entries) const;
-  void CompleteRound(Slot& slot, uint32_t s, std::vector<Broadcast>* out);
+  // The rank's next block to aggregate in the lane: its oldest queued block, else the one it sends next.
+  uint64_t Head(const Slot& slot, uint32_t lane, uint32_t rank) const;
+  Status OnAnnounce(uint32_t rank, Slot& slot, uint32_t s, const FrameHeader& header, const ByteBuffer& payload);
+  // Queues the blocks of a CONTRIBUTION; appends to `ready` the lanes whose current block it completed.
+  Status OnBlocks(uint32_t rank, Slot& slot, uint32_t s, const FrameHeader& header, ByteBuffer payload,
+                  std::vector<uint32_t>* ready);
   void AnnounceReply(Slot& slot, uint32_t s, std::vector<Broadcast>* out);
-  // One aggregation round over the slot's active lanes, in lane order: `combine(cur, contributions, new_cur)`
-  // gets each lane's block, its contributors' entries in ascending rank order and the lane's next block (END
-  // when it finishes); the lane then moves on.
-  template <typename Combine>
-  void AggregateLanes(Slot& slot, Combine&& combine);
-  void AggregateReply(Slot& slot, uint32_t s, std::vector<Broadcast>* out);
-  // Codecs: contributions decoded and summed in fp32, the sum encoded in the download format.
-  void AggregateDecoded(Slot& slot, uint32_t s, std::vector<Broadcast>* out);
+  // Aggregates the lane's current block (every rank whose head it is has sent it) into the RESULT being built, then
+  // moves the lane on; repeats while the next block has arrived too.
+  void AggregateLane(Slot& slot, uint32_t s, uint32_t lane, std::vector<Broadcast>* out);
+  uint32_t CountMissing(const Slot& slot, uint32_t lane) const;
+  void Release(Slot& slot, uint32_t lane, uint32_t rank);
   // Encodes one summed block into `out` (at least MaxWireBytes of the download format); returns the bytes.
   uint32_t EncodeResult(uint64_t block, float* sum, uint32_t n, std::byte* out);
-  void ComputeExpected(Slot& slot);
+  // The RESULT being built: room for one more block's data (a full frame is sent first), then the entry.
+  std::byte* ResultSpace(uint32_t s, std::vector<Broadcast>* out);
+  void AddResult(const Entry& entry);
+  void FlushResult(uint32_t s, std::vector<Broadcast>* out);
   std::string Where(uint32_t rank, uint32_t s) const;
 
   JobShape shape_;
@@ -101,7 +128,14 @@ class ColumnEngine {
   codec::ErrorMemory* error_memory_;
   std::vector<float> sum_scratch_;       // one block, fp32
   std::vector<int8_t> trit_scratch_;     // one block's 3LC values
-  std::vector<std::byte> result_scratch_;  // a slot's encoded results before they are framed
+  std::vector<EntryView> scratch_entries_;
+  std::vector<uint32_t> scratch_ready_;
+  std::vector<const EntryView*> scratch_contributions_;
+  std::vector<uint32_t> scratch_contributors_;
+  // The RESULT under construction: data is written at its place for K entries and moved up when it has fewer.
+  std::shared_ptr<ByteBuffer> result_frame_;
+  std::vector<Entry> result_entries_;
+  uint64_t result_data_bytes_ = 0;
   std::vector<Slot> slots_;
   uint32_t active_slots_ = 0;
   uint64_t blocks_aggregated_ = 0;

@@ -6,7 +6,7 @@
 namespace sparsereduce {
 
 inline constexpr uint32_t kFrameMagic = 0x46445253;  // bytes "SRDF" read little-endian
-inline constexpr uint8_t kProtocolVersion = 2;  // 2: §2 layout in runs (2026-11-24)
+inline constexpr uint8_t kProtocolVersion = 3;  // 2: §2 layout in runs; 3: §4 streamed contributions
 inline constexpr uint32_t kFrameHeaderSize = 40;
 inline constexpr uint32_t kEntrySize = 24;
 inline constexpr uint32_t kMaxControlPayload = 64 * 1024;

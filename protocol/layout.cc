@@ -10,7 +10,8 @@ namespace sparsereduce {
 
 std::string JobShape::ToString() const {
   return "world_size=" + std::to_string(world_size) + " aggregators=" + std::to_string(num_aggregators) +
-         " slots=" + std::to_string(slots) + " blocks_per_message=" + std::to_string(blocks_per_message);
+         " slots=" + std::to_string(slots) +  " blocks_per_message=" + std::to_string(blocks_per_message) +
+         " window=" + std::to_string(window);
 }
 
 std::string CollectiveSpec::ToString() const {
@@ -51,6 +52,7 @@ Status ValidateShape(const JobShape& s) {
   if (s.num_aggregators == 0) return InvalidArgument("num_aggregators must be at least 1");
   if (s.slots == 0) return InvalidArgument("slots must be at least 1");
   if (s.blocks_per_message == 0) return InvalidArgument("blocks_per_message must be at least 1");
+  if (s.window == 0) return InvalidArgument("window must be at least 1");
   return Status::Ok();
 }
 

@@ -17,6 +17,8 @@ struct JobShape {
   uint32_t num_aggregators = 1;
   uint32_t slots = 1;               // S
   uint32_t blocks_per_message = 1;  // K
+  // D: CONTRIBUTION frames per slot a worker may have sent whose blocks are not all aggregated yet (§4).
+  uint32_t window = 1;
 
   bool operator==(const JobShape&) const = default;
   std::string ToString() const;

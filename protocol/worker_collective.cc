@@ -46,14 +46,11 @@ WorkerCollective::WorkerCollective(const JobShape& shape, uint64_t job, uint64_t
 
 std::vector<OutgoingFrame> WorkerCollective::Start(uint32_t aggregator) {
   std::vector<OutgoingFrame> frames;
-  for (uint32_t s = 0; s < shape_.slots; ++s) {
-    OutgoingFrame frame;
-    if (StartSlot(aggregator, s, &frame)) frames.push_back(std::move(frame));
-  }
+  for (uint32_t s = 0; s < shape_.slots; ++s) StartSlot(aggregator, s, &frames);
   return frames;
 }
 
-bool WorkerCollective::StartSlot(uint32_t aggregator, uint32_t slot, OutgoingFrame* frame) {
+bool WorkerCollective::StartSlot(uint32_t aggregator, uint32_t slot, std::vector<OutgoingFrame>* frames) {
   if (!encoder_) {
     const DTypeInfo& dtype = *FindDType(spec_.dtype);
     layout_.ForEachRun(aggregator, slot, [&](uint64_t first, uint64_t count) {
@@ -63,7 +60,10 @@ bool WorkerCollective::StartSlot(uint32_t aggregator, uint32_t slot, OutgoingFra
                                     std::span(flags_).subspan(first, count));
     });
   }
-  return schedules_[aggregator].StartSlot(slot, frame);
+  const size_t first = frames->size();
+  if (!schedules_[aggregator].StartSlot(slot, frames)) return false;
+  for (size_t i = first; i < frames->size(); ++i) SetWireSizes(&(*frames)[i]);
+  return true;
 }
 
 bool WorkerCollective::done() const {
@@ -86,8 +86,7 @@ void WorkerCollective::SetWireSizes(OutgoingFrame* frame) const {
 }
 
 Status WorkerCollective::OnResult(uint32_t aggregator, const FrameHeader& header,
-                                  std::span<const std::byte> payload, OutgoingFrame* next, bool* has_next) {
-  *has_next = false;
+                                  std::span<const std::byte> payload, std::vector<OutgoingFrame>* frames) {
   if (header.type != FrameType::kResult) {
     return ProtocolError(std::string("expected a RESULT frame, got ") + FrameTypeName(header.type));
   }
@@ -97,10 +96,9 @@ Status WorkerCollective::OnResult(uint32_t aggregator, const FrameHeader& header
                          std::to_string(seq_));
   }
   if (Status st = DecodeDataPayload(header, payload, &scratch_entries_); !st.ok()) return st;
-  if (Status st = schedules_[aggregator].OnResult(header.slot, scratch_entries_, next, has_next); !st.ok()) {
-    return st;
-  }
-  if (*has_next) SetWireSizes(next);
+  const size_t first = frames->size();
+  if (Status st = schedules_[aggregator].OnResult(header.slot, scratch_entries_, frames); !st.ok()) return st;
+  for (size_t i = first; i < frames->size(); ++i) SetWireSizes(&(*frames)[i]);
   for (const EntryView& e : scratch_entries_) {
     if (e.data.empty()) continue;
     std::byte* block = tensor_.data() + layout_.BlockByteOffset(e.block);

@@ -49,17 +49,18 @@ class WorkerCollective {
   uint64_t nonzero_blocks() const { return nonzero_blocks_; }  // the blocks this worker sends (of started slots)
   uint64_t selected_blocks() const { return encoder_ ? encoder_->selected_blocks() : 0; }
 
-  // The round-0 frames of every slot of `aggregator`.
+  // The first frames (announce and the window's CONTRIBUTIONs) of every slot of `aggregator`.
   std::vector<OutgoingFrame> Start(uint32_t aggregator);
   // Scans the blocks of one slot of `aggregator` (without a codec; a codec has chosen every block up front) and
-  // returns its round-0 frame in `*frame`, or false when the slot has no block. Starting the slots one by one lets
-  // the first ones travel while the rest of the tensor is still being scanned. Every slot is started once.
-  bool StartSlot(uint32_t aggregator, uint32_t slot, OutgoingFrame* frame);
+  // appends its announce and first CONTRIBUTIONs to `*frames`, or returns false when the slot has no block.
+  // Starting the slots one by one lets the first ones travel while the rest of the tensor is still being scanned.
+  // Every slot is started once.
+  bool StartSlot(uint32_t aggregator, uint32_t slot, std::vector<OutgoingFrame>* frames);
 
-  // A RESULT frame from `aggregator`. On success the data is in the tensor and `*next` holds the CONTRIBUTION to
-  // send on the same slot if `*has_next`.
+  // A RESULT frame from `aggregator`. On success the data is in the tensor and `*frames` has the CONTRIBUTIONs to
+  // send next on the same slot appended (often none).
   Status OnResult(uint32_t aggregator, const FrameHeader& header, std::span<const std::byte> payload,
-                  OutgoingFrame* next, bool* has_next);
+                  std::vector<OutgoingFrame>* frames);
 
   bool AggregatorDone(uint32_t aggregator) const { return schedules_[aggregator].done(); }
   bool done() const;

@@ -1,5 +1,7 @@
 #include "protocol/worker_schedule.h"
 
+#include <algorithm>
+
 #include "core/block_scan.h"
 #include "protocol/frame_format.h"
 
@@ -23,95 +25,142 @@ uint64_t WorkerSchedule::NextNonzero(uint64_t from) const {
   return kEndOfColumn;
 }
 
-bool WorkerSchedule::StartSlot(uint32_t s, OutgoingFrame* frame) {
+bool WorkerSchedule::StartSlot(uint32_t s, std::vector<OutgoingFrame>* frames) {
   ++started_slots_;
   Slot& slot = slots_[s];
   slot.lanes = layout_.NonEmptyLanes(aggregator_, s);
   if (slot.lanes == 0) return false;
   ++active_slots_;
   slot.active_lanes = slot.lanes;
-  slot.awaiting_result = true;
   slot.lane.resize(slot.lanes);
-  frame->slot = s;
-  frame->entries.clear();
-  frame->entries.reserve(slot.lanes);
+  OutgoingFrame& announce = frames->emplace_back();
+  announce.slot = s;
+  announce.entries.reserve(slot.lanes);
   for (uint32_t k = 0; k < slot.lanes; ++k) {
     const uint64_t column = layout_.Column(aggregator_, s, k);
     slot.lane[k].cur = column;
     slot.lane[k].my_next = NextNonzero(column);
-    frame->entries.push_back(Entry{column, slot.lane[k].my_next, 0});
+    announce.entries.push_back(Entry{column, slot.lane[k].my_next, 0});
   }
+  SendBlocks(slot, s, frames);
   return true;
 }
 
-Status WorkerSchedule::OnResult(uint32_t s, std::span<const EntryView> entries, OutgoingFrame* next,
-                                bool* has_next) {
-  *has_next = false;
+void WorkerSchedule::SendBlocks(Slot& slot, uint32_t s, std::vector<OutgoingFrame>* frames) {
+  const uint64_t columns = layout_.num_columns();
+  const uint32_t K = shape_.blocks_per_message;
+  while (!slot.all_sent && slot.held_frames < shape_.window) {
+    OutgoingFrame frame;
+    frame.slot = s;
+    while (frame.entries.size() < K) {
+      const uint64_t row_start = slot.send_row * columns;
+      if (row_start >= layout_.num_blocks()) {
+        slot.all_sent = true;
+        break;
+      }
+      // Columns grow with the lane, so a block past the tensor ends the (last) row.
+      const uint64_t block = row_start + layout_.Column(aggregator_, s, slot.send_lane);
+      if (block >= layout_.num_blocks() || ++slot.send_lane == slot.lanes) {
+        slot.send_lane = 0;
+        ++slot.send_row;
+      }
+      if (block >= layout_.num_blocks() || !(flags_[block] & kBlockNonzero)) continue;
+      frame.entries.push_back(Entry{block, NextNonzero(block + columns), layout_.BlockBytes(block)});
+    }
+    if (frame.entries.empty()) break;
+    slot.frame_first.push_back(frame.entries.front().block);
+    slot.last_sent = frame.entries.back().block;
+    slot.frame_waiting.push_back(static_cast<uint32_t>(frame.entries.size()));
+    ++slot.held_frames;
+    frames->push_back(std::move(frame));
+  }
+}
+
+void WorkerSchedule::Aggregated(Slot& slot, uint64_t block) {
+  const auto it = std::upper_bound(slot.frame_first.begin(), slot.frame_first.end(), block);
+  const size_t f = static_cast<size_t>(it - slot.frame_first.begin()) - 1;  // a sent block lies in a sent frame
+  if (--slot.frame_waiting[f] == 0) --slot.held_frames;
+}
+
+Status WorkerSchedule::OnResult(uint32_t s, std::span<const EntryView> entries, std::vector<OutgoingFrame>* frames) {
   if (s >= slots_.size()) return ProtocolError("RESULT for slot " + std::to_string(s) + " out of range");
   Slot& slot = slots_[s];
-  auto where = [&] { return "slot " + std::to_string(s) + ", round " + std::to_string(slot.round); };
-  if (!slot.awaiting_result) return ProtocolError(where() + ": RESULT when none is due");
+  auto where = [&] { return "slot " + std::to_string(s); };
+  if (slot.active_lanes == 0) return ProtocolError(where() + ": RESULT when none is due");
+  if (!slot.replied) return OnAnnounceReply(slot, s, entries, frames);
+  if (entries.empty()) return ProtocolError(where() + ": RESULT without entries");
 
+  // Entries are checked and applied one by one: a lane may advance more than once in one RESULT.
+  const uint64_t columns = layout_.num_columns();
+  for (const EntryView& e : entries) {
+    auto what = [&] { return where() + ", block " + std::to_string(e.block); };
+    if (e.block >= layout_.num_blocks() || layout_.AggregatorOf(layout_.ColumnOf(e.block)) != aggregator_ ||
+        layout_.SlotOf(layout_.ColumnOf(e.block)) != s) {
+      return ProtocolError(what() + ": RESULT for a block that is not one of this slot's");
+    }
+    const uint64_t column = layout_.ColumnOf(e.block);
+    Lane& lane = slot.lane[layout_.LaneOf(column)];
+    if (e.block != lane.cur) {
+      return ProtocolError(what() + ": RESULT for a block other than its column's current one (" +
+                           (lane.cur == kEndOfColumn ? std::string("finished") : std::to_string(lane.cur)) + ")");
+    }
+    const uint32_t elements = static_cast<uint32_t>(layout_.BlockElements(lane.cur));
+    if (Status st = codec::CheckWireBlock(download_, elements, element_size_, e.data); !st.ok()) {
+      return st.WithContext(what() + ": RESULT");
+    }
+    // After this block, this worker's next block to aggregate in the column; the new cur cannot lie beyond it.
+    uint64_t my_next = lane.my_next;
+    if (lane.cur == my_next) {
+      if (slot.frame_first.empty() || lane.cur > slot.last_sent) {
+        return ProtocolError(what() + ": RESULT for a block of this worker that it has not sent yet");
+      }
+      my_next = NextNonzero(lane.cur + columns);
+    }
+    if (!layout_.IsValidNext(e.next, column, lane.cur, /*inclusive=*/false) || e.next > my_next) {
+      return ProtocolError(what() + ": RESULT next index " + std::to_string(e.next) +
+                           " is not a block of the column between the current one and this worker's own next (" +
+                           std::to_string(my_next) + ")");
+    }
+    if (lane.cur == lane.my_next) Aggregated(slot, lane.cur);
+    lane.my_next = my_next;
+    lane.cur = e.next;
+    if (lane.cur == kEndOfColumn && --slot.active_lanes == 0) --active_slots_;
+  }
+  if (slot.active_lanes > 0) SendBlocks(slot, s, frames);
+  return Status::Ok();
+}
+
+Status WorkerSchedule::OnAnnounceReply(Slot& slot, uint32_t s, std::span<const EntryView> entries,
+                                       std::vector<OutgoingFrame>* frames) {
   // Validate everything before changing any state.
-  size_t i = 0;
+  auto where = [&] { return "slot " + std::to_string(s) + ", announce reply"; };
+  if (entries.size() != slot.lanes) {
+    return ProtocolError(where() + ": " + std::to_string(entries.size()) + " entries, expected one per column (" +
+                         std::to_string(slot.lanes) + ")");
+  }
   for (uint32_t k = 0; k < slot.lanes; ++k) {
     const Lane& lane = slot.lane[k];
-    if (lane.cur == kEndOfColumn) continue;
-    if (i >= entries.size()) {
-      return ProtocolError(where() + ": RESULT misses the entry for block " + std::to_string(lane.cur));
-    }
-    const EntryView& e = entries[i++];
+    const EntryView& e = entries[k];
     auto what = [&] { return where() + ", block " + std::to_string(lane.cur); };
     if (e.block != lane.cur) return ProtocolError(what() + ": RESULT entry names block " + std::to_string(e.block));
-    if (slot.round == 0 && !e.data.empty()) {
-      return ProtocolError(what() + ": round-0 RESULT carries " + std::to_string(e.data.size()) + " data bytes");
-    }
-    if (slot.round > 0) {
-      const uint32_t elements = static_cast<uint32_t>(layout_.BlockElements(lane.cur));
-      if (Status st = codec::CheckWireBlock(download_, elements, element_size_, e.data); !st.ok()) {
-        return st.WithContext(what() + ": RESULT");
-      }
-    }
-    const uint64_t column = layout_.ColumnOf(lane.cur);
-    if (!layout_.IsValidNext(e.next, column, lane.cur, /*inclusive=*/slot.round == 0) || e.next > lane.my_next) {
+    if (!e.data.empty()) return ProtocolError(what() + ": carries " + std::to_string(e.data.size()) + " data bytes");
+    if (!layout_.IsValidNext(e.next, lane.cur, lane.cur, /*inclusive=*/true) || e.next > lane.my_next) {
       return ProtocolError(what() + ": RESULT next index " + std::to_string(e.next) +
                            " is not a block of the column between the current one and this worker's own next (" +
                            std::to_string(lane.my_next) + ")");
     }
   }
-  if (i != entries.size()) {
-    return ProtocolError(where() + ": RESULT has " + std::to_string(entries.size() - i) + " surplus entries");
-  }
-
-  i = 0;
+  slot.replied = true;
   for (uint32_t k = 0; k < slot.lanes; ++k) {
-    Lane& lane = slot.lane[k];
-    if (lane.cur == kEndOfColumn) continue;
-    lane.cur = entries[i++].next;
-    if (lane.cur == kEndOfColumn) --slot.active_lanes;
+    slot.lane[k].cur = entries[k].next;
+    if (slot.lane[k].cur == kEndOfColumn) --slot.active_lanes;
   }
-  ++slot.round;
-  slot.awaiting_result = false;
   if (slot.active_lanes == 0) {
     --active_slots_;
     return Status::Ok();
   }
-  slot.awaiting_result = true;  // every round of an active slot ends with a RESULT, whether we send or not
-  BuildContribution(slot, s, next, has_next);
+  SendBlocks(slot, s, frames);
   return Status::Ok();
-}
-
-void WorkerSchedule::BuildContribution(Slot& slot, uint32_t s, OutgoingFrame* out, bool* has_next) {
-  out->slot = s;
-  out->entries.clear();
-  for (uint32_t k = 0; k < slot.lanes; ++k) {
-    Lane& lane = slot.lane[k];
-    if (lane.cur == kEndOfColumn || lane.my_next != lane.cur) continue;
-    const uint64_t following = NextNonzero(lane.cur + layout_.num_columns());
-    out->entries.push_back(Entry{lane.cur, following, layout_.BlockBytes(lane.cur)});
-    lane.my_next = following;
-  }
-  *has_next = !out->entries.empty();
 }
 
 }  // namespace sparsereduce

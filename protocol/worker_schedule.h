@@ -1,5 +1,5 @@
-// The worker's side of one collective on one aggregator: which blocks to send in which round, and the checks on
-// every RESULT (docs/PROTOCOL.md §4, §7). Pure logic: it never touches tensor memory; the caller copies block data.
+// The worker's side of one collective on one aggregator: which blocks to send when (streamed in increasing order
+// within the window), and the checks on every RESULT (docs/PROTOCOL.md §4, §7). Pure logic: it never touches tensor memory; the caller copies block data.
 #pragma once
 
 #include <cstdint>
@@ -25,16 +25,15 @@ class WorkerSchedule {
   WorkerSchedule(const JobShape& shape, uint32_t aggregator_index, const CollectiveSpec& spec,
                  uint32_t element_size, std::span<const uint8_t> block_flags);
 
-  // Starts one slot: its announce frame in `*frame`, or false when the slot has no block. The flags of the slot's
-  // blocks (layout().ForEachRun) must be final. Each slot is started once; the schedule is done only when all
-  // were started.
-  bool StartSlot(uint32_t slot, OutgoingFrame* frame);
+  // Starts one slot: appends its announce and its first CONTRIBUTIONs (as many as the window allows) to
+  // `*frames`, or returns false and appends nothing when the slot has no block. The flags of the slot's blocks
+  // (layout().ForEachRun) must be final. Each slot is started once; the schedule is done only when all were started.
+  bool StartSlot(uint32_t slot, std::vector<OutgoingFrame>* frames);
 
-  // Checks a RESULT on `slot` and advances. On success, `*next` receives the frame to send on the slot in the
-  // following round, or is left empty when this worker contributes nothing to it (or the slot finished). The
-  // caller then copies the data of `entries` into the tensor. A non-ok status is a protocol violation by the
-  // aggregator.
-  Status OnResult(uint32_t slot, std::span<const EntryView> entries, OutgoingFrame* next, bool* has_next);
+  // Checks a RESULT on `slot` and advances. On success, appends to `*frames` the CONTRIBUTIONs that the blocks it
+  // aggregated let into the window (often none). The caller then copies the data of `entries` into the tensor. A
+  // non-ok status is a protocol violation by the aggregator.
+  Status OnResult(uint32_t slot, std::span<const EntryView> entries, std::vector<OutgoingFrame>* frames);
 
   bool done() const { return started_slots_ == slots_.size() && active_slots_ == 0; }
   const ColumnLayout& layout() const { return layout_; }
@@ -42,18 +41,29 @@ class WorkerSchedule {
  private:
   struct Lane {
     uint64_t cur = 0;      // block the aggregator aggregates next (END: finished)
-    uint64_t my_next = 0;  // own next nonzero block not yet sent
+    uint64_t my_next = 0;  // own next nonzero block not yet aggregated
   };
   struct Slot {
     uint32_t lanes = 0;
-    uint32_t round = 0;
     uint32_t active_lanes = 0;
-    bool awaiting_result = false;
+    bool replied = false;  // the announce reply arrived; RESULTs then carry blocks
     std::vector<Lane> lane;
+    // Sending: the own blocks go out in increasing order; the next one to consider is (send_row, send_lane).
+    uint64_t send_row = 0;
+    uint32_t send_lane = 0;
+    bool all_sent = false;
+    std::vector<uint64_t> frame_first;    // first block of every frame sent, increasing
+    uint64_t last_sent = 0;               // the last block sent (when frame_first is not empty)
+    std::vector<uint32_t> frame_waiting;  // its blocks not yet aggregated
+    uint32_t held_frames = 0;             // frames with blocks not yet aggregated (at most the window)
   };
 
   uint64_t NextNonzero(uint64_t from) const;  // first nonzero block >= from in from's column, or END
-  void BuildContribution(Slot& slot, uint32_t s, OutgoingFrame* out, bool* has_next);
+  // Appends CONTRIBUTIONs of the next own blocks while the window has room.
+  void SendBlocks(Slot& slot, uint32_t s, std::vector<OutgoingFrame>* frames);
+  Status OnAnnounceReply(Slot& slot, uint32_t s, std::span<const EntryView> entries, std::vector<OutgoingFrame>* frames);
+  // One of the own blocks was aggregated: its frame waits for one block less.
+  void Aggregated(Slot& slot, uint64_t block);
 
   JobShape shape_;
   uint32_t aggregator_;

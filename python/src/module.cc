@@ -251,7 +251,7 @@ PYBIND11_MODULE(_sparsereduce, m) {
   py::class_<PyWorker>(m, "Worker")
       .def(py::init([](std::vector<std::string> aggregators, uint64_t job, uint32_t rank, uint32_t world_size,
                        std::string secret, uint32_t block_size, uint32_t slots, uint32_t blocks_per_message,
-                       double connect_timeout, double join_timeout, double collective_timeout,
+                       uint32_t window, double connect_timeout, double join_timeout, double collective_timeout,
                        std::string transport, std::string rdma_device, uint32_t rdma_port, int32_t rdma_gid_index,
                        uint32_t tcp_send_buffer, CodecOptions codec, uint64_t codec_seed) {
              WorkerOptions o;
@@ -263,6 +263,7 @@ PYBIND11_MODULE(_sparsereduce, m) {
              o.block_size = block_size;
              o.slots = slots;
              o.blocks_per_message = blocks_per_message;
+             o.window = window;
              o.connect_timeout = Milliseconds(connect_timeout, "connect_timeout");
              o.join_timeout = Milliseconds(join_timeout, "join_timeout");
              o.collective_timeout = Milliseconds(collective_timeout, "collective_timeout");
@@ -277,7 +278,7 @@ PYBIND11_MODULE(_sparsereduce, m) {
            }),
            py::arg("aggregators"), py::arg("job"), py::arg("rank"), py::arg("world_size"), py::kw_only(),
            py::arg("secret") = "", py::arg("block_size") = 256, py::arg("slots") = 8,
-           py::arg("blocks_per_message") = 128, py::arg("connect_timeout") = 30.0,
+           py::arg("blocks_per_message") = 128, py::arg("window") = 1, py::arg("connect_timeout") = 30.0,
            py::arg("join_timeout") = 60.0, py::arg("collective_timeout") = 60.0, py::arg("transport") = "",
            py::arg("rdma_device") = "", py::arg("rdma_port") = 1, py::arg("rdma_gid_index") = -1,
            py::arg("tcp_send_buffer") = 0, py::arg("codec") = CodecOptions{}, py::arg("codec_seed") = 0)

@@ -169,6 +169,7 @@ TEST(InProcess, RankThatLeftBetweenCollectivesIsReportedWithItsReason) {
   hello.mutable_hello()->set_num_aggregators(1);
   hello.mutable_hello()->set_slots(options.slots);
   hello.mutable_hello()->set_blocks_per_message(options.blocks_per_message);
+  hello.mutable_hello()->set_window(options.window);
   send_control(hello);
   std::unique_ptr<Worker> worker = rank0.get();  // returns once the job is formed, i.e. both Hellos were taken
 
@@ -199,7 +200,7 @@ TEST(InProcess, RankThatLeftBetweenCollectivesIsReportedWithItsReason) {
   EXPECT_TRUE((*daemon)->Stop());
 }
 
-// A peer of protocol version 1 (whose layout differs, docs/PROTOCOL.md §9) is refused with VERSION_MISMATCH
+// A peer of protocol version 2 (whose rounds differ, docs/PROTOCOL.md §9) is refused with VERSION_MISMATCH
 // naming the version, in a frame this version can read, and the connection is closed.
 TEST(InProcess, OlderProtocolVersionIsRefusedByName) {
   auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
@@ -208,14 +209,15 @@ TEST(InProcess, OlderProtocolVersionIsRefusedByName) {
   const int fd = ConnectTo(address);
   ASSERT_GE(fd, 0) << "cannot connect to " << address;
   proto::ControlMessage hello;
-  hello.mutable_hello()->set_protocol_version(1);
+  hello.mutable_hello()->set_protocol_version(2);
   hello.mutable_hello()->set_job_id(22);
   hello.mutable_hello()->set_world_size(1);
   hello.mutable_hello()->set_num_aggregators(1);
   hello.mutable_hello()->set_slots(1);
   hello.mutable_hello()->set_blocks_per_message(1);
+  hello.mutable_hello()->set_window(1);
   ByteBuffer frame = EncodeControl(hello);
-  frame.data()[4] = std::byte{1};  // the frame header's version byte, as a version-1 worker writes it
+  frame.data()[4] = std::byte{2};  // the frame header's version byte, as a version-2 (0.2.x) worker writes it
   ASSERT_EQ(write(fd, frame.data(), frame.size()), static_cast<ssize_t>(frame.size()));
 
   // Read the answer (one frame); the daemon then waits for this side to close (§5), which the test does.
@@ -241,7 +243,7 @@ TEST(InProcess, OlderProtocolVersionIsRefusedByName) {
   ASSERT_TRUE(error.ok()) << error.status().ToString();
   ASSERT_TRUE(error->has_error());
   EXPECT_EQ(error->error().code(), proto::VERSION_MISMATCH);
-  EXPECT_NE(error->error().message().find("version 1"), std::string::npos) << error->error().message();
+  EXPECT_NE(error->error().message().find("version 2"), std::string::npos) << error->error().message();
   // No Stop(): a drain waits out the rejected connection's 5 s close grace; the destructor kills the daemon.
 }
 

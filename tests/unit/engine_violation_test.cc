@@ -39,41 +39,51 @@ Status Feed(ColumnEngine& engine, uint32_t rank, Sent sent, std::vector<ColumnEn
   return engine.OnContribution(rank, sent.header, std::move(sent.payload), out);
 }
 
+std::vector<EntryView> Decode(const ColumnEngine::Broadcast& b) {
+  std::vector<EntryView> entries;
+  auto header = DecodeFrameHeader(b.frame->span());
+  EXPECT_TRUE(header.ok());
+  EXPECT_TRUE(DecodeDataPayload(*header, b.frame->span().subspan(kFrameHeaderSize), &entries).ok());
+  return entries;
+}
+
 TEST(ColumnEngine, WorkedExampleFromProtocolDoc) {
   ColumnEngine engine(kShape, 0, 1, 1, kSpec);
   std::vector<ColumnEngine::Broadcast> out;
-  ASSERT_TRUE(Feed(engine, 0, Contribution(0, {{0, 2, 0}, {1, 3, 0}}), &out).ok());
-  EXPECT_TRUE(out.empty());
+  // Rank 1 streams its announce and both its blocks (one frame of K = 2) before rank 0 has said anything.
   ASSERT_TRUE(Feed(engine, 1, Contribution(0, {{0, 2, 0}, {1, kEndOfColumn, 0}}), &out).ok());
+  ASSERT_TRUE(Feed(engine, 1, Contribution(0, {{2, 4, 8}, {4, kEndOfColumn, 8}}), &out).ok());
+  EXPECT_TRUE(out.empty());
+  EXPECT_EQ(engine.AwaitedRanks(), (std::vector<uint32_t>{0}));
+  ASSERT_TRUE(Feed(engine, 0, Contribution(0, {{0, 2, 0}, {1, 3, 0}}), &out).ok());
   ASSERT_EQ(out.size(), 1u);
-  std::vector<EntryView> entries;
-  auto header = DecodeFrameHeader(out[0].frame->span());
-  ASSERT_TRUE(header.ok());
-  ASSERT_TRUE(DecodeDataPayload(*header, out[0].frame->span().subspan(kFrameHeaderSize), &entries).ok());
+  std::vector<EntryView> entries = Decode(out[0]);
   ASSERT_EQ(entries.size(), 2u);
   EXPECT_EQ(entries[0].next, 2u);
   EXPECT_EQ(entries[1].next, 3u);
+  EXPECT_EQ(engine.AwaitedRanks(), (std::vector<uint32_t>{0}));  // blocks 2 and 3 wait for rank 0
 
+  // Rank 0's blocks complete block 2 and block 3; block 4 (rank 1's, already here) follows in the same RESULT.
   out.clear();
-  EXPECT_EQ(engine.AwaitedRanks(), (std::vector<uint32_t>{0, 1}));
-  ASSERT_TRUE(Feed(engine, 1, Contribution(0, {{2, 4, 8}}), &out).ok());
-  EXPECT_EQ(engine.AwaitedRanks(), (std::vector<uint32_t>{0}));
   ASSERT_TRUE(Feed(engine, 0, Contribution(0, {{2, kEndOfColumn, 8}, {3, kEndOfColumn, 8}}), &out).ok());
-  EXPECT_EQ(engine.AwaitedRanks(), (std::vector<uint32_t>{1}));  // round 2: only rank 1 owns block 4
-  ASSERT_EQ(out.size(), 1u);
-  header = DecodeFrameHeader(out[0].frame->span());
-  ASSERT_TRUE(DecodeDataPayload(*header, out[0].frame->span().subspan(kFrameHeaderSize), &entries).ok());
+  ASSERT_EQ(out.size(), 2u);  // K = 2 entries per RESULT
+  entries = Decode(out[0]);
   ASSERT_EQ(entries.size(), 2u);
   EXPECT_EQ(entries[0].block, 2u);
   EXPECT_EQ(entries[0].next, 4u);
-  EXPECT_EQ(entries[1].block, 3u);
+  EXPECT_EQ(entries[1].block, 4u);
   EXPECT_EQ(entries[1].next, kEndOfColumn);
+  entries = Decode(out[1]);
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_EQ(entries[0].block, 3u);
+  EXPECT_EQ(entries[0].next, kEndOfColumn);
+  EXPECT_TRUE(engine.done());
 
-  // Round 2: only rank 1 contributes; rank 0 sending anything is a violation.
+  // The slot is finished: anything more is a violation.
   out.clear();
   Status st = Feed(engine, 0, Contribution(0, {{4, kEndOfColumn, 8}}), &out);
   EXPECT_EQ(st.code(), StatusCode::kProtocolViolation);
-  EXPECT_NE(st.message().find("unexpected contribution"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("after the slot finished"), std::string::npos) << st.message();
 }
 
 struct Violation {
@@ -84,10 +94,10 @@ struct Violation {
 
 TEST(ColumnEngine, RejectsBadAnnounces) {
   const std::vector<Violation> cases = {
-      {"too few entries", {{0, 2, 0}}, "announce entries"},
-      {"too many entries", {{0, 2, 0}, {1, 3, 0}, {1, 3, 0}}, "announce entries"},
-      {"wrong block", {{1, 2, 0}, {1, 3, 0}}, "announce entry must be"},
-      {"data in round 0", {{0, 2, 8}, {1, 3, 0}}, "announce entry must be"},
+      {"too few entries", {{0, 2, 0}}, "expected one per non-empty column"},
+      {"too many entries", {{0, 2, 0}, {1, 3, 0}, {1, 3, 0}}, "expected one per non-empty column"},
+      {"wrong block", {{1, 2, 0}, {1, 3, 0}}, "entry must be"},
+      {"data in the announce", {{0, 2, 8}, {1, 3, 0}}, "entry must be"},
       {"next in another column", {{0, 3, 0}, {1, 3, 0}}, "not a block of column"},
       {"next past the tensor", {{0, 6, 0}, {1, 3, 0}}, "not a block of column"},
   };
@@ -102,7 +112,7 @@ TEST(ColumnEngine, RejectsBadAnnounces) {
   }
 }
 
-TEST(ColumnEngine, RejectsBadRounds) {
+TEST(ColumnEngine, RejectsBadBlocks) {
   auto engine_after_announce = [] {
     auto engine = std::make_unique<ColumnEngine>(kShape, 0, 1, 1, kSpec);
     std::vector<ColumnEngine::Broadcast> out;
@@ -110,13 +120,17 @@ TEST(ColumnEngine, RejectsBadRounds) {
     EXPECT_TRUE(Feed(*engine, 1, Contribution(0, {{0, 2, 0}, {1, kEndOfColumn, 0}}), &out).ok());
     return engine;
   };
+  // Rank 0 announced block 2 (column 0) and block 3 (column 1).
   const std::vector<std::pair<std::vector<Entry>, const char*>> cases = {
-      {{{2, kEndOfColumn, 8}}, "missing entry"},                            // rank 0 owes blocks 2 and 3
-      {{{2, kEndOfColumn, 8}, {3, kEndOfColumn, 8}, {5, 7, 8}}, "not being aggregated"},
-      {{{2, kEndOfColumn, 4}, {3, kEndOfColumn, 8}}, "data bytes"},        // short block
-      {{{2, 2, 8}, {3, kEndOfColumn, 8}}, "not a later block"},            // next not after block
-      {{{2, 3, 8}, {3, kEndOfColumn, 8}}, "not a later block"},            // next in the other column
-      {{{3, kEndOfColumn, 8}, {2, kEndOfColumn, 8}}, "names block"},       // lane order
+      {{}, "without entries"},
+      {{{3, kEndOfColumn, 8}, {2, kEndOfColumn, 8}}, "increasing order"},
+      {{{2, kEndOfColumn, 8}, {3, kEndOfColumn, 8}, {5, 7, 8}}, "beyond the tensor"},
+      {{{4, kEndOfColumn, 8}}, "announced block 2"},                       // skips its own block 2
+      {{{2, kEndOfColumn, 4}}, "data bytes"},                              // short block
+      {{{2, kEndOfColumn, 0}}, "without data"},
+      {{{2, 2, 8}}, "not a later block"},                                  // next not after block
+      {{{2, 3, 8}}, "not a later block"},                                  // next in the other column
+      {{{2, kEndOfColumn, 8}, {4, kEndOfColumn, 8}}, "no further block"},  // column 0 ended with block 2
   };
   for (const auto& [entries, expect] : cases) {
     SCOPED_TRACE(expect);
@@ -125,12 +139,49 @@ TEST(ColumnEngine, RejectsBadRounds) {
     Status st = Feed(*engine, 0, Contribution(0, entries), &out);
     EXPECT_EQ(st.code(), StatusCode::kProtocolViolation);
     EXPECT_NE(st.message().find(expect), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("rank 0"), std::string::npos) << st.message();
   }
-  // Duplicate contribution in one round.
+  // A block sent twice.
   auto engine = engine_after_announce();
   std::vector<ColumnEngine::Broadcast> out;
-  ASSERT_TRUE(Feed(*engine, 1, Contribution(0, {{2, 4, 8}}), &out).ok());
-  EXPECT_EQ(Feed(*engine, 1, Contribution(0, {{2, 4, 8}}), &out).code(), StatusCode::kProtocolViolation);
+  ASSERT_TRUE(Feed(*engine, 1, Contribution(0, {{2, kEndOfColumn, 8}}), &out).ok());
+  EXPECT_EQ(Feed(*engine, 1, Contribution(0, {{2, kEndOfColumn, 8}}), &out).code(), StatusCode::kProtocolViolation);
+}
+
+TEST(ColumnEngine, RejectsBlocksOfAnotherSlotOrAggregator) {
+  // A = 2, K = 1: aggregator 0 owns column 0 (blocks 0, 2, 4), aggregator 1 column 1.
+  ColumnEngine engine({2, 2, 1, 1}, 0, 1, 1, kSpec);
+  std::vector<ColumnEngine::Broadcast> out;
+  ASSERT_TRUE(Feed(engine, 0, Contribution(0, {{0, 2, 0}}), &out).ok());
+  Status st = Feed(engine, 0, Contribution(0, {{1, kEndOfColumn, 8}}), &out);
+  EXPECT_EQ(st.code(), StatusCode::kProtocolViolation);
+  EXPECT_NE(st.message().find("not a block of this slot of aggregator 0"), std::string::npos) << st.message();
+}
+
+TEST(ColumnEngine, RejectsAFrameBeyondTheWindow) {
+  // Window of one frame (the shape's default): rank 1's block 2 waits for rank 0's, so a second frame is too many.
+  ColumnEngine engine(kShape, 0, 1, 1, kSpec);
+  std::vector<ColumnEngine::Broadcast> out;
+  ASSERT_TRUE(Feed(engine, 0, Contribution(0, {{0, 2, 0}, {1, 3, 0}}), &out).ok());
+  ASSERT_TRUE(Feed(engine, 1, Contribution(0, {{0, 2, 0}, {1, kEndOfColumn, 0}}), &out).ok());
+  ASSERT_TRUE(Feed(engine, 1, Contribution(0, {{2, 4, 8}}), &out).ok());
+  Status st = Feed(engine, 1, Contribution(0, {{4, kEndOfColumn, 8}}), &out);
+  EXPECT_EQ(st.code(), StatusCode::kProtocolViolation);
+  EXPECT_NE(st.message().find("beyond the window"), std::string::npos) << st.message();
+
+  // With a window of two frames the same sequence is fine, and the engine holds the early block until rank 0's
+  // block 2 arrives.
+  JobShape wide = kShape;
+  wide.window = 2;
+  ColumnEngine engine2(wide, 0, 1, 1, kSpec);
+  out.clear();
+  ASSERT_TRUE(Feed(engine2, 0, Contribution(0, {{0, 2, 0}, {1, 3, 0}}), &out).ok());
+  ASSERT_TRUE(Feed(engine2, 1, Contribution(0, {{0, 2, 0}, {1, kEndOfColumn, 0}}), &out).ok());
+  ASSERT_TRUE(Feed(engine2, 1, Contribution(0, {{2, 4, 8}}), &out).ok());
+  ASSERT_TRUE(Feed(engine2, 1, Contribution(0, {{4, kEndOfColumn, 8}}), &out).ok());
+  EXPECT_EQ(out.size(), 1u);  // only the announce reply
+  ASSERT_TRUE(Feed(engine2, 0, Contribution(0, {{2, kEndOfColumn, 8}, {3, kEndOfColumn, 8}}), &out).ok());
+  EXPECT_TRUE(engine2.done());
 }
 
 TEST(ColumnEngine, RejectsSlotOutOfRangeAndEmptySlot) {
@@ -146,7 +197,7 @@ TEST(WorkerCollective, RejectsBadResults) {
   tensor[6] = 1.0f;  // block 3
   auto make = [&] {
     auto wc = std::make_unique<WorkerCollective>(kShape, 1, 1, kSpec, std::as_writable_bytes(std::span(tensor)));
-    EXPECT_EQ(wc->Start(0).size(), 1u);
+    EXPECT_EQ(wc->Start(0).size(), 2u);  // the announce and one frame with blocks 2 and 3
     return wc;
   };
   auto result = [](std::vector<Entry> entries, uint64_t job = 1, uint64_t seq = 1) {
@@ -161,32 +212,84 @@ TEST(WorkerCollective, RejectsBadResults) {
     return EncodeDataFrame({FrameType::kResult, 0, 0, job, seq, 0}, entries, data);
   };
   auto feed = [](WorkerCollective& wc, const ByteBuffer& frame) {
-    OutgoingFrame next;
-    bool has_next;
+    std::vector<OutgoingFrame> frames;
     auto header = DecodeFrameHeader(frame.span());
     EXPECT_TRUE(header.ok());
-    return wc.OnResult(0, *header, frame.span().subspan(kFrameHeaderSize), &next, &has_next);
+    return wc.OnResult(0, *header, frame.span().subspan(kFrameHeaderSize), &frames);
   };
-  const std::vector<std::pair<ByteBuffer, const char*>> cases = [&] {
-    std::vector<std::pair<ByteBuffer, const char*>> v;
-    v.emplace_back(result({{0, 2, 0}, {1, 3, 0}}, 9), "expected job 1");
-    v.emplace_back(result({{0, 2, 0}, {1, 3, 0}}, 1, 2), "collective 2");
-    v.emplace_back(result({{0, 2, 0}}), "misses the entry");
-    v.emplace_back(result({{0, 4, 0}, {1, 3, 0}}), "worker's own next");  // skips our block 2
-    v.emplace_back(result({{0, 2, 8}, {1, 3, 0}}), "data bytes");
-    v.emplace_back(result({{0, 2, 0}, {1, 3, 0}, {1, 3, 0}}), "surplus");
+  const ByteBuffer reply = result({{0, 2, 0}, {1, 3, 0}});
+  const std::vector<std::pair<std::vector<ByteBuffer>, const char*>> cases = [&] {
+    std::vector<std::pair<std::vector<ByteBuffer>, const char*>> v;
+    auto one = [](ByteBuffer b) {
+      std::vector<ByteBuffer> frames;
+      frames.push_back(std::move(b));
+      return frames;
+    };
+    auto after_reply = [&](ByteBuffer b) {
+      std::vector<ByteBuffer> frames;
+      frames.push_back(result({{0, 2, 0}, {1, 3, 0}}));
+      frames.push_back(std::move(b));
+      return frames;
+    };
+    v.emplace_back(one(result({{0, 2, 0}, {1, 3, 0}}, 9)), "expected job 1");
+    v.emplace_back(one(result({{0, 2, 0}, {1, 3, 0}}, 1, 2)), "collective 2");
+    v.emplace_back(one(result({{0, 2, 0}})), "expected one per column");
+    v.emplace_back(one(result({{0, 4, 0}, {1, 3, 0}})), "worker's own next");  // skips our block 2
+    v.emplace_back(one(result({{0, 2, 8}, {1, 3, 0}})), "data bytes");
+    v.emplace_back(one(result({{0, 2, 0}, {1, 3, 0}, {1, 3, 0}})), "expected one per column");
+    v.emplace_back(after_reply(result({})), "without entries");
+    v.emplace_back(after_reply(result({{4, kEndOfColumn, 8}})), "other than its column's current one");
+    v.emplace_back(after_reply(result({{2, kEndOfColumn, 4}})), "data bytes");
+    v.emplace_back(after_reply(result({{2, 3, 8}})), "not a block of the column");
+    v.emplace_back(after_reply(result({{2, kEndOfColumn, 8}, {2, kEndOfColumn, 8}})), "other than its column's current one");
+    v.emplace_back(after_reply(result({{12, kEndOfColumn, 8}})), "not one of this slot's");
     return v;
   }();
-  for (const auto& [frame, expect] : cases) {
+  for (const auto& [frames, expect] : cases) {
     SCOPED_TRACE(expect);
     auto wc = make();
-    Status st = feed(*wc, frame);
+    for (size_t i = 0; i + 1 < frames.size(); ++i) ASSERT_TRUE(feed(*wc, frames[i]).ok());
+    Status st = feed(*wc, frames.back());
     EXPECT_EQ(st.code(), StatusCode::kProtocolViolation);
     EXPECT_NE(st.message().find(expect), std::string::npos) << st.message();
   }
-  // A correct announce reply is accepted and yields our two blocks; a second reply before we sent is not due...
+  // A correct announce reply and results for both blocks finish the collective.
   auto wc = make();
-  EXPECT_TRUE(feed(*wc, result({{0, 2, 0}, {1, 3, 0}})).ok());
+  EXPECT_TRUE(feed(*wc, reply).ok());
+  EXPECT_TRUE(feed(*wc, result({{2, kEndOfColumn, 8}, {3, kEndOfColumn, 8}})).ok());
+  EXPECT_TRUE(wc->done());
+}
+
+TEST(WorkerCollective, RejectsAResultForABlockNotSentYet) {
+  // K = 2 and a window of one frame: blocks 0 and 1 go out first, blocks 2 and 3 only once both are aggregated.
+  const JobShape shape{2, 1, 1, 2};
+  std::vector<float> tensor(10, 0.0f);
+  tensor[0] = 1.0f;  // block 0
+  tensor[2] = 1.0f;  // block 1
+  tensor[4] = 1.0f;  // block 2
+  tensor[6] = 1.0f;  // block 3
+  WorkerCollective wc(shape, 1, 1, kSpec, std::as_writable_bytes(std::span(tensor)));
+  const std::vector<OutgoingFrame> first = wc.Start(0);
+  ASSERT_EQ(first.size(), 2u);  // announce, blocks 0 and 1; blocks 2 and 3 wait for the window
+  auto feed = [&](std::vector<Entry> entries) {
+    std::vector<std::vector<std::byte>> storage;
+    std::vector<std::span<const std::byte>> data;
+    for (const Entry& e : entries) {
+      if (e.data_bytes) {
+        storage.emplace_back(e.data_bytes, std::byte{0});
+        data.push_back(storage.back());
+      }
+    }
+    ByteBuffer frame = EncodeDataFrame({FrameType::kResult, 0, 0, 1, 1, 0}, entries, data);
+    std::vector<OutgoingFrame> frames;
+    auto header = DecodeFrameHeader(frame.span());
+    return wc.OnResult(0, *header, frame.span().subspan(kFrameHeaderSize), &frames);
+  };
+  ASSERT_TRUE(feed({{0, 0, 0}, {1, 1, 0}}).ok());
+  ASSERT_TRUE(feed({{0, 2, 8}}).ok());  // block 0 done; the frame still waits for block 1
+  Status st = feed({{2, kEndOfColumn, 8}});
+  EXPECT_EQ(st.code(), StatusCode::kProtocolViolation);
+  EXPECT_NE(st.message().find("has not sent yet"), std::string::npos) << st.message();
 }
 
 }  // namespace

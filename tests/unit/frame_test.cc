@@ -177,7 +177,7 @@ TEST(FrameHeaderTest, RejectsBadMagic) {
 }
 
 TEST(FrameHeaderTest, RejectsWrongVersion) {
-  for (int version : {0, 1, 3, 0x81, 0xFF}) {
+  for (int version : {0, 1, 2, 4, 0x81, 0xFF}) {
     auto bytes = HeaderBytes(DataHeader());
     bytes[4] = std::byte(static_cast<uint8_t>(version));
     Result<FrameHeader> r = DecodeFrameHeader(bytes);
@@ -320,7 +320,7 @@ TEST(FrameGoldenTest, DataFrameMatchesDocumentedLayout) {
   const Bytes expected = B({
       // header
       0x53, 0x52, 0x44, 0x46,                          // magic "SRDF"
-      0x02,                                            // version
+      0x03,                                            // version
       0x02,                                            // type CONTRIBUTION
       0x00, 0x00,                                      // flags
       0x58, 0x00, 0x00, 0x00,                          // payload_length = 3*24 + 8 + 8 = 88
@@ -387,7 +387,7 @@ TEST(FrameGoldenTest, ResultHeaderTypeByte) {
 TEST(FrameGoldenTest, ControlFrameMatchesDocumentedLayout) {
   const Bytes message = B({0x0A, 0x0B, 0x0C});
   ByteBuffer frame = EncodeControlFrame(message);
-  Bytes expected = B({0x53, 0x52, 0x44, 0x46, 0x02, 0x01, 0x00, 0x00, 0x03, 0x00, 0x00, 0x00});
+  Bytes expected = B({0x53, 0x52, 0x44, 0x46, 0x03, 0x01, 0x00, 0x00, 0x03, 0x00, 0x00, 0x00});
   expected.resize(kFrameHeaderSize, std::byte{0});  // slot, job, seq, entry_count, reserved: all zero
   expected.insert(expected.end(), message.begin(), message.end());
   EXPECT_EQ(Copy(frame.span()), expected);

@@ -100,9 +100,10 @@ inline SimulationOutcome Simulate(const JobShape& shape, const CollectiveSpec& s
     auto [w, a, to_aggregator] = key;
     if (a == kStartNextPair) {
       const uint64_t pair = next_pair[w]++;
-      OutgoingFrame frame;
+      std::vector<OutgoingFrame> frames;
       const uint32_t a_of_pair = static_cast<uint32_t>(pair % A);
-      if (workers[w]->StartSlot(a_of_pair, static_cast<uint32_t>(pair / A), &frame)) send_contribution(w, a_of_pair, frame);
+      workers[w]->StartSlot(a_of_pair, static_cast<uint32_t>(pair / A), &frames);
+      for (const OutgoingFrame& frame : frames) send_contribution(w, a_of_pair, frame);
       continue;
     }
     auto frame = channels[key].front();
@@ -129,14 +130,13 @@ inline SimulationOutcome Simulate(const JobShape& shape, const CollectiveSpec& s
       if (Status st = DecodeDataPayload(*header, payload, &entries); st.ok()) {
         for (const EntryView& e : entries) outcome.data_entries_received[w] += e.data.empty() ? 0 : 1;
       }
-      OutgoingFrame next;
-      bool has_next = false;
-      Status st = workers[w]->OnResult(a, *header, payload, &next, &has_next);
+      std::vector<OutgoingFrame> frames;
+      Status st = workers[w]->OnResult(a, *header, payload, &frames);
       if (!st.ok()) {
         outcome.status = st;
         return outcome;
       }
-      if (has_next) send_contribution(w, a, next);
+      for (const OutgoingFrame& frame : frames) send_contribution(w, a, frame);
     }
   }
   for (uint32_t a = 0; a < A; ++a) {

@@ -36,7 +36,7 @@ struct Config {
   std::string dtype = "float";
   double density = 1.0;
   std::string overlap = "random";
-  uint32_t block_size = 256, slots = 8, blocks_per_message = 128;
+  uint32_t block_size = 256, slots = 8, blocks_per_message = 128, window = 1;
   std::vector<std::string> aggregators;
   uint64_t job = 1;
   uint32_t rank = 0, world_size = 1;
@@ -138,8 +138,8 @@ void PrintHeader(const Config& c, const std::vector<std::string>& transports) {
   std::string used;
   for (const std::string& t : transports) used += (used.empty() ? "" : ",") + t;
   std::printf("# sparsereduce-perf: %u ranks, %zu aggregators, %s, density %g, overlap %s, block %u, slots %u, "
-              "blocks/message %u, rank 0 transports %s, codec %s\n", c.world_size, c.aggregators.size(),
-              c.dtype.c_str(), c.density, c.overlap.c_str(), c.block_size, c.slots, c.blocks_per_message, used.c_str(),
+              "blocks/message %u, window %u, rank 0 transports %s, codec %s\n", c.world_size, c.aggregators.size(),
+              c.dtype.c_str(), c.density, c.overlap.c_str(), c.block_size, c.slots, c.blocks_per_message, c.window, used.c_str(),
               c.codec.name.c_str());
   if (c.tcp_send_buffer != "0") std::printf("# tcp send buffer %s per aggregator connection\n", c.tcp_send_buffer.c_str());
   std::printf("# time: median over %u iterations of the slowest rank; GB = 1e9 B; busbw = algbw*2(n-1)/n; "
@@ -163,7 +163,7 @@ void WriteJson(const Config& c, const std::vector<Row>& rows) {
   out << "{\"tool\":\"sparsereduce\",\"world_size\":" << c.world_size << ",\"aggregators\":" << c.aggregators.size()
       << ",\"dtype\":\"" << c.dtype << "\",\"density\":" << c.density << ",\"overlap\":\"" << c.overlap
       << "\",\"block_size\":" << c.block_size << ",\"codec\":\"" << c.codec.name << "\",\"slots\":" << c.slots
-      << ",\"blocks_per_message\":" << c.blocks_per_message << ",\"tcp_send_buffer\":\"" << c.tcp_send_buffer
+      << ",\"blocks_per_message\":" << c.blocks_per_message << ",\"window\":" << c.window << ",\"tcp_send_buffer\":\"" << c.tcp_send_buffer
       << "\",\"results\":[";
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
@@ -197,6 +197,7 @@ int RunRank(const Config& c) {
   options.block_size = c.block_size;
   options.slots = c.slots;
   options.blocks_per_message = c.blocks_per_message;
+  options.window = c.window;
   options.transport = c.transport;
   options.tcp_send_buffer = static_cast<uint32_t>(*tcp_send_buffer);
   options.codec = c.codec;
@@ -301,6 +302,7 @@ int main(int argc, char** argv) {
   app.add_option("--block-size", c.block_size, "Elements per block")->capture_default_str();
   app.add_option("--slots", c.slots, "Messages in flight per aggregator connection")->capture_default_str();
   app.add_option("--blocks-per-message", c.blocks_per_message, "Blocks fused per message")->capture_default_str();
+  app.add_option("--window", c.window, "Messages per slot a worker streams ahead of the results")->capture_default_str();
   app.add_option("--aggregators", c.aggregators, "HOST:PORT,... of the job's aggregators")->delimiter(',');
   app.add_option("--job", c.job, "Job id")->capture_default_str();
   app.add_option("--rank", c.rank, "This process's rank")->capture_default_str();

@@ -106,6 +106,7 @@ class Worker::Impl : public AggregatorLink::Handler {
   std::promise<void> joined_;
   bool join_pending_ = true;
   std::deque<Request> queue_;
+  std::vector<OutgoingFrame> scratch_frames_;  // frames to send, reused
   std::optional<Active> active_;
   // Codec state per (codec, key), across collectives.
   std::map<std::pair<Codec, uint64_t>, codec::KeyState> codec_states_;
@@ -122,7 +123,7 @@ class Worker::Impl : public AggregatorLink::Handler {
 Worker::Impl::Impl(WorkerOptions options)
     : options_(std::move(options)),
       shape_{options_.world_size, static_cast<uint32_t>(options_.aggregators.size()), options_.slots,
-             options_.blocks_per_message},
+             options_.blocks_per_message, options_.window},
       work_(io_.get_executor()),
       deadline_(io_) {
   if (options_.aggregators.empty()) throw MakeError(InvalidArgument("no aggregators given"));
@@ -187,6 +188,7 @@ Worker::Impl::Impl(WorkerOptions options)
       hello.set_num_aggregators(shape_.num_aggregators);
       hello.set_slots(options_.slots);
       hello.set_blocks_per_message(options_.blocks_per_message);
+      hello.set_window(options_.window);
       if (!options_.secret.empty()) hello.set_auth_nonce(auth_nonces_[link->index()]);
       if (options_.transport == "auto" || options_.transport == "shm") hello.add_transports("shm");
       if (options_.transport == "rdma") hello.add_transports("rdma");
@@ -301,10 +303,10 @@ void Worker::Impl::StartSlots(uint64_t seq, uint64_t pair) {
   if (broken_ || !active_ || active_->collective->seq() != seq) return;
   // Slot-major order: slot 0 of every aggregator first, so that all aggregators get work from the start.
   const uint32_t aggregator = static_cast<uint32_t>(pair % links_.size());
-  OutgoingFrame frame;
-  if (active_->collective->StartSlot(aggregator, static_cast<uint32_t>(pair / links_.size()), &frame)) {
-    SendFrame(*links_[aggregator], frame);
-  }
+  std::vector<OutgoingFrame>& frames = scratch_frames_;
+  frames.clear();
+  active_->collective->StartSlot(aggregator, static_cast<uint32_t>(pair / links_.size()), &frames);
+  for (const OutgoingFrame& frame : frames) SendFrame(*links_[aggregator], frame);
   if (++pair < uint64_t{links_.size()} * shape_.slots) {
     asio::post(io_, [this, seq, pair] { StartSlots(seq, pair); });
     return;
@@ -417,11 +419,11 @@ Result<uint64_t> Worker::Impl::ResultLimit(AggregatorLink& link, const FrameHead
 
 void Worker::Impl::OnResult(AggregatorLink& link, const FrameHeader& header, ByteBuffer payload) {
   if (broken_ || !active_) return;
-  OutgoingFrame next;
-  bool has_next = false;
-  Status st = active_->collective->OnResult(link.index(), header, payload.span(), &next, &has_next);
+  std::vector<OutgoingFrame>& frames = scratch_frames_;
+  frames.clear();
+  Status st = active_->collective->OnResult(link.index(), header, payload.span(), &frames);
   if (!st.ok()) return Fail(st.WithContext(link.Name()), &link);
-  if (has_next) SendFrame(link, next);
+  for (const OutgoingFrame& frame : frames) SendFrame(link, frame);
   MaybeComplete();
 }
 

@@ -66,6 +66,10 @@ struct WorkerOptions {
   // Blocks fused into one message. 128 (128 KiB frames of fp32 at B = 256) halves the CPU per byte of 32 on
   // loopback and is no slower on sparse tensors (BENCHMARKS.md); each round-0 announce costs 24 bytes per column.
   uint32_t blocks_per_message = 128;
+  // CONTRIBUTION messages per slot whose blocks may wait at an aggregator at once: a worker streams its blocks up
+  // to this far ahead of the RESULTs (docs/PROTOCOL.md §4). The aggregator holds up to world_size x slots x window
+  // messages per job. 1 was fastest on the benchmark testbed (2 and 4 slowed dense tensors, BENCHMARKS.md).
+  uint32_t window = 1;
   // How each aggregator connection carries its frames: "auto" (shared memory when the aggregator offers it and
   // runs on this host, i.e. in this network namespace, else TCP), "tcp", "shm" (fail unless every aggregator is
   // reachable through shared memory) or "rdma" (every aggregator over RDMA; the device is checked when the Worker
