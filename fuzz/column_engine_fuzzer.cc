@@ -1,7 +1,7 @@
 // Fuzzes the aggregator's ColumnEngine (protocol/column_engine.h; docs/PROTOCOL.md §4, §6, §7), structure-aware.
 //
 // The input first picks a small job and collective (fuzz::ReadSmallSetup: W 1..4, A 1..2, S 1..3, K 1..4,
-// N 0..200, B 1..8, float32/int32), a tensor seed and a per-rank density. The harness then builds, for every
+// N 0..200, B 1..8, float32/int32, window D 1..3), a tensor seed and a per-rank density. The harness then builds, for every
 // aggregator a < A, the engine under test and an independent reference model of the aggregator written from
 // PROTOCOL.md (RefAggregator below), and one real WorkerCollective per rank over a generated tensor. The rest of the
 // input is a sequence of operations, each one byte followed by its arguments:
@@ -9,8 +9,9 @@
 //   op % 8 = 0,1,2  deliver the next CONTRIBUTION a real worker queued (argument: which (rank, aggregator, slot)
 //                   queue); the fuzzer thus chooses the interleaving of all connections and slots
 //            3,4    deliver the next RESULT queued for a worker (argument: which queue)
-//            5      a CONTRIBUTION generated from the reference model for a (rank, aggregator, slot) that owes one:
-//                   valid by construction, with input-chosen `next` indices and random block data
+//            5      a CONTRIBUTION generated from the reference model for a (rank, aggregator, slot) that may send
+//                   one (announce, or 1..K of its next blocks within the window): valid by construction, with
+//                   input-chosen entry count and `next` indices and random block data
 //            6      a mutated CONTRIBUTION: a queued worker frame (or a generated one) with 1..4 bytes changed, maybe
 //                   sent as another rank
 //            7      a raw CONTRIBUTION: input-chosen rank (possibly out of range), slot, entries and data lengths, or
@@ -22,13 +23,15 @@
 //  - the engine accepts exactly the frames the reference model accepts, and frames from in-sync real workers are
 //    always accepted; the run stops at the first rejection (the engine's state is unspecified after a violation);
 //  - every RESULT frame decodes cleanly (DecodeFrameHeader + DecodeDataPayload), fits the worker's payload limit, and
-//    equals the reference model's RESULT bit for bit (float NaN payloads excepted);
+//    the RESULTs of each CONTRIBUTION equal the reference model's, in order, bit for bit (float NaN payloads
+//    excepted; see RefAggregator for the order);
 //  - done() and AwaitedRanks() (when the engine has it) agree with the reference model;
 //  - real workers accept every RESULT while only their own frames have been delivered; at the end of the input the
 //    harness drains all queues, and then every engine and worker must be done and every tensor must equal the dense
 //    reference sum ((0 + x_0) + x_1) + ... bit for bit (§6).
 // Once a generated, mutated or raw frame has been accepted, the real workers no longer match the engines; from then
-// on only the reference model drives the engines (the drain generates valid frames until the engines are done).
+// on only the reference model drives the engines (the drain generates valid frames until the engines are done; a
+// rank that a valid frame let skip ahead in another column is stuck by the protocol, see RefAggregator::Stuck).
 #include <algorithm>
 #include <concepts>
 #include <cstddef>

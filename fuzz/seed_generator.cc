@@ -47,10 +47,11 @@ void Check(const Status& st, const char* what) {
   }
 }
 
-// The worked example of docs/PROTOCOL.md §4 (W=2, A=1, S=1, K=2, N=10, B=2), run for real; saves its frames.
+// The worked example of docs/PROTOCOL.md §4 (W=2, A=1, S=1, K=2, D=1, N=10, B=2), run for real; saves its frames
+// (step r: every frame the workers have queued goes to the aggregator, then every RESULT to both workers).
 void FrameSeeds() {
   const std::string t = "frame_decoder_fuzzer";
-  const JobShape shape{2, 1, 1, 2};
+  const JobShape shape{2, 1, 1, 2, 1};
   const CollectiveSpec spec{10, DType::kFloat32, ReduceOp::kSum, 2};
   std::vector<float> x0(10, 0.0f), x1(10, 0.0f);
   x0[4] = 1.5f;  // block 2
@@ -63,12 +64,14 @@ void FrameSeeds() {
   WorkerCollective* workers[2] = {&w0, &w1};
 
   std::vector<OutgoingFrame> pending[2] = {w0.Start(0), w1.Start(0)};
-  for (int round = 0; round < 3; ++round) {
+  for (int step = 0; step < 4 && !(engine.done() && w0.done() && w1.done()); ++step) {
     std::vector<ColumnEngine::Broadcast> out;
     for (uint32_t r = 0; r < 2; ++r) {
-      for (const OutgoingFrame& f : pending[r]) {
+      for (size_t i = 0; i < pending[r].size(); ++i) {
+        const OutgoingFrame& f = pending[r][i];
         const ByteBuffer frame = workers[r]->EncodeFrame(f);
-        Write(t, "contribution_r" + std::to_string(round) + "_rank" + std::to_string(r), frame);
+        Write(t, "contribution_r" + std::to_string(step) + "_rank" + std::to_string(r) + "_" + std::to_string(i),
+              frame);
         Result<FrameHeader> h = DecodeFrameHeader(frame.span());
         Check(h.status(), "header");
         ByteBuffer payload(h->payload_length);
@@ -77,14 +80,12 @@ void FrameSeeds() {
       }
       pending[r].clear();
     }
-    for (const auto& b : out) {
-      Write(t, "result_r" + std::to_string(round), *b.frame);
+    for (size_t i = 0; i < out.size(); ++i) {
+      const auto& b = out[i];
+      Write(t, "result_r" + std::to_string(step) + "_" + std::to_string(i), *b.frame);
       Result<FrameHeader> h = DecodeFrameHeader(b.frame->span());
       for (uint32_t r = 0; r < 2; ++r) {
-        OutgoingFrame next;
-        bool has_next = false;
-        Check(workers[r]->OnResult(0, *h, b.frame->span().subspan(kFrameHeaderSize), &next, &has_next), "worker");
-        if (has_next) pending[r].push_back(next);
+        Check(workers[r]->OnResult(0, *h, b.frame->span().subspan(kFrameHeaderSize), &pending[r]), "worker");
       }
     }
   }
@@ -109,6 +110,7 @@ void FrameSeeds() {
   h->set_num_aggregators(1);
   h->set_slots(1);
   h->set_blocks_per_message(2);
+  h->set_window(1);
   Write(t, "control_hello", EncodeControl(hello));
   proto::ControlMessage begin;
   begin.mutable_collective_begin()->set_seq(1);
@@ -139,6 +141,7 @@ void ControlSeeds() {
   h->set_num_aggregators(2);
   h->set_slots(2);
   h->set_blocks_per_message(8);
+  h->set_window(2);
   save("hello", {0x10, 0x20, 3, 7}, m);
 
   m.Clear();
@@ -193,7 +196,8 @@ std::vector<uint8_t> OpSeed(std::vector<uint8_t> prefix, std::initializer_list<u
 
 void EngineSeeds() {
   const std::string t = "column_engine_fuzzer";
-  // Setup bytes: W-1, A-1, S-1, K-1, N, B-1 (>= 0xE0: 9..72), dtype (odd: int32), 4 seed bytes, W densities.
+  // Setup bytes: W-1, A-1, S-1, K-1, N, B-1 (>= 0xE0: 9..72), dtype/window (bit 0: int32; D = 1 + (byte >> 1) % 3),
+  // 4 seed bytes, W densities.
   Write(t, "worked_example", std::vector<uint8_t>{1, 0, 0, 1, 10, 1, 0, 1, 2, 3, 4, 128, 128});
   Write(t, "deliver_w3a2s2k2", OpSeed({2, 1, 1, 1, 60, 2, 0, 5, 6, 7, 8, 60, 200, 30}, {0, 1, 3, 4}, 60, 1));
   Write(t, "deliver_int32_w4a1s3k4", OpSeed({3, 0, 2, 3, 200, 7, 1, 9, 9, 9, 9, 90, 10, 250, 0}, {0, 3}, 80, 2));
@@ -202,11 +206,16 @@ void EngineSeeds() {
   Write(t, "raw_w3a1s2k2", OpSeed({2, 0, 1, 1, 37, 4, 0, 7, 7, 7, 7, 128, 128, 128}, {0, 3, 7}, 40, 5));
   Write(t, "wide_blocks_w3a1s1k2", OpSeed({2, 0, 0, 1, 200, 0xF7, 0, 2, 7, 1, 8, 160, 40, 250}, {0, 3}, 60, 7));
   Write(t, "sparse_w4a2s3k4", OpSeed({3, 1, 2, 3, 180, 1, 0, 3, 1, 4, 1, 8, 0, 16, 4}, {0, 1, 2, 3, 4}, 100, 6));
+  Write(t, "window2_w3a1s2k2", OpSeed({2, 0, 1, 1, 120, 1, 2, 4, 4, 2, 2, 200, 90, 160}, {0, 1, 2, 3, 4}, 100, 8));
+  Write(t, "window3_int32_w2a2s1k3", OpSeed({1, 1, 0, 2, 150, 0, 5, 6, 1, 6, 1, 220, 220}, {0, 1, 3}, 100, 9));
+  Write(t, "window3_generated_w4a1s1k4", OpSeed({3, 0, 0, 3, 200, 0, 4, 3, 3, 9, 9, 100, 150, 200, 250}, {5, 0, 3}, 80, 10));
+  Write(t, "window2_mutated_raw_w2a1s2k1", OpSeed({1, 0, 1, 0, 40, 2, 2, 5, 5, 1, 1, 180, 180}, {0, 3, 6, 7}, 60, 18));
 }
 
 void WorkerSeeds() {
   const std::string t = "worker_collective_fuzzer";
-  // Setup bytes: W-1, A-1, S-1, K-1, N, B-1 (>= 0xE0: 9..72), dtype, 4 seed bytes, density, end mode.
+  // Setup bytes: W-1, A-1, S-1, K-1, N, B-1 (>= 0xE0: 9..72), dtype/window (bit 0: int32; D = 1 + (byte >> 1) % 3),
+  // 4 seed bytes, density, end mode.
   Write(t, "worked_example", std::vector<uint8_t>{1, 0, 0, 1, 10, 1, 0, 1, 2, 3, 4, 128, 0});
   Write(t, "valid_a2s2k2", OpSeed({0, 1, 1, 1, 90, 2, 0, 5, 6, 7, 8, 80, 0}, {0, 1, 2}, 60, 11));
   Write(t, "valid_int32_a1s3k4", OpSeed({0, 0, 2, 3, 200, 7, 1, 9, 8, 7, 6, 200, 0}, {0, 3}, 60, 12));
@@ -216,6 +225,9 @@ void WorkerSeeds() {
   Write(t, "restore_small_storage_a2s3k4", OpSeed({0, 1, 2, 3, 150, 1, 0, 2, 4, 6, 8, 100, 3}, {0, 1}, 30, 15));
   Write(t, "restore_exact_storage_a1s2k1", OpSeed({0, 0, 1, 0, 64, 0xF3, 0, 5, 4, 3, 2, 90, 5}, {0, 5}, 20, 16));
   Write(t, "large_storage_wide_blocks", OpSeed({0, 1, 0, 1, 200, 0xFF, 1, 8, 8, 8, 8, 150, 6}, {0, 2}, 30, 17));
+  Write(t, "window2_a1s2k2", OpSeed({0, 0, 1, 1, 160, 0, 2, 3, 1, 3, 1, 200, 0}, {0, 1, 2}, 80, 19));
+  Write(t, "window3_int32_a2s1k4", OpSeed({0, 1, 0, 3, 200, 1, 5, 2, 7, 2, 7, 230, 0}, {0, 3, 5}, 80, 20));
+  Write(t, "window3_raw_a1s1k1", OpSeed({0, 0, 0, 0, 30, 0, 4, 4, 2, 4, 2, 170, 0}, {0, 6, 7}, 40, 21));
 }
 
 }  // namespace

@@ -6,7 +6,8 @@
 // catches any write outside it), starts it on every aggregator, and keeps an independent reference model of the
 // worker (RefWorker below, written from PROTOCOL.md). The rest of the input is a sequence of operations:
 //
-//   op % 8 = 0..4  a valid RESULT generated from the reference model for a slot that awaits one, with input-chosen
+//   op % 8 = 0..4  a valid RESULT generated from the reference model for a slot that awaits one: the announce reply,
+//                  or 1..K entries of input-chosen columns (a column possibly more than once), with input-chosen
 //                  `next` indices (anything between the current block and this worker's own next) and random data
 //            5     such a RESULT with 1..4 bytes changed, possibly delivered as another aggregator's
 //            6     a structured RESULT with input-chosen slot, entries, indices and data lengths
@@ -16,8 +17,9 @@
 //  - no crash, no out-of-bounds access (ASan/UBSan), in particular no tensor write outside the tensor;
 //  - OnResult accepts exactly what the reference model accepts (valid generated RESULTs always), and a rejected
 //    RESULT leaves the tensor untouched; the run stops at the first rejection;
-//  - after each accepted RESULT: the CONTRIBUTION the worker asks to send next equals the reference model's, the
-//    tensor equals the reference model's, AggregatorDone()/done() agree; Start()'s announces equal the model's;
+//  - after each accepted RESULT: the CONTRIBUTIONs the worker asks to send next (0..n) equal the reference model's,
+//    the tensor equals the reference model's, AggregatorDone()/done() agree; Start()'s frames (announce and first
+//    window of blocks per slot) equal the model's;
 //  - at the end of the input, the harness delivers valid RESULTs until the collective is done, then Finish(): every
 //    own nonzero block was received, and the tensor holds exactly the received data, all-zero bits elsewhere;
 //  - if WorkerCollective has Restore() (detected at compile time) it is called after a rejected RESULT, or at the
@@ -54,14 +56,20 @@ constexpr uint64_t kSeq = 11;
 template <typename T>
 concept HasRestore = requires(T& t) { t.Restore(); };
 
-// The worker of docs/PROTOCOL.md on every aggregator, written from the document (no code shared with
-// protocol/worker_schedule.cc or protocol/layout.cc). Also tracks the tensor the worker must end up with.
+// The worker of docs/PROTOCOL.md (version 3: announce, then streamed blocks) on every aggregator, written from the
+// document (no code shared with protocol/worker_schedule.cc or protocol/layout.cc). Also tracks the tensor the
+// worker must end up with.
+//
+// Sending (§4): on start, a slot's announce, then its own nonzero blocks in increasing block order, K per frame
+// (the last one possibly shorter), as long as fewer than D sent frames still hold blocks not aggregated; after
+// every accepted RESULT on an unfinished slot, the frames the window admits again (often none).
 class RefWorker {
  public:
   RefWorker(const JobShape& shape, const CollectiveSpec& spec, std::span<const std::byte> tensor)
       : A_(shape.num_aggregators),
         S_(shape.slots),
         K_(shape.blocks_per_message),
+        D_(shape.window),
         spec_(spec),
         nb_(fuzz::NumBlocks(spec)),
         columns_(uint64_t{A_} * S_ * K_),
@@ -73,28 +81,41 @@ class RefWorker {
     for (uint64_t b = 0; b < nb_; ++b) own_.push_back(fuzz::BlockIsNonzero(spec, tensor, b));
   }
 
-  // The announces of aggregator `a` (§4, round 0), and the start of its slots.
+  // The announces and first CONTRIBUTIONs of every slot of aggregator `a`, slot by slot.
   std::vector<OutgoingFrame> Start(uint32_t a) {
     std::vector<OutgoingFrame> frames;
     for (uint32_t s = 0; s < S_; ++s) {
       Slot& sl = slots_[a][s];
       for (uint32_t k = 0; k < K_ && Column(a, s, k) < nb_; ++k) {
         const uint64_t c = Column(a, s, k);
+        sl.column.push_back(c);
         sl.lane.push_back(Lane{c, NextOwn(c)});
       }
       if (sl.lane.empty()) continue;
-      sl.awaiting = true;
+      for (uint64_t b = 0; b < nb_; ++b) {
+        if (own_[b] && LaneOf(sl, b) >= 0) sl.own.push_back(b);
+      }
       OutgoingFrame f{s, {}};
       for (const Lane& l : sl.lane) f.entries.push_back(Entry{l.cur, l.mine, 0});
       frames.push_back(std::move(f));
+      SendBlocks(sl, s, &frames);
     }
     return frames;
   }
 
-  bool Awaiting(uint32_t a, uint32_t s) const { return slots_[a][s].awaiting; }
+  // May a RESULT come on (a, s), i.e. can Generate make a valid one?
+  bool Awaiting(uint32_t a, uint32_t s) const {
+    const Slot& sl = slots_[a][s];
+    if (!Active(sl)) return false;
+    if (!sl.replied) return true;
+    for (const Lane& l : sl.lane) {
+      if (Eligible(sl, l)) return true;
+    }
+    return false;
+  }
   bool AggregatorDone(uint32_t a) const {
     for (const Slot& sl : slots_[a]) {
-      if (sl.awaiting) return false;
+      if (Active(sl)) return false;
     }
     return true;
   }
@@ -107,76 +128,63 @@ class RefWorker {
 
   // §7, worker on a RESULT (the header's job/seq/type are checked by the caller).
   bool Check(uint32_t a, uint32_t s, std::span<const EntryView> entries) const {
-    if (s >= S_ || !slots_[a][s].awaiting) return false;
-    const Slot& sl = slots_[a][s];
-    size_t i = 0;
-    for (const Lane& l : sl.lane) {
-      if (l.cur == kEndOfColumn) continue;
-      if (i == entries.size()) return false;
-      const EntryView& e = entries[i++];
-      if (e.block != l.cur) return false;
-      if (e.data.size() != (sl.round == 0 ? 0 : fuzz::BlockBytesOf(spec_, l.cur))) return false;
-      if (e.next != kEndOfColumn) {
-        if (e.next >= nb_ || e.next % columns_ != l.cur % columns_) return false;
-        if (sl.round == 0 ? e.next < l.cur : e.next <= l.cur) return false;
-      }
-      if (e.next > l.mine) return false;
-    }
-    return i == entries.size();
+    if (s >= S_) return false;
+    Slot copy = slots_[a][s];
+    return Advance(copy, entries);
   }
 
-  // Applies an accepted RESULT; `*next`/`*has_next`: the CONTRIBUTION the worker must send next on the slot.
-  void Apply(uint32_t a, uint32_t s, std::span<const EntryView> entries, OutgoingFrame* next, bool* has_next) {
+  // Applies an accepted RESULT; `*frames`: the CONTRIBUTIONs the worker must send next on the slot.
+  void Apply(uint32_t a, uint32_t s, std::span<const EntryView> entries, std::vector<OutgoingFrame>* frames) {
     Slot& sl = slots_[a][s];
-    size_t i = 0;
-    for (Lane& l : sl.lane) {
-      if (l.cur == kEndOfColumn) continue;
-      const EntryView& e = entries[i++];
-      if (!e.data.empty()) {
-        std::memcpy(tensor_.data() + l.cur * spec_.block_size * 4, e.data.data(), e.data.size());
-        received_[l.cur] = true;
-      }
-      l.cur = e.next;
+    FUZZ_CHECK(Advance(sl, entries), "reference model: Apply of a RESULT it rejects");
+    for (const EntryView& e : entries) {
+      if (e.data.empty()) continue;
+      std::memcpy(tensor_.data() + e.block * spec_.block_size * 4, e.data.data(), e.data.size());
+      received_[e.block] = true;
     }
-    ++sl.round;
-    *has_next = false;
-    next->slot = s;
-    next->entries.clear();
-    sl.awaiting = std::any_of(sl.lane.begin(), sl.lane.end(), [](const Lane& l) { return l.cur != kEndOfColumn; });
-    if (!sl.awaiting) return;
-    for (Lane& l : sl.lane) {
-      if (l.cur == kEndOfColumn || l.mine != l.cur) continue;
-      const uint64_t following = NextOwn(l.cur + columns_);
-      next->entries.push_back(Entry{l.cur, following, fuzz::BlockBytesOf(spec_, l.cur)});
-      l.mine = following;
-    }
-    *has_next = !next->entries.empty();
+    frames->clear();
+    if (Active(sl)) SendBlocks(sl, s, frames);
   }
 
-  // A valid RESULT for (a, s), which must await one; `choose()` picks each entry's next index.
+  // A valid RESULT for (a, s), which must be Awaiting; `choose()` picks the entry count, the columns and each
+  // entry's next index (anything between the current block and this worker's own next).
   template <typename Choose>
   std::vector<std::byte> Generate(uint32_t a, uint32_t s, Choose choose, Rng& rng) const {
-    const Slot& sl = slots_[a][s];
+    Slot sl = slots_[a][s];
     std::vector<PlainEntry> entries;
-    for (const Lane& l : sl.lane) {
-      if (l.cur == kEndOfColumn) continue;
-      std::vector<uint64_t> candidates;
-      for (uint64_t b = sl.round == 0 ? l.cur : l.cur + columns_; b < nb_ && b <= l.mine; b += columns_) {
-        candidates.push_back(b);
+    if (!sl.replied) {
+      for (const Lane& l : sl.lane) {
+        std::vector<uint64_t> candidates;
+        for (uint64_t b = l.cur; b < nb_ && b <= l.mine; b += columns_) candidates.push_back(b);
+        if (l.mine == kEndOfColumn) candidates.push_back(kEndOfColumn);
+        entries.push_back(PlainEntry{l.cur, candidates[choose() % candidates.size()], {}});
       }
-      if (l.mine == kEndOfColumn) candidates.push_back(kEndOfColumn);
+      return fuzz::WriteDataFrame(FrameType::kResult, s, kJob, kSeq, entries);
+    }
+    const uint32_t count = 1 + choose() % K_;
+    while (entries.size() < count) {
+      std::vector<uint32_t> eligible;
+      for (uint32_t k = 0; k < sl.lane.size(); ++k) {
+        if (Eligible(sl, sl.lane[k])) eligible.push_back(k);
+      }
+      if (eligible.empty()) break;
+      Lane& l = sl.lane[eligible[choose() % eligible.size()]];
+      const uint64_t my_next = l.cur == l.mine ? NextOwn(l.cur + columns_) : l.mine;
+      std::vector<uint64_t> candidates;
+      for (uint64_t b = l.cur + columns_; b < nb_ && b <= my_next; b += columns_) candidates.push_back(b);
+      if (my_next == kEndOfColumn) candidates.push_back(kEndOfColumn);
       FUZZ_CHECK(!candidates.empty(), "reference model: no valid next for block %llu",
                  static_cast<unsigned long long>(l.cur));
-      PlainEntry e{l.cur, candidates[choose() % candidates.size()], {}};
-      if (sl.round > 0) {
-        e.data.resize(fuzz::BlockBytesOf(spec_, l.cur));
-        for (size_t i = 0; i < e.data.size(); i += 4) {
-          const uint32_t v = fuzz::RandomElement(rng, spec_.dtype, /*allow_any_bits=*/true);
-          std::memcpy(e.data.data() + i, &v, 4);
-        }
+      PlainEntry e{l.cur, candidates[choose() % candidates.size()], std::vector<std::byte>(fuzz::BlockBytesOf(spec_, l.cur))};
+      for (size_t i = 0; i < e.data.size(); i += 4) {
+        const uint32_t v = fuzz::RandomElement(rng, spec_.dtype, /*allow_any_bits=*/true);
+        std::memcpy(e.data.data() + i, &v, 4);
       }
+      l.mine = my_next;
+      l.cur = e.next;
       entries.push_back(std::move(e));
     }
+    FUZZ_CHECK(!entries.empty(), "reference model: no RESULT entry possible on an awaiting slot");
     return fuzz::WriteDataFrame(FrameType::kResult, s, kJob, kSeq, entries);
   }
 
@@ -197,13 +205,99 @@ class RefWorker {
  private:
   struct Lane {
     uint64_t cur;   // block aggregated next (END: finished)
-    uint64_t mine;  // own next nonzero block not yet sent
+    uint64_t mine;  // own next nonzero block not yet aggregated
   };
   struct Slot {
-    uint32_t round = 0;
-    bool awaiting = false;
+    bool replied = false;
+    std::vector<uint64_t> column;  // [lane]
     std::vector<Lane> lane;
+    std::vector<uint64_t> own;     // own nonzero blocks of the slot, increasing
+    size_t sent = 0;               // own[0..sent) are sent
+    std::vector<uint64_t> frame_first;    // first block of each frame sent
+    std::vector<uint32_t> frame_waiting;  // its blocks not yet aggregated
+    uint32_t held = 0;                    // frames with blocks not yet aggregated
   };
+
+  static bool Active(const Slot& sl) {
+    if (sl.lane.empty()) return false;
+    if (!sl.replied) return true;
+    return std::any_of(sl.lane.begin(), sl.lane.end(), [](const Lane& l) { return l.cur != kEndOfColumn; });
+  }
+  static bool Sent(const Slot& sl, uint64_t block) { return sl.sent > 0 && block <= sl.own[sl.sent - 1]; }
+  // Can a RESULT carry the lane's cur now? (Not one of the worker's own blocks it has not sent.)
+  static bool Eligible(const Slot& sl, const Lane& l) {
+    return l.cur != kEndOfColumn && (l.cur != l.mine || Sent(sl, l.cur));
+  }
+
+  int LaneOf(const Slot& sl, uint64_t block) const {
+    if (block >= nb_) return -1;
+    for (size_t k = 0; k < sl.column.size(); ++k) {
+      if (sl.column[k] == block % columns_) return static_cast<int>(k);
+    }
+    return -1;
+  }
+
+  bool NextOk(uint64_t next, uint64_t column, uint64_t after, bool inclusive) const {
+    if (next == kEndOfColumn) return true;
+    if (next >= nb_ || next % columns_ != column) return false;
+    return inclusive ? next >= after : next > after;
+  }
+
+  // Checks a RESULT against `sl` and advances it (entry by entry); false: a protocol violation.
+  bool Advance(Slot& sl, std::span<const EntryView> entries) const {
+    if (!Active(sl)) return false;
+    if (!sl.replied) {
+      if (entries.size() != sl.lane.size()) return false;
+      for (size_t k = 0; k < entries.size(); ++k) {
+        const EntryView& e = entries[k];
+        const Lane& l = sl.lane[k];
+        if (e.block != l.cur || !e.data.empty() || !NextOk(e.next, l.cur, l.cur, /*inclusive=*/true) ||
+            e.next > l.mine) {
+          return false;
+        }
+      }
+      for (size_t k = 0; k < entries.size(); ++k) sl.lane[k].cur = entries[k].next;
+      sl.replied = true;
+      return true;
+    }
+    if (entries.empty()) return false;
+    for (const EntryView& e : entries) {
+      const int k = LaneOf(sl, e.block);
+      if (k < 0) return false;
+      Lane& l = sl.lane[k];
+      if (e.block != l.cur) return false;
+      if (e.data.size() != fuzz::BlockBytesOf(spec_, e.block)) return false;
+      uint64_t my_next = l.mine;
+      const bool mine = l.cur == l.mine;
+      if (mine) {
+        if (!Sent(sl, l.cur)) return false;
+        my_next = NextOwn(l.cur + columns_);
+      }
+      if (!NextOk(e.next, e.block % columns_, e.block, /*inclusive=*/false) || e.next > my_next) return false;
+      if (mine) {
+        const size_t f = static_cast<size_t>(
+            std::upper_bound(sl.frame_first.begin(), sl.frame_first.end(), e.block) - sl.frame_first.begin() - 1);
+        if (--sl.frame_waiting[f] == 0) --sl.held;
+      }
+      l.mine = my_next;
+      l.cur = e.next;
+    }
+    return true;
+  }
+
+  void SendBlocks(Slot& sl, uint32_t s, std::vector<OutgoingFrame>* frames) const {
+    while (sl.sent < sl.own.size() && sl.held < D_) {
+      OutgoingFrame f{s, {}};
+      while (f.entries.size() < K_ && sl.sent < sl.own.size()) {
+        const uint64_t b = sl.own[sl.sent++];
+        f.entries.push_back(Entry{b, NextOwn(b + columns_), fuzz::BlockBytesOf(spec_, b)});
+      }
+      sl.frame_first.push_back(f.entries.front().block);
+      sl.frame_waiting.push_back(static_cast<uint32_t>(f.entries.size()));
+      ++sl.held;
+      frames->push_back(std::move(f));
+    }
+  }
 
   uint64_t Column(uint32_t a, uint32_t s, uint32_t k) const { return fuzz::ColumnOf(shape_, run_length_, a, s, k); }
   uint64_t NextOwn(uint64_t from) const {
@@ -213,7 +307,7 @@ class RefWorker {
     return kEndOfColumn;
   }
 
-  uint32_t A_, S_, K_;
+  uint32_t A_, S_, K_, D_;
   CollectiveSpec spec_;
   uint64_t nb_, columns_;
   JobShape shape_;
@@ -247,16 +341,16 @@ class Harness {
     for (uint32_t a = 0; a < setup.shape.num_aggregators; ++a) {
       const std::vector<OutgoingFrame> got = worker_->Start(a);
       const std::vector<OutgoingFrame> want = ref_.Start(a);
-      FUZZ_CHECK(got.size() == want.size(), "aggregator %u: %zu announce frames, expected %zu", a, got.size(),
+      FUZZ_CHECK(got.size() == want.size(), "aggregator %u: %zu first frames, expected %zu", a, got.size(),
                  want.size());
       for (size_t i = 0; i < got.size(); ++i) {
-        FUZZ_CHECK(SameFrame(got[i], want[i]), "aggregator %u: announce frame %zu differs", a, i);
+        FUZZ_CHECK(SameFrame(got[i], want[i]), "aggregator %u: first frame %zu differs", a, i);
         // The encoded CONTRIBUTION must be a well-formed frame.
         const ByteBuffer f = worker_->EncodeFrame(got[i]);
         Result<FrameHeader> h = DecodeFrameHeader(f.span());
         std::vector<EntryView> v;
         FUZZ_CHECK(h.ok() && DecodeDataPayload(*h, f.span().subspan(kFrameHeaderSize), &v).ok(),
-                   "announce frame does not decode");
+                   "first frame does not decode");
       }
       FUZZ_CHECK(worker_->AggregatorDone(a) == ref_.AggregatorDone(a), "AggregatorDone(%u) after Start", a);
     }
@@ -373,9 +467,8 @@ class Harness {
     const bool ref_ok = h->type == FrameType::kResult && h->job == kJob && h->seq == kSeq &&
                         DecodeDataPayload(*h, payload.span(), &views).ok() && ref_.Check(a, h->slot, views);
 
-    OutgoingFrame next;
-    bool has_next = false;
-    const Status st = worker_->OnResult(a, *h, payload.span(), &next, &has_next);
+    std::vector<OutgoingFrame> next;
+    const Status st = worker_->OnResult(a, *h, payload.span(), &next);
     FUZZ_CHECK(st.ok() == ref_ok, "aggregator %u slot %u: worker says %s, reference model says %s", a, h->slot,
                st.ok() ? "OK" : st.ToString().c_str(), ref_ok ? "accept" : "reject");
     FUZZ_CHECK(st.ok() || !must_accept, "valid RESULT rejected: %s", st.ToString().c_str());
@@ -385,19 +478,20 @@ class Harness {
       TryRestore(*worker_);
       return false;
     }
-    OutgoingFrame want;
-    bool want_next = false;
-    ref_.Apply(a, h->slot, views, &want, &want_next);
-    FUZZ_CHECK(has_next == want_next && (!has_next || SameFrame(next, want)),
-               "aggregator %u slot %u: next CONTRIBUTION differs from the reference model", a, h->slot);
-    if (has_next) {
-      const ByteBuffer f = worker_->EncodeFrame(next);
+    std::vector<OutgoingFrame> want;
+    ref_.Apply(a, h->slot, views, &want);
+    FUZZ_CHECK(next.size() == want.size(), "aggregator %u slot %u: worker sends %zu CONTRIBUTIONs, reference model %zu",
+               a, h->slot, next.size(), want.size());
+    for (size_t i = 0; i < next.size(); ++i) {
+      FUZZ_CHECK(SameFrame(next[i], want[i]), "aggregator %u slot %u: CONTRIBUTION %zu differs from the reference model",
+                 a, h->slot, i);
+      const ByteBuffer f = worker_->EncodeFrame(next[i]);
       Result<FrameHeader> fh = DecodeFrameHeader(f.span());
       std::vector<EntryView> v;
       FUZZ_CHECK(fh.ok() && fh->payload_length <= worker_->MaxResultPayload() &&
                      DecodeDataPayload(*fh, f.span().subspan(kFrameHeaderSize), &v).ok(),
                  "CONTRIBUTION frame does not decode");
-      const ByteBuffer prefix = worker_->EncodePrefix(next);
+      const ByteBuffer prefix = worker_->EncodePrefix(next[i]);
       FUZZ_CHECK(prefix.size() <= f.size() && fuzz::SameBytes(prefix.data(), f.data(), prefix.size()),
                  "EncodePrefix differs from EncodeFrame");
     }
