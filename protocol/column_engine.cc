@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 
 #include "codec/ternary.h"
 #include "protocol/frame_format.h"
@@ -140,8 +141,13 @@ Status ColumnEngine::OnAnnounce(uint32_t rank, Slot& slot, uint32_t s, const Fra
                            " is not a block of column " + std::to_string(column));
     }
   }
-  for (uint32_t lane = 0; lane < slot.lanes; ++lane) slot.expect[size_t{lane} * W + rank] = entries[lane].next;
-  slot.streams[rank].announced = true;
+  Stream& stream = slot.streams[rank];
+  for (uint32_t lane = 0; lane < slot.lanes; ++lane) {
+    slot.expect[size_t{lane} * W + rank] = entries[lane].next;
+    if (entries[lane].next != kEndOfColumn) stream.nexts.push_back(entries[lane].next);
+  }
+  std::make_heap(stream.nexts.begin(), stream.nexts.end(), std::greater<>());
+  stream.announced = true;
   --slot.announces_missing;
   return Status::Ok();
 }
@@ -171,13 +177,13 @@ Status ColumnEngine::OnBlocks(uint32_t rank, Slot& slot, uint32_t s, const Frame
     return st.WithContext(Where(rank, s));
   }
   if (entries.empty()) return ProtocolError(Where(rank, s) + ": a CONTRIBUTION after the announce without entries");
+  if (entries.size() > shape_.blocks_per_message) {
+    return ProtocolError(Where(rank, s) + ": " + std::to_string(entries.size()) + " entries, more than the " +
+                         std::to_string(shape_.blocks_per_message) + " blocks per message");
+  }
   for (const EntryView& e : entries) {
     // The context string is built only on the error path: this loop runs for every block received.
     auto where = [&] { return Where(rank, s) + ", block " + std::to_string(e.block); };
-    if (stream.any_block && e.block <= stream.last_block) {
-      return ProtocolError(where() + ": blocks must come in increasing order, after block " +
-                           std::to_string(stream.last_block));
-    }
     if (e.block >= layout_.num_blocks()) {
       return ProtocolError(where() + ": beyond the tensor's " + std::to_string(layout_.num_blocks()) + " blocks");
     }
@@ -192,6 +198,12 @@ Status ColumnEngine::OnBlocks(uint32_t rank, Slot& slot, uint32_t s, const Frame
                            (slot.expect[i] == kEndOfColumn ? std::string("no further block")
                                                            : "block " + std::to_string(slot.expect[i])) +
                            " as its next one in column " + std::to_string(column));
+    }
+    // Equal to the column's next, so the heap holds it; anything smaller there was skipped.
+    if (stream.nexts.front() != e.block) {
+      return ProtocolError(where() + ": blocks must come in increasing order, and the rank's block " +
+                           std::to_string(stream.nexts.front()) + " (column " +
+                           std::to_string(layout_.ColumnOf(stream.nexts.front())) + ") has not come yet");
     }
     if (e.data.empty()) return ProtocolError(where() + ": entry without data");
     if (Status st = codec::CheckWireBlock(upload_, static_cast<uint32_t>(layout_.BlockElements(e.block)),
@@ -220,8 +232,13 @@ Status ColumnEngine::OnBlocks(uint32_t rank, Slot& slot, uint32_t s, const Frame
     }
     slot.queue_tail[i] = n;
     slot.expect[i] = e.next;
-    stream.last_block = e.block;
-    stream.any_block = true;
+    std::pop_heap(stream.nexts.begin(), stream.nexts.end(), std::greater<>());
+    if (e.next == kEndOfColumn) {
+      stream.nexts.pop_back();
+    } else {
+      stream.nexts.back() = e.next;
+      std::push_heap(stream.nexts.begin(), stream.nexts.end(), std::greater<>());
+    }
     ++frame.waiting;
   }
   ++stream.held_frames;

@@ -71,8 +71,9 @@ class ColumnEngine {
   // What one rank sent on one slot.
   struct Stream {
     bool announced = false;
-    uint64_t last_block = 0;  // last data block received (blocks come in increasing order)
-    bool any_block = false;
+    // The rank's next block of every column where it has one left, as a min-heap: a rank sends its blocks in
+    // increasing order, so each block it sends must be the top (§7), and nothing can be skipped.
+    std::vector<uint64_t> nexts;
     uint32_t held_frames = 0;  // frames with waiting > 0 (at most D)
     std::vector<HeldFrame> frames;
     std::vector<uint32_t> free_frames;

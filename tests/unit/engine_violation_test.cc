@@ -124,7 +124,9 @@ TEST(ColumnEngine, RejectsBadBlocks) {
   const std::vector<std::pair<std::vector<Entry>, const char*>> cases = {
       {{}, "without entries"},
       {{{3, kEndOfColumn, 8}, {2, kEndOfColumn, 8}}, "increasing order"},
-      {{{2, kEndOfColumn, 8}, {3, kEndOfColumn, 8}, {5, 7, 8}}, "beyond the tensor"},
+      {{{3, kEndOfColumn, 8}}, "block 2 (column 0) has not come yet"},     // skips block 2 of column 0
+      {{{2, kEndOfColumn, 8}, {5, 7, 8}}, "beyond the tensor"},
+      {{{2, kEndOfColumn, 8}, {3, kEndOfColumn, 8}, {4, kEndOfColumn, 8}}, "more than the 2 blocks per message"},
       {{{4, kEndOfColumn, 8}}, "announced block 2"},                       // skips its own block 2
       {{{2, kEndOfColumn, 4}}, "data bytes"},                              // short block
       {{{2, kEndOfColumn, 0}}, "without data"},
