@@ -1,6 +1,8 @@
 #include "aggregator/job.h"
 
 #include <algorithm>
+#include <boost/asio/redirect_error.hpp>
+#include <boost/asio/use_awaitable.hpp>
 
 #include <spdlog/spdlog.h>
 
@@ -27,7 +29,31 @@ JobShape ShapeOf(const proto::Hello& h) {
 }  // namespace
 
 Job::Job(uint64_t id, boost::asio::any_io_executor strand, JobRegistry& registry, ServiceContext& context)
-    : id_(id), strand_(strand), registry_(registry), context_(context), stall_timer_(strand) {}
+    : id_(id),
+      strand_(strand),
+      registry_(registry),
+      context_(context),
+      stall_timer_(strand),
+      uncongested_(strand, std::chrono::steady_clock::time_point::max()) {}
+
+std::vector<uint32_t> Job::CongestedRanks() const {
+  // Version 2's lockstep rounds let at most S RESULTs wait per member; streaming may allow a few times that.
+  const size_t limit = 4 * size_t{shape_.slots} + 4;
+  std::vector<uint32_t> ranks;
+  for (uint32_t r = 0; r < members_.size(); ++r) {
+    if (members_[r] && members_[r]->queued_frames() > limit) ranks.push_back(r);
+  }
+  return ranks;
+}
+
+boost::asio::awaitable<void> Job::WaitWhileCongested() {
+  while (!dead_ && active_ && !CongestedRanks().empty()) {
+    boost::system::error_code ec;
+    co_await uncongested_.async_wait(boost::asio::redirect_error(boost::asio::use_awaitable, ec));
+  }
+}
+
+void Job::OnMemberIdle() { uncongested_.cancel(); }
 
 void Job::ArmStallTimer(std::chrono::steady_clock::time_point deadline) {
   stall_timer_.expires_at(deadline);
@@ -49,6 +75,16 @@ void Job::OnStallTimer(uint64_t seq) {
   }
   for (uint32_t r : active_->engine->AwaitedRanks()) {
     if (active_->begun[r]) waiting.push_back(r);
+  }
+  const std::vector<uint32_t> congested = CongestedRanks();
+  if (!congested.empty()) {
+    // The others are held back because these ranks do not read their RESULTs.
+    Abort(Status(StatusCode::kDeadlineExceeded,
+                 "job " + std::to_string(id_) + ", collective " + std::to_string(seq) + " made no progress for " +
+                     std::to_string(context_.options.stall_timeout.count()) + " ms; rank(s) " +
+                     RankList(congested) + " do not read their RESULTs"),
+          congested);
+    return;
   }
   Abort(Status(StatusCode::kDeadlineExceeded,
                "job " + std::to_string(id_) + ", collective " + std::to_string(seq) + " made no progress for " +
@@ -310,21 +346,18 @@ Result<uint64_t> Job::Admit(const CollectiveSpec& spec) {
                       " bytes exceeds this aggregator's --max-tensor-bytes of " +
                       std::to_string(limits.max_tensor_bytes));
   }
-  // Up to `window` frames of K blocks per rank and slot (§4), a RESULT per slot, and the engine's per-column tables,
-  // for the columns of this collective that this aggregator serves (a small tensor leaves most lanes empty).
+  // For the columns of this collective that this aggregator serves (a small tensor leaves most lanes empty).
   const ColumnLayout layout(shape_, spec.element_count, spec.block_size, element_size);
   uint64_t columns = 0;
   for (uint32_t s = 0; s < shape_.slots; ++s) columns += layout.NonEmptyLanes(aggregator_index_, s);
-  const uint64_t entry = kEntrySize + Pad8(uint64_t{spec.block_size} * element_size);
-  const uint64_t memory = (uint64_t{shape_.world_size} * shape_.window + 1) * columns * entry +
-                          uint64_t{shape_.world_size} * columns * 16;
+  const uint64_t memory = ColumnEngine::MemoryBound(shape_, columns, uint64_t{spec.block_size} * element_size);
   if (memory > limits.max_job_memory) {
     return Status(StatusCode::kResourceExhausted,
-                  "the collective would hold up to " + std::to_string(memory) + " bytes on this aggregator ((" +
+                  "the collective would hold up to " + std::to_string(memory) + " bytes on this aggregator (" +
                       std::to_string(shape_.world_size) + " ranks x window " + std::to_string(shape_.window) +
-                      " + 1) x " + std::to_string(columns) +
-                      " columns x " + std::to_string(entry) + " bytes per block, plus index tables), above its " +
-                      "--max-job-memory of " + std::to_string(limits.max_job_memory) +
+                      " frames per slot over " + std::to_string(columns) + " columns of " +
+                      std::to_string(spec.block_size * element_size) + "-byte blocks, plus RESULTs and tables), " +
+                      "above its --max-job-memory of " + std::to_string(limits.max_job_memory) +
                       "; use fewer slots, blocks per message or a smaller window");
   }
   if (!context_.memory.TryReserve(memory)) {
@@ -351,6 +384,7 @@ void Job::MaybeCompleteCollective() {
     last_completed_seq_ = active_->seq;
     active_.reset();
     stall_timer_.cancel();
+    uncongested_.cancel();
     if (draining_) EndForDrain();
   }
 }
@@ -432,6 +466,7 @@ void Job::Abort(const Status& error, const std::vector<uint32_t>& ranks, std::op
   }
   active_.reset();
   stall_timer_.cancel();
+  uncongested_.cancel();
   registry_.Remove(this);
 }
 

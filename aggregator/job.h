@@ -3,6 +3,7 @@
 #pragma once
 
 #include <boost/asio/any_io_executor.hpp>
+#include <boost/asio/awaitable.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
 #include <cstdint>
@@ -63,6 +64,13 @@ class Job : public std::enable_shared_from_this<Job> {
   void Abort(const Status& error, const std::vector<uint32_t>& ranks, std::optional<uint32_t> offender = {});
 
   bool dead() const { return dead_; }
+
+  // Backpressure (docs/PROTOCOL.md §4 lets workers stream ahead): while some member has more RESULTs queued than
+  // it reads, the members' sessions stop reading CONTRIBUTIONs, so that the RESULTs a slow reader has not taken
+  // stay bounded instead of growing with the tensor. Returns at once when no member is behind.
+  boost::asio::awaitable<void> WaitWhileCongested();
+  // A member's send queue ran empty.
+  void OnMemberIdle();
   // The aggregator is draining: a running collective may finish, then the job ends with SHUTTING_DOWN; a job with
   // no collective running ends at once.
   void Drain();
@@ -86,6 +94,8 @@ class Job : public std::enable_shared_from_this<Job> {
   void ReleaseIfEmpty();
   void Progress() { last_progress_ = std::chrono::steady_clock::now(); }
   void ArmStallTimer(std::chrono::steady_clock::time_point deadline);
+  // Members with more than the backpressure limit of frames queued (ascending ranks).
+  std::vector<uint32_t> CongestedRanks() const;
   void OnStallTimer(uint64_t seq);
 
   const uint64_t id_;
@@ -113,6 +123,8 @@ class Job : public std::enable_shared_from_this<Job> {
   ServiceContext& context_;
   bool draining_ = false;
   boost::asio::steady_timer stall_timer_;
+  // Never expires: sessions held back by WaitWhileCongested wait on it, and cancel() wakes them all.
+  boost::asio::steady_timer uncongested_;
   std::chrono::steady_clock::time_point last_progress_;
 };
 

@@ -27,9 +27,9 @@ struct ServerOptions {
   uint32_t max_blocks_per_message = 4096;
   uint32_t max_window = 256;
   uint64_t max_tensor_bytes = 16ull << 30;  // element count x element size of one collective
-  // What one job's collective may hold on this aggregator: every rank's contributions of one round in every slot,
-  // W · L · (24 + B · element size) bytes for its L ≤ S · K non-empty columns, plus one RESULT per slot and the
-  // engine's index table.
+  // What one job's collective may hold on this aggregator (ColumnEngine::MemoryBound): every rank's window of D
+  // frames per slot, W · D · L · (24 + B · element size + 64) bytes for its L ≤ S · K non-empty columns, plus a
+  // RESULT per slot and the engine's per-column tables.
   uint64_t max_job_memory = 1ull << 30;
   uint64_t max_total_memory = 8ull << 30;  // the same, summed over all jobs' running collectives
   // Free frame buffers kept for reuse (core/buffer_pool.h), on top of what the running collectives hold.

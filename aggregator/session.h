@@ -37,6 +37,8 @@ class Session : public std::enable_shared_from_this<Session> {
   const proto::Hello& hello() const { return hello_; }
   // "tcp" or "shm": what the connection runs on after the handshake.
   const char* transport() const { return channel_ ? channel_->kind() : "tcp"; }
+  // Frames queued for this worker and not yet written (it reads more slowly than they come).
+  size_t queued_frames() const { return channel_ ? channel_->queued_frames() : 0; }
 
   // On the job strand, once joined:
   void Send(std::shared_ptr<const ByteBuffer> frame);

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <functional>
 
 #include "codec/ternary.h"
 #include "protocol/frame_format.h"
@@ -44,7 +43,17 @@ ColumnEngine::ColumnEngine(const JobShape& shape, uint32_t aggregator_index, uin
     slot.queue_head.assign(size_t{slot.lanes} * W, kNone);
     slot.queue_tail.assign(size_t{slot.lanes} * W, kNone);
     slot.streams.resize(W);
+    if (place_.empty()) place_.resize(std::min(layout_.num_columns(), layout_.num_blocks()));
+    for (uint32_t lane = 0; lane < slot.lanes; ++lane) place_[layout_.Column(aggregator_, s, lane)] = Place{s, lane};
   }
+}
+
+static_assert(sizeof(EntryView) + 8 <= ColumnEngine::kHeldBlockOverhead, "a queue node is an EntryView and two indices");
+
+uint64_t ColumnEngine::MemoryBound(const JobShape& shape, uint64_t columns, uint64_t block_bytes) {
+  const uint64_t entry = kEntrySize + Pad8(block_bytes);
+  const uint64_t W = shape.world_size;
+  return W * shape.window * columns * (entry + kHeldBlockOverhead) + columns * entry + W * columns * 16;
 }
 
 uint64_t ColumnEngine::MaxContributionPayload() const {
@@ -141,15 +150,30 @@ Status ColumnEngine::OnAnnounce(uint32_t rank, Slot& slot, uint32_t s, const Fra
                            " is not a block of column " + std::to_string(column));
     }
   }
-  Stream& stream = slot.streams[rank];
-  for (uint32_t lane = 0; lane < slot.lanes; ++lane) {
-    slot.expect[size_t{lane} * W + rank] = entries[lane].next;
-    if (entries[lane].next != kEndOfColumn) stream.nexts.push_back(entries[lane].next);
-  }
-  std::make_heap(stream.nexts.begin(), stream.nexts.end(), std::greater<>());
-  stream.announced = true;
+  for (uint32_t lane = 0; lane < slot.lanes; ++lane) slot.expect[size_t{lane} * W + rank] = entries[lane].next;
+  slot.streams[rank].announced = true;
   --slot.announces_missing;
   return Status::Ok();
+}
+
+Status ColumnEngine::UnexpectedBlock(uint32_t rank, const Slot& slot, uint32_t s, uint64_t block) const {
+  const std::string where = Where(rank, s) + ", block " + std::to_string(block);
+  if (block >= layout_.num_blocks()) {
+    return ProtocolError(where + ": beyond the tensor's " + std::to_string(layout_.num_blocks()) + " blocks");
+  }
+  const uint64_t column = layout_.ColumnOf(block);
+  if (place_[column].slot != s) {
+    return ProtocolError(where + ": not a block of this slot of aggregator " + std::to_string(aggregator_));
+  }
+  const uint64_t expected = slot.expect[size_t{place_[column].lane} * shape_.world_size + rank];
+  if (expected != block) {
+    return ProtocolError(where + ": the rank announced " +
+                         (expected == kEndOfColumn ? std::string("no further block")
+                                                   : "block " + std::to_string(expected)) +
+                         " as its next one in column " + std::to_string(column));
+  }
+  return ProtocolError(where + ": blocks must come in increasing order, after block " +
+                       std::to_string(slot.streams[rank].last_block));
 }
 
 Status ColumnEngine::OnBlocks(uint32_t rank, Slot& slot, uint32_t s, const FrameHeader& header, ByteBuffer payload,
@@ -157,8 +181,14 @@ Status ColumnEngine::OnBlocks(uint32_t rank, Slot& slot, uint32_t s, const Frame
   const uint32_t W = shape_.world_size;
   Stream& stream = slot.streams[rank];
   if (stream.held_frames >= shape_.window) {
+    uint64_t oldest = kEndOfColumn;  // the smallest block still waiting, to find the frames in a log
+    for (uint32_t lane = 0; lane < slot.lanes; ++lane) {
+      const uint32_t n = slot.queue_head[size_t{lane} * W + rank];
+      if (n != kNone) oldest = std::min(oldest, stream.nodes[n].entry.block);
+    }
     return ProtocolError(Where(rank, s) + ": a frame beyond the window: " + std::to_string(shape_.window) +
-                         " frames of this rank already wait for aggregation");
+                         " frames of this rank already wait for aggregation (the oldest waiting block is " +
+                         std::to_string(oldest) + ")");
   }
   // Held before decoding, so that the entries point into the kept payload.
   uint32_t f;
@@ -182,36 +212,22 @@ Status ColumnEngine::OnBlocks(uint32_t rank, Slot& slot, uint32_t s, const Frame
                          std::to_string(shape_.blocks_per_message) + " blocks per message");
   }
   for (const EntryView& e : entries) {
+    const uint64_t column = e.block < layout_.num_blocks() ? layout_.ColumnOf(e.block) : 0;
+    if (e.block >= layout_.num_blocks() || place_[column].slot != s) return UnexpectedBlock(rank, slot, s, e.block);
+    const uint32_t lane = place_[column].lane;
+    const size_t i = size_t{lane} * W + rank;
+    if (slot.expect[i] != e.block || (stream.any_block && e.block <= stream.last_block)) {
+      return UnexpectedBlock(rank, slot, s, e.block);
+    }
     // The context string is built only on the error path: this loop runs for every block received.
     auto where = [&] { return Where(rank, s) + ", block " + std::to_string(e.block); };
-    if (e.block >= layout_.num_blocks()) {
-      return ProtocolError(where() + ": beyond the tensor's " + std::to_string(layout_.num_blocks()) + " blocks");
-    }
-    const uint64_t column = layout_.ColumnOf(e.block);
-    if (layout_.AggregatorOf(column) != aggregator_ || layout_.SlotOf(column) != s) {
-      return ProtocolError(where() + ": not a block of this slot of aggregator " + std::to_string(aggregator_));
-    }
-    const uint32_t lane = layout_.LaneOf(column);
-    const size_t i = size_t{lane} * W + rank;
-    if (slot.expect[i] != e.block) {
-      return ProtocolError(where() + ": the rank announced " +
-                           (slot.expect[i] == kEndOfColumn ? std::string("no further block")
-                                                           : "block " + std::to_string(slot.expect[i])) +
-                           " as its next one in column " + std::to_string(column));
-    }
-    // Equal to the column's next, so the heap holds it; anything smaller there was skipped.
-    if (stream.nexts.front() != e.block) {
-      return ProtocolError(where() + ": blocks must come in increasing order, and the rank's block " +
-                           std::to_string(stream.nexts.front()) + " (column " +
-                           std::to_string(layout_.ColumnOf(stream.nexts.front())) + ") has not come yet");
-    }
     if (e.data.empty()) return ProtocolError(where() + ": entry without data");
     if (Status st = codec::CheckWireBlock(upload_, static_cast<uint32_t>(layout_.BlockElements(e.block)),
                                           element_size_, e.data);
         !st.ok()) {
       return st.WithContext(where());
     }
-    if (!layout_.IsValidNext(e.next, column, e.block, /*inclusive=*/false)) {
+    if (!layout_.IsLaterInColumn(e.next, e.block)) {
       return ProtocolError(where() + ": next index " + std::to_string(e.next) + " is not a later block of the column");
     }
     uint32_t n;
@@ -232,16 +248,21 @@ Status ColumnEngine::OnBlocks(uint32_t rank, Slot& slot, uint32_t s, const Frame
     }
     slot.queue_tail[i] = n;
     slot.expect[i] = e.next;
-    std::pop_heap(stream.nexts.begin(), stream.nexts.end(), std::greater<>());
-    if (e.next == kEndOfColumn) {
-      stream.nexts.pop_back();
-    } else {
-      stream.nexts.back() = e.next;
-      std::push_heap(stream.nexts.begin(), stream.nexts.end(), std::greater<>());
-    }
+    stream.last_block = e.block;
+    stream.any_block = true;
     ++frame.waiting;
   }
   ++stream.held_frames;
+  // Blocks come in increasing order, so a column whose next block lies below the last one received was skipped:
+  // that block can never come. Checked once per frame rather than per block.
+  for (uint32_t lane = 0; lane < slot.lanes; ++lane) {
+    const uint64_t expected = slot.expect[size_t{lane} * W + rank];
+    if (expected < stream.last_block) {
+      return ProtocolError(Where(rank, s) + ", block " + std::to_string(stream.last_block) +
+                           ": blocks must come in increasing order, and the rank's block " + std::to_string(expected) +
+                           " (column " + std::to_string(layout_.ColumnOf(expected)) + ") has not come yet");
+    }
+  }
   return Status::Ok();
 }
 
@@ -363,10 +384,17 @@ void ColumnEngine::FlushResult(uint32_t s, std::vector<Broadcast>* out) {
   if (result_entries_.empty()) return;
   const uint64_t table_end = kFrameHeaderSize + uint64_t{kEntrySize} * shape_.blocks_per_message;
   const uint64_t prefix = kFrameHeaderSize + uint64_t{kEntrySize} * result_entries_.size();
-  std::byte* frame = result_frame_->data();
-  if (prefix != table_end) std::memmove(frame + prefix, frame + table_end, result_data_bytes_);
-  EncodeDataPrefix({FrameType::kResult, 0, s, job_, seq_, 0}, result_entries_, frame);
-  result_frame_->Shrink(prefix + result_data_bytes_);
+  const uint64_t size = prefix + result_data_bytes_;
+  if (2 * size < result_frame_->size()) {
+    // A RESULT may wait in the send queues of slow members; it should not hold the room of K blocks for a few.
+    auto exact = std::make_shared<ByteBuffer>(pool_ ? pool_->Acquire(size) : ByteBuffer(size));
+    std::memcpy(exact->data() + prefix, result_frame_->data() + table_end, result_data_bytes_);
+    result_frame_ = std::move(exact);
+  } else if (prefix != table_end) {
+    std::memmove(result_frame_->data() + prefix, result_frame_->data() + table_end, result_data_bytes_);
+  }
+  EncodeDataPrefix({FrameType::kResult, 0, s, job_, seq_, 0}, result_entries_, result_frame_->data());
+  result_frame_->Shrink(size);
   out->push_back({s, std::move(result_frame_)});
   result_frame_.reset();
   result_entries_.clear();

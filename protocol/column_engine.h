@@ -38,6 +38,13 @@ class ColumnEngine {
   // Largest CONTRIBUTION payload this collective allows (a frame above it is rejected before it is read).
   uint64_t MaxContributionPayload() const;
 
+  // Bookkeeping bytes counted per held block on top of its frame bytes (a queue node; checked in the .cc).
+  static constexpr uint64_t kHeldBlockOverhead = 64;
+  // The most an engine holds for `columns` non-empty columns of one aggregator, `block_bytes` per block: every
+  // rank's window of D frames of K blocks per slot (bounded by its columns), with their bookkeeping, a RESULT per
+  // slot and the per-(column, rank) tables (§4; aggregator/job.cc admits a collective against it).
+  static uint64_t MemoryBound(const JobShape& shape, uint64_t columns, uint64_t block_bytes);
+
   // A CONTRIBUTION from `rank` (header already decoded; `payload` holds header.payload_length bytes). The engine
   // keeps the payload until every block in it is aggregated (a rank streams up to D frames per slot ahead, §4), so
   // that ranks are summed in ascending order whatever the arrival order. Appends the RESULT frames that became
@@ -48,7 +55,7 @@ class ColumnEngine {
   // All slots finished.
   bool done() const { return active_slots_ == 0; }
 
-  // Ranks whose contribution some slot's current round still waits for (ascending).
+  // Ranks that some slot waits for (ascending): their announce, or the block a column aggregates next.
   std::vector<uint32_t> AwaitedRanks() const;
 
   // Statistics.
@@ -71,9 +78,8 @@ class ColumnEngine {
   // What one rank sent on one slot.
   struct Stream {
     bool announced = false;
-    // The rank's next block of every column where it has one left, as a min-heap: a rank sends its blocks in
-    // increasing order, so each block it sends must be the top (§7), and nothing can be skipped.
-    std::vector<uint64_t> nexts;
+    uint64_t last_block = 0;  // the last block received: blocks come in increasing order (§7)
+    bool any_block = false;
     uint32_t held_frames = 0;  // frames with waiting > 0 (at most D)
     std::vector<HeldFrame> frames;
     std::vector<uint32_t> free_frames;
@@ -101,6 +107,8 @@ class ColumnEngine {
   // Queues the blocks of a CONTRIBUTION; appends to `ready` the lanes whose current block it completed.
   Status OnBlocks(uint32_t rank, Slot& slot, uint32_t s, const FrameHeader& header, ByteBuffer payload,
                   std::vector<uint32_t>* ready);
+  // Why `block` is not a block the rank may send next on slot `s`.
+  Status UnexpectedBlock(uint32_t rank, const Slot& slot, uint32_t s, uint64_t block) const;
   void AnnounceReply(Slot& slot, uint32_t s, std::vector<Broadcast>* out);
   // Aggregates the lane's current block (every rank whose head it is has sent it) into the RESULT being built, then
   // moves the lane on; repeats while the next block has arrived too.
@@ -138,6 +146,13 @@ class ColumnEngine {
   std::vector<Entry> result_entries_;
   uint64_t result_data_bytes_ = 0;
   std::vector<Slot> slots_;
+  // Per column of the job below min(C, NB): its slot and lane when this aggregator serves it (slot kNone
+  // otherwise), so that a received block finds its lane with one division.
+  struct Place {
+    uint32_t slot = kNone;
+    uint32_t lane = 0;
+  };
+  std::vector<Place> place_;
   uint32_t active_slots_ = 0;
   uint64_t blocks_aggregated_ = 0;
 };

@@ -33,11 +33,15 @@ bool WorkerSchedule::StartSlot(uint32_t s, std::vector<OutgoingFrame>* frames) {
   ++active_slots_;
   slot.active_lanes = slot.lanes;
   slot.lane.resize(slot.lanes);
+  slot.column.resize(slot.lanes);
+  if (place_.empty()) place_.resize(std::min<uint64_t>(layout_.num_columns(), layout_.num_blocks()));
   OutgoingFrame& announce = frames->emplace_back();
   announce.slot = s;
   announce.entries.reserve(slot.lanes);
   for (uint32_t k = 0; k < slot.lanes; ++k) {
     const uint64_t column = layout_.Column(aggregator_, s, k);
+    slot.column[k] = column;
+    place_[column] = Place{s, k};
     slot.lane[k].cur = column;
     slot.lane[k].my_next = NextNonzero(column);
     announce.entries.push_back(Entry{column, slot.lane[k].my_next, 0});
@@ -52,6 +56,7 @@ void WorkerSchedule::SendBlocks(Slot& slot, uint32_t s, std::vector<OutgoingFram
   while (!slot.all_sent && slot.held_frames < shape_.window) {
     OutgoingFrame frame;
     frame.slot = s;
+    frame.entries.reserve(K);
     while (frame.entries.size() < K) {
       const uint64_t row_start = slot.send_row * columns;
       if (row_start >= layout_.num_blocks()) {
@@ -59,7 +64,7 @@ void WorkerSchedule::SendBlocks(Slot& slot, uint32_t s, std::vector<OutgoingFram
         break;
       }
       // Columns grow with the lane, so a block past the tensor ends the (last) row.
-      const uint64_t block = row_start + layout_.Column(aggregator_, s, slot.send_lane);
+      const uint64_t block = row_start + slot.column[slot.send_lane];
       if (block >= layout_.num_blocks() || ++slot.send_lane == slot.lanes) {
         slot.send_lane = 0;
         ++slot.send_row;
@@ -89,17 +94,21 @@ Status WorkerSchedule::OnResult(uint32_t s, std::span<const EntryView> entries, 
   if (slot.active_lanes == 0) return ProtocolError(where() + ": RESULT when none is due");
   if (!slot.replied) return OnAnnounceReply(slot, s, entries, frames);
   if (entries.empty()) return ProtocolError(where() + ": RESULT without entries");
+  if (entries.size() > shape_.blocks_per_message) {
+    return ProtocolError(where() + ": RESULT with " + std::to_string(entries.size()) + " entries, more than the " +
+                         std::to_string(shape_.blocks_per_message) + " blocks per message");
+  }
 
   // Entries are checked and applied one by one: a lane may advance more than once in one RESULT.
   const uint64_t columns = layout_.num_columns();
   for (const EntryView& e : entries) {
     auto what = [&] { return where() + ", block " + std::to_string(e.block); };
-    if (e.block >= layout_.num_blocks() || layout_.AggregatorOf(layout_.ColumnOf(e.block)) != aggregator_ ||
-        layout_.SlotOf(layout_.ColumnOf(e.block)) != s) {
+    // Columns of a started slot are in place_; a block of a column below NB has column < place_.size().
+    const uint64_t column = e.block < layout_.num_blocks() ? layout_.ColumnOf(e.block) : 0;
+    if (e.block >= layout_.num_blocks() || place_[column].slot != s) {
       return ProtocolError(what() + ": RESULT for a block that is not one of this slot's");
     }
-    const uint64_t column = layout_.ColumnOf(e.block);
-    Lane& lane = slot.lane[layout_.LaneOf(column)];
+    Lane& lane = slot.lane[place_[column].lane];
     if (e.block != lane.cur) {
       return ProtocolError(what() + ": RESULT for a block other than its column's current one (" +
                            (lane.cur == kEndOfColumn ? std::string("finished") : std::to_string(lane.cur)) + ")");
@@ -116,7 +125,7 @@ Status WorkerSchedule::OnResult(uint32_t s, std::span<const EntryView> entries, 
       }
       my_next = NextNonzero(lane.cur + columns);
     }
-    if (!layout_.IsValidNext(e.next, column, lane.cur, /*inclusive=*/false) || e.next > my_next) {
+    if (!layout_.IsLaterInColumn(e.next, lane.cur) || e.next > my_next) {
       return ProtocolError(what() + ": RESULT next index " + std::to_string(e.next) +
                            " is not a block of the column between the current one and this worker's own next (" +
                            std::to_string(my_next) + ")");

@@ -48,6 +48,7 @@ class WorkerSchedule {
     uint32_t active_lanes = 0;
     bool replied = false;  // the announce reply arrived; RESULTs then carry blocks
     std::vector<Lane> lane;
+    std::vector<uint64_t> column;  // per lane
     // Sending: the own blocks go out in increasing order; the next one to consider is (send_row, send_lane).
     uint64_t send_row = 0;
     uint32_t send_lane = 0;
@@ -72,6 +73,14 @@ class WorkerSchedule {
   codec::WireFormat download_;
   std::span<const uint8_t> flags_;
   std::vector<Slot> slots_;
+  // Per column of the job: its slot and lane when this aggregator serves it (slot kNotServed otherwise), so that a
+  // RESULT entry finds its lane with one division.
+  static constexpr uint32_t kNotServed = ~uint32_t{0};
+  struct Place {
+    uint32_t slot = kNotServed;
+    uint32_t lane = 0;
+  };
+  std::vector<Place> place_;
   uint32_t active_slots_ = 0;
   uint32_t started_slots_ = 0;
 };

@@ -54,6 +54,8 @@ class Channel {
   virtual void set_idle_handler(IdleHandler handler) = 0;
   // True when nothing is queued or being written: no part given to Send is still in use.
   virtual bool idle() const = 0;
+  // Frames given to Send that are not completely written yet.
+  virtual size_t queued_frames() const = 0;
 
   // After the queued frames are written, ends the sending direction (the peer reads them, then end of stream);
   // with `both`, the receiving direction too.

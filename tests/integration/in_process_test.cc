@@ -16,6 +16,7 @@
 #include "protocol/control.h"
 #include "protocol/frame.h"
 #include "protocol/frame_format.h"
+#include "protocol/layout.h"
 #include "sparsereduce/worker.h"
 #include "tools/common/local_cluster.h"
 #include "tools/common/synthetic_tensor.h"
@@ -39,8 +40,10 @@ std::string ReduceAndCheck(Worker& worker, const tools::SyntheticSpec& spec, uin
 }
 
 // A raw TCP connection to a local daemon's "127.0.0.1:PORT", for tests that play a peer by hand; -1 on failure.
-int ConnectTo(const std::string& address) {
+// A `receive_buffer` > 0 sets SO_RCVBUF first (a peer that reads slowly).
+int ConnectTo(const std::string& address, int receive_buffer = 0) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd >= 0 && receive_buffer > 0) setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof receive_buffer);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1))));
@@ -196,6 +199,69 @@ TEST(InProcess, RankThatLeftBetweenCollectivesIsReportedWithItsReason) {
               std::string::npos)
         << e.what();
   }
+  worker.reset();
+  EXPECT_TRUE((*daemon)->Stop());
+}
+
+// Workers stream their blocks (docs/PROTOCOL.md §4), so the aggregator could produce RESULTs much faster than a
+// slow member reads them. It holds back reading CONTRIBUTIONs while a member's queue is long instead of queueing
+// the whole collective's RESULTs: here rank 1 (by hand) announces no blocks and never reads, so rank 0's 64 MiB
+// would otherwise all be aggregated and queued for rank 1, and rank 0's allreduce would succeed. Instead the
+// collective stalls and is aborted naming the rank that does not read.
+TEST(InProcess, AMemberThatDoesNotReadHoldsTheOthersBack) {
+  auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1, {"--stall-timeout-ms", "2000"});
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+  const std::string address = (*daemon)->AddressList();
+  const int fd = ConnectTo(address, /*receive_buffer=*/4096);
+  ASSERT_GE(fd, 0) << "cannot connect to " << address;
+  auto send_frame = [fd](const ByteBuffer& frame) {
+    ASSERT_EQ(write(fd, frame.data(), frame.size()), static_cast<ssize_t>(frame.size()));
+  };
+
+  WorkerOptions options;
+  options.aggregators = {address};
+  options.job = 23;
+  options.rank = 0;
+  options.world_size = 2;
+  options.slots = 2;
+  options.blocks_per_message = 16;
+  options.connect_timeout = options.join_timeout = options.collective_timeout = 20s;
+  auto rank0 = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  proto::ControlMessage hello;
+  hello.mutable_hello()->set_protocol_version(kProtocolVersion);
+  hello.mutable_hello()->set_job_id(options.job);
+  hello.mutable_hello()->set_rank(1);
+  hello.mutable_hello()->set_world_size(2);
+  hello.mutable_hello()->set_num_aggregators(1);
+  hello.mutable_hello()->set_slots(options.slots);
+  hello.mutable_hello()->set_blocks_per_message(options.blocks_per_message);
+  hello.mutable_hello()->set_window(options.window);
+  send_frame(EncodeControl(hello));
+  std::unique_ptr<Worker> worker = rank0.get();
+
+  // Rank 1: the same collective, nothing to contribute in any column, and it never reads.
+  const CollectiveSpec spec{16u << 20, DType::kFloat32, ReduceOp::kSum, options.block_size};
+  proto::ControlMessage begin;
+  begin.mutable_collective_begin()->set_seq(1);
+  *begin.mutable_collective_begin()->mutable_spec() = SpecToProto(spec);
+  send_frame(EncodeControl(begin));
+  const JobShape shape{2, 1, options.slots, options.blocks_per_message, options.window};
+  const ColumnLayout layout(shape, spec.element_count, spec.block_size, 4);
+  for (uint32_t s = 0; s < options.slots; ++s) {
+    std::vector<Entry> announce;
+    for (uint32_t k = 0; k < layout.NonEmptyLanes(0, s); ++k) announce.push_back({layout.Column(0, s, k), kEndOfColumn, 0});
+    send_frame(EncodeDataFrame({FrameType::kContribution, 0, s, options.job, 1, 0}, announce, {}));
+  }
+
+  std::vector<float> tensor(spec.element_count, 1.0f);
+  try {
+    worker->allreduce(std::span(tensor));
+    ADD_FAILURE() << "the collective completed while rank 1 read none of its RESULTs";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "DEADLINE_EXCEEDED") << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank(s) 1 do not read their RESULTs"), std::string::npos) << e.what();
+  }
+  close(fd);
   worker.reset();
   EXPECT_TRUE((*daemon)->Stop());
 }

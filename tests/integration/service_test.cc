@@ -310,9 +310,9 @@ TEST(Service, TensorLimitRefusesThatJobOnly) {
 }
 
 // Memory of one collective of 4000 fp32 elements (16 blocks of B = 256, so 16 non-empty columns with the default
-// S and K), W = 2 and the default window of 1 (aggregator/job.cc, Admit): (2·1 + 1)·16·(24+1024) frame bytes plus
-// 2·16·16 bytes of per-column tables.
-constexpr uint64_t kCollectiveMemoryW2 = 3ull * 16 * (24 + 1024) + 2ull * 16 * 16;
+// S and K), W = 2 and the default window of 1 (ColumnEngine::MemoryBound, docs/OPERATIONS.md "Sizing"): 2·1·16
+// held blocks of (24+1024) frame bytes plus 64 of bookkeeping, 16·(24+1024) for the RESULTs, 2·16·16 of tables.
+constexpr uint64_t kCollectiveMemoryW2 = 2ull * 16 * (24 + 1024 + 64) + 16ull * (24 + 1024) + 2ull * 16 * 16;
 
 TEST(Service, TotalMemoryBudgetIsSharedAcrossJobs) {
   Daemon daemon({"--max-job-memory", std::to_string(kCollectiveMemoryW2), "--max-total-memory",

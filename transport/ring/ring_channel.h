@@ -35,6 +35,7 @@ class RingChannel : public Channel {
   void set_error_handler(ErrorHandler handler) override { on_error_ = std::move(handler); }
   void set_idle_handler(IdleHandler handler) override { on_idle_ = std::move(handler); }
   bool idle() const override { return queue_.empty(); }
+  size_t queued_frames() const override { return queue_.size(); }
   void CloseAfterFlush(bool both) override;
   void DropQueued() override;
   void Abort() override;

@@ -30,6 +30,7 @@ class TcpChannel final : public transport::Channel {
   void set_error_handler(ErrorHandler handler) override { writer_.set_error_handler(std::move(handler)); }
   void set_idle_handler(IdleHandler handler) override { writer_.set_idle_handler(std::move(handler)); }
   bool idle() const override { return writer_.idle(); }
+  size_t queued_frames() const override { return writer_.queued_frames(); }
   void CloseAfterFlush(bool both) override { writer_.CloseAfterFlush(both); }
   void DropQueued() override { writer_.DropQueued(); }
   void Abort() override {

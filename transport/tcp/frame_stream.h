@@ -91,6 +91,7 @@ class FrameWriter {
 
   // sendmsg copies what it accepts, so only queued frames still use their parts.
   bool idle() const { return queue_.empty(); }
+  size_t queued_frames() const { return queue_.size(); }
 
  private:
   struct Item {

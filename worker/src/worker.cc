@@ -81,14 +81,14 @@ class Worker::Impl : public AggregatorLink::Handler {
   void FinishFailure();
   void StartNext();
   // Scans and starts the (aggregator, slot) pairs of collective `seq` from `pair` on, one pair per turn of the
-  // event loop, so that the first slots' rounds run while the rest of the tensor is being scanned.
+  // event loop, so that the first slots' blocks travel while the rest of the tensor is being scanned.
   void StartSlots(uint64_t seq, uint64_t pair);
   void SendFrame(AggregatorLink& link, const OutgoingFrame& frame);
   void MaybeComplete();
 
   WorkerOptions options_;
   JobShape shape_;
-  // RESULT payloads; at most S x A of them are in flight, so that many (of 4-byte elements) are kept for reuse.
+  // RESULT payloads, read one at a time; S x A of them (of 4-byte elements) are kept for reuse.
   std::shared_ptr<BufferPool> result_buffers_;
   asio::io_context io_;
   asio::executor_work_guard<asio::io_context::executor_type> work_;

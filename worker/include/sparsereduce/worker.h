@@ -62,9 +62,9 @@ struct WorkerOptions {
   // none. A worker with a secret refuses aggregators that cannot prove they hold the same one.
   std::string secret;
   uint32_t block_size = 256;         // elements per block
-  uint32_t slots = 8;                // messages in flight per aggregator connection
+  uint32_t slots = 8;                // independent streams of blocks per aggregator connection
   // Blocks fused into one message. 128 (128 KiB frames of fp32 at B = 256) halves the CPU per byte of 32 on
-  // loopback and is no slower on sparse tensors (BENCHMARKS.md); each round-0 announce costs 24 bytes per column.
+  // loopback and is no slower on sparse tensors (BENCHMARKS.md); each slot's announce costs 24 bytes per column.
   uint32_t blocks_per_message = 128;
   // CONTRIBUTION messages per slot whose blocks may wait at an aggregator at once: a worker streams its blocks up
   // to this far ahead of the RESULTs (docs/PROTOCOL.md §4). The aggregator holds up to world_size x slots x window
