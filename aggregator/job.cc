@@ -36,9 +36,14 @@ Job::Job(uint64_t id, boost::asio::any_io_executor strand, JobRegistry& registry
       stall_timer_(strand),
       uncongested_(strand, std::chrono::steady_clock::time_point::max()) {}
 
+size_t Job::CongestionLimit() const {
+  // Version 2's lockstep rounds let at most S RESULTs wait per member. A deeper queue keeps a CPU-bound reader
+  // (loopback) busy; the RESULTs are shared by all members, so this bounds the job's queued RESULTs.
+  return 16 * size_t{shape_.slots} + 16;
+}
+
 std::vector<uint32_t> Job::CongestedRanks() const {
-  // Version 2's lockstep rounds let at most S RESULTs wait per member; streaming may allow a few times that.
-  const size_t limit = 4 * size_t{shape_.slots} + 4;
+  const size_t limit = CongestionLimit();
   std::vector<uint32_t> ranks;
   for (uint32_t r = 0; r < members_.size(); ++r) {
     if (members_[r] && members_[r]->queued_frames() > limit) ranks.push_back(r);
@@ -47,13 +52,18 @@ std::vector<uint32_t> Job::CongestedRanks() const {
 }
 
 boost::asio::awaitable<void> Job::WaitWhileCongested() {
-  while (!dead_ && active_ && !CongestedRanks().empty()) {
+  while (!dead_ && active_) {
+    const std::vector<uint32_t> congested = CongestedRanks();
+    if (congested.empty()) co_return;
+    for (uint32_t r : congested) {
+      members_[r]->NotifyWhenQueuedAtMost(CongestionLimit() / 2, [weak = weak_from_this()] {
+        if (auto job = weak.lock()) job->uncongested_.cancel();
+      });
+    }
     boost::system::error_code ec;
     co_await uncongested_.async_wait(boost::asio::redirect_error(boost::asio::use_awaitable, ec));
   }
 }
-
-void Job::OnMemberIdle() { uncongested_.cancel(); }
 
 void Job::ArmStallTimer(std::chrono::steady_clock::time_point deadline) {
   stall_timer_.expires_at(deadline);

@@ -67,10 +67,9 @@ class Job : public std::enable_shared_from_this<Job> {
 
   // Backpressure (docs/PROTOCOL.md §4 lets workers stream ahead): while some member has more RESULTs queued than
   // it reads, the members' sessions stop reading CONTRIBUTIONs, so that the RESULTs a slow reader has not taken
-  // stay bounded instead of growing with the tensor. Returns at once when no member is behind.
+  // stay bounded instead of growing with the tensor; reading resumes when its queue is down to half. Returns at
+  // once when no member is behind.
   boost::asio::awaitable<void> WaitWhileCongested();
-  // A member's send queue ran empty.
-  void OnMemberIdle();
   // The aggregator is draining: a running collective may finish, then the job ends with SHUTTING_DOWN; a job with
   // no collective running ends at once.
   void Drain();
@@ -96,6 +95,7 @@ class Job : public std::enable_shared_from_this<Job> {
   void ArmStallTimer(std::chrono::steady_clock::time_point deadline);
   // Members with more than the backpressure limit of frames queued (ascending ranks).
   std::vector<uint32_t> CongestedRanks() const;
+  size_t CongestionLimit() const;
   void OnStallTimer(uint64_t seq);
 
   const uint64_t id_;

@@ -367,11 +367,6 @@ asio::awaitable<void> Session::ReadLoop(std::shared_ptr<Job> job) {
 
   const uint32_t rank = hello_.rank();
   context_.metrics.WorkerJoined();
-  // Its queue ran empty: a job that held back reading while this worker's RESULTs piled up may go on. Weak: the
-  // job holds this session, which holds the channel.
-  channel_->set_idle_handler([weak = std::weak_ptr<Job>(job)] {
-    if (auto j = weak.lock()) j->OnMemberIdle();
-  });
   // However the loop ends, the connection is done: no grace timer keeps the session (and the daemon's shutdown)
   // waiting once the worker has closed its side.
   struct OnExit {

@@ -39,6 +39,10 @@ class Session : public std::enable_shared_from_this<Session> {
   const char* transport() const { return channel_ ? channel_->kind() : "tcp"; }
   // Frames queued for this worker and not yet written (it reads more slowly than they come).
   size_t queued_frames() const { return channel_ ? channel_->queued_frames() : 0; }
+  // See transport::Channel::NotifyWhenQueuedAtMost.
+  void NotifyWhenQueuedAtMost(size_t frames, std::function<void()> handler) {
+    if (channel_) channel_->NotifyWhenQueuedAtMost(frames, std::move(handler));
+  }
 
   // On the job strand, once joined:
   void Send(std::shared_ptr<const ByteBuffer> frame);

@@ -56,6 +56,9 @@ class Channel {
   virtual bool idle() const = 0;
   // Frames given to Send that are not completely written yet.
   virtual size_t queued_frames() const = 0;
+  // Calls `handler` once, later on the channel's executor, when at most `frames` frames are queued (at once if that
+  // holds already; also when the channel fails). A new call replaces the pending one.
+  virtual void NotifyWhenQueuedAtMost(size_t frames, std::function<void()> handler) = 0;
 
   // After the queued frames are written, ends the sending direction (the peer reads them, then end of stream);
   // with `both`, the receiving direction too.

@@ -140,7 +140,10 @@ void RingChannel::Pump() {
     }
     Publish(from, tx_head_);
     if (failed_write_) return;  // Publish may have failed the channel
-    if (item.part == item.parts.size()) queue_.pop_front();
+    if (item.part == item.parts.size()) {
+      queue_.pop_front();
+      queue_notice_.Check(queue_.size(), executor_);
+    }
   }
   if (close_after_flush_ && !send_closed_) {
     send_closed_ = true;
@@ -171,6 +174,7 @@ void RingChannel::DropQueued() {
   const Item& front = queue_.front();
   const bool started = front.part > 0 || front.part_done > 0;
   queue_.erase(queue_.begin() + (started ? 1 : 0), queue_.end());
+  queue_notice_.Check(queue_.size(), executor_);
   if (queue_.empty()) NotifyIdle();
 }
 
@@ -179,6 +183,7 @@ void RingChannel::FailWrites(const Status& error) {
   failed_write_ = error;
   const bool had_items = !queue_.empty();
   queue_.clear();
+  queue_notice_.Check(0, executor_);
   if (on_error_) {
     asio::post(executor_, [this, alive = alive_, error] {
       if (*alive && on_error_) on_error_(error);

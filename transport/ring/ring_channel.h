@@ -16,6 +16,7 @@
 
 #include "transport/channel.h"
 #include "transport/ring/byte_ring.h"
+#include "transport/queue_notice.h"
 
 namespace sparsereduce::transport {
 
@@ -36,6 +37,10 @@ class RingChannel : public Channel {
   void set_idle_handler(IdleHandler handler) override { on_idle_ = std::move(handler); }
   bool idle() const override { return queue_.empty(); }
   size_t queued_frames() const override { return queue_.size(); }
+  void NotifyWhenQueuedAtMost(size_t frames, std::function<void()> handler) override {
+    queue_notice_.Arm(frames, std::move(handler));
+    queue_notice_.Check(queue_.size(), executor_);
+  }
   void CloseAfterFlush(bool both) override;
   void DropQueued() override;
   void Abort() override;
@@ -115,6 +120,7 @@ class RingChannel : public Channel {
   std::optional<Status> failed_write_;  // sends are dropped
   ErrorHandler on_error_;
   IdleHandler on_idle_;
+  QueueNotice queue_notice_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

@@ -31,6 +31,9 @@ class TcpChannel final : public transport::Channel {
   void set_idle_handler(IdleHandler handler) override { writer_.set_idle_handler(std::move(handler)); }
   bool idle() const override { return writer_.idle(); }
   size_t queued_frames() const override { return writer_.queued_frames(); }
+  void NotifyWhenQueuedAtMost(size_t frames, std::function<void()> handler) override {
+    writer_.NotifyWhenQueuedAtMost(frames, std::move(handler));
+  }
   void CloseAfterFlush(bool both) override { writer_.CloseAfterFlush(both); }
   void DropQueued() override { writer_.DropQueued(); }
   void Abort() override {

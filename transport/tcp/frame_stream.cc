@@ -141,6 +141,7 @@ void FrameWriter::DropQueued() {
   // A frame partly written must be finished, or the stream would lose its framing.
   const bool started = front_part_ > 0 || front_offset_ > 0;
   queue_.erase(queue_.begin() + (started ? 1 : 0), queue_.end());
+  queue_notice_.Check(queue_.size(), executor_);
   if (queue_.empty() && on_idle_) on_idle_();
 }
 
@@ -158,6 +159,7 @@ void FrameWriter::Consume(size_t bytes) {
     queue_.pop_front();
     front_part_ = 0;
     front_offset_ = 0;
+    queue_notice_.Check(queue_.size(), executor_);
   }
 }
 
@@ -171,6 +173,7 @@ void FrameWriter::Notify(bool from_send, std::function<void()> notify) {
 void FrameWriter::Failed(const boost::system::error_code& ec, bool from_send) {
   queue_.clear();
   front_part_ = front_offset_ = 0;
+  queue_notice_.Check(0, executor_);
   if (failed_) return;
   failed_ = true;
   Notify(from_send, [this, status = FromErrorCode(ec, "write")] {

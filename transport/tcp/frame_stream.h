@@ -16,6 +16,8 @@
 
 #include <sys/uio.h>
 
+#include "transport/queue_notice.h"
+
 #include "core/buffer_pool.h"
 #include "core/byte_buffer.h"
 #include "core/status.h"
@@ -92,6 +94,10 @@ class FrameWriter {
   // sendmsg copies what it accepts, so only queued frames still use their parts.
   bool idle() const { return queue_.empty(); }
   size_t queued_frames() const { return queue_.size(); }
+  void NotifyWhenQueuedAtMost(size_t frames, std::function<void()> handler) {
+    queue_notice_.Arm(frames, std::move(handler));
+    queue_notice_.Check(queue_.size(), executor_);
+  }
 
  private:
   struct Item {
@@ -118,6 +124,7 @@ class FrameWriter {
   bool failed_ = false;
   ErrorHandler on_error_;
   IdleHandler on_idle_;
+  transport::QueueNotice queue_notice_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 
  public:
