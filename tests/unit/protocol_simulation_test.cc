@@ -274,7 +274,7 @@ TEST(WorkerCollectiveScratch, NextCollectiveReusesTheMemory) {
   const uint8_t* flags = nullptr;
   for (uint64_t seq = 1; seq <= 3; ++seq) {
     WorkerCollective collective(shape, 1, seq, spec, tensor, std::move(scratch));
-    // Round 0, and a first RESULT on slot 0 so that blocks get backed up.
+    // The first frames of every slot (the announces and the first blocks).
     std::vector<OutgoingFrame> frames = collective.Start(0);
     ASSERT_FALSE(frames.empty());
     scratch = collective.ReleaseScratch();
