@@ -24,7 +24,8 @@ ColumnEngine::ColumnEngine(const JobShape& shape, uint32_t aggregator_index, uin
       download_(DownloadFormat(spec.codec)),
       decodes_(upload_ != codec::WireFormat::kRaw || download_ != codec::WireFormat::kRaw),
       error_memory_(error_memory),
-      slots_(shape.slots) {
+      slots_(shape.slots),
+      place_(layout_.PlacesOf(aggregator_)) {
   if (decodes_) {
     sum_scratch_.resize(spec.block_size);
     trit_scratch_.resize(spec.block_size);
@@ -43,8 +44,6 @@ ColumnEngine::ColumnEngine(const JobShape& shape, uint32_t aggregator_index, uin
     slot.queue_head.assign(size_t{slot.lanes} * W, kNone);
     slot.queue_tail.assign(size_t{slot.lanes} * W, kNone);
     slot.streams.resize(W);
-    if (place_.empty()) place_.resize(std::min(layout_.num_columns(), layout_.num_blocks()));
-    for (uint32_t lane = 0; lane < slot.lanes; ++lane) place_[layout_.Column(aggregator_, s, lane)] = Place{s, lane};
   }
 }
 

@@ -146,13 +146,7 @@ class ColumnEngine {
   std::vector<Entry> result_entries_;
   uint64_t result_data_bytes_ = 0;
   std::vector<Slot> slots_;
-  // Per column of the job below min(C, NB): its slot and lane when this aggregator serves it (slot kNone
-  // otherwise), so that a received block finds its lane with one division.
-  struct Place {
-    uint32_t slot = kNone;
-    uint32_t lane = 0;
-  };
-  std::vector<Place> place_;
+  std::vector<ColumnLayout::Place> place_;  // layout_.PlacesOf(aggregator_): a received block's lane
   uint32_t active_slots_ = 0;
   uint64_t blocks_aggregated_ = 0;
 };

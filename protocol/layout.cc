@@ -103,6 +103,15 @@ uint32_t ColumnLayout::NonEmptyLanes(uint32_t aggregator, uint32_t slot) const {
   return static_cast<uint32_t>(lanes);
 }
 
+std::vector<ColumnLayout::Place> ColumnLayout::PlacesOf(uint32_t aggregator) const {
+  std::vector<Place> places(std::min(num_columns_, num_blocks_));
+  for (uint32_t s = 0; s < shape_.slots; ++s) {
+    const uint32_t lanes = NonEmptyLanes(aggregator, s);
+    for (uint32_t lane = 0; lane < lanes; ++lane) places[Column(aggregator, s, lane)] = Place{s, lane};
+  }
+  return places;
+}
+
 bool ColumnLayout::IsValidNext(uint64_t index, uint64_t column, uint64_t after, bool inclusive) const {
   if (index == kEndOfColumn) return true;
   if (index >= num_blocks_ || index % num_columns_ != column) return false;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/status.h"
@@ -79,6 +80,14 @@ class ColumnLayout {
       ForEachRunInRow(row_start, aggregator, slot, fn);
     }
   }
+  // Slot and lane of every column below min(C, NB) that `aggregator` serves (slot kNotServed for the others'):
+  // one lookup instead of the divisions of SlotOf and LaneOf where every block received needs its lane.
+  static constexpr uint32_t kNotServed = ~uint32_t{0};
+  struct Place {
+    uint32_t slot = kNotServed;
+    uint32_t lane = 0;
+  };
+  std::vector<Place> PlacesOf(uint32_t aggregator) const;
   // Blocks in the columns of `aggregator` (what it aggregates when every block is nonzero).
   uint64_t BlocksOf(uint32_t aggregator) const;
   // Lanes 0..n-1 of a slot hold non-empty columns (columns grow with the lane, so they form a prefix).

@@ -15,7 +15,8 @@ WorkerSchedule::WorkerSchedule(const JobShape& shape, uint32_t aggregator_index,
       element_size_(element_size),
       download_(DownloadFormat(spec.codec)),
       flags_(block_flags),
-      slots_(shape.slots) {}
+      slots_(shape.slots),
+      place_(layout_.PlacesOf(aggregator_)) {}
 
 uint64_t WorkerSchedule::NextNonzero(uint64_t from) const {
   const uint64_t stride = layout_.num_columns();
@@ -34,14 +35,12 @@ bool WorkerSchedule::StartSlot(uint32_t s, std::vector<OutgoingFrame>* frames) {
   slot.active_lanes = slot.lanes;
   slot.lane.resize(slot.lanes);
   slot.column.resize(slot.lanes);
-  if (place_.empty()) place_.resize(std::min<uint64_t>(layout_.num_columns(), layout_.num_blocks()));
   OutgoingFrame& announce = frames->emplace_back();
   announce.slot = s;
   announce.entries.reserve(slot.lanes);
   for (uint32_t k = 0; k < slot.lanes; ++k) {
     const uint64_t column = layout_.Column(aggregator_, s, k);
     slot.column[k] = column;
-    place_[column] = Place{s, k};
     slot.lane[k].cur = column;
     slot.lane[k].my_next = NextNonzero(column);
     announce.entries.push_back(Entry{column, slot.lane[k].my_next, 0});
@@ -103,7 +102,7 @@ Status WorkerSchedule::OnResult(uint32_t s, std::span<const EntryView> entries, 
   const uint64_t columns = layout_.num_columns();
   for (const EntryView& e : entries) {
     auto what = [&] { return where() + ", block " + std::to_string(e.block); };
-    // Columns of a started slot are in place_; a block of a column below NB has column < place_.size().
+    // A block below NB has its column below place_.size().
     const uint64_t column = e.block < layout_.num_blocks() ? layout_.ColumnOf(e.block) : 0;
     if (e.block >= layout_.num_blocks() || place_[column].slot != s) {
       return ProtocolError(what() + ": RESULT for a block that is not one of this slot's");

@@ -73,14 +73,7 @@ class WorkerSchedule {
   codec::WireFormat download_;
   std::span<const uint8_t> flags_;
   std::vector<Slot> slots_;
-  // Per column of the job: its slot and lane when this aggregator serves it (slot kNotServed otherwise), so that a
-  // RESULT entry finds its lane with one division.
-  static constexpr uint32_t kNotServed = ~uint32_t{0};
-  struct Place {
-    uint32_t slot = kNotServed;
-    uint32_t lane = 0;
-  };
-  std::vector<Place> place_;
+  std::vector<ColumnLayout::Place> place_;  // layout_.PlacesOf(aggregator_): a RESULT entry's lane
   uint32_t active_slots_ = 0;
   uint32_t started_slots_ = 0;
 };
