@@ -89,6 +89,45 @@ void EncodeEntryTable(std::span<const Entry> entries, std::byte* out) {
   }
 }
 
+namespace {
+
+// Decodes entry `i` at `p` and checks that its padded data fits the `room` bytes of the data region left.
+Status DecodeEntry(const std::byte* p, uint32_t i, uint64_t room, Entry* e) {
+  e->block = DecodeFixed64(p);
+  e->next = DecodeFixed64(p + 8);
+  e->data_bytes = DecodeFixed32(p + 16);
+  if (DecodeFixed32(p + 20) != 0) return ProtocolError("entry " + std::to_string(i) + ": nonzero reserved field");
+  if (Pad8(e->data_bytes) > room) {
+    return ProtocolError("entry " + std::to_string(i) + " (block " + std::to_string(e->block) + "): " +
+                         std::to_string(e->data_bytes) + " data bytes run past the end of the payload");
+  }
+  return Status::Ok();
+}
+
+Status TrailingBytes(uint64_t n) {
+  return ProtocolError("payload has " + std::to_string(n) + " trailing bytes after the last entry's data");
+}
+
+}  // namespace
+
+Status DecodeEntryTable(const FrameHeader& header, std::span<const std::byte> table, std::vector<Entry>* out) {
+  out->clear();
+  const uint64_t table_bytes = uint64_t{header.entry_count} * kEntrySize;
+  if (table.size() != table_bytes || table_bytes > header.payload_length) {
+    return ProtocolError("entry table of " + std::to_string(header.entry_count) +
+                         " entries does not fit a payload of " + std::to_string(header.payload_length) + " bytes");
+  }
+  out->resize(header.entry_count);
+  uint64_t room = header.payload_length - table_bytes;
+  for (uint32_t i = 0; i < header.entry_count; ++i) {
+    const std::byte* entry = table.data() + uint64_t{i} * kEntrySize;
+    if (Status st = DecodeEntry(entry, i, room, &(*out)[i]); !st.ok()) return st;
+    room -= Pad8((*out)[i].data_bytes);
+  }
+  if (room != 0) return TrailingBytes(room);
+  return Status::Ok();
+}
+
 Status DecodeDataPayload(const FrameHeader& header, std::span<const std::byte> payload,
                          std::vector<EntryView>* out) {
   out->clear();
@@ -101,33 +140,19 @@ Status DecodeDataPayload(const FrameHeader& header, std::span<const std::byte> p
     return ProtocolError("entry table of " + std::to_string(header.entry_count) + " entries exceeds the payload");
   }
   out->reserve(header.entry_count);
-  const std::byte* entry = payload.data();
   uint64_t data_offset = table_bytes;
-  for (uint32_t i = 0; i < header.entry_count; ++i, entry += kEntrySize) {
-    const uint64_t block = DecodeFixed64(entry);
-    const uint64_t next = DecodeFixed64(entry + 8);
-    const uint32_t data_bytes = DecodeFixed32(entry + 16);
-    if (DecodeFixed32(entry + 20) != 0) {
-      return ProtocolError("entry " + std::to_string(i) + ": nonzero reserved field");
-    }
-    const uint64_t padded = Pad8(data_bytes);
-    if (padded > payload.size() - data_offset) {
-      return ProtocolError("entry " + std::to_string(i) + " (block " + std::to_string(block) + "): " +
-                           std::to_string(data_bytes) + " data bytes run past the end of the payload");
-    }
+  for (uint32_t i = 0; i < header.entry_count; ++i) {
+    Entry e;
+    const std::byte* entry = payload.data() + uint64_t{i} * kEntrySize;
+    if (Status st = DecodeEntry(entry, i, payload.size() - data_offset, &e); !st.ok()) return st;
     const std::byte* data = payload.data() + data_offset;
-    for (uint64_t pad = data_bytes; pad < padded; ++pad) {
-      if (data[pad] != std::byte{0}) {
-        return ProtocolError("entry " + std::to_string(i) + ": nonzero padding byte");
-      }
+    for (uint64_t pad = e.data_bytes; pad < Pad8(e.data_bytes); ++pad) {
+      if (data[pad] != std::byte{0}) return ProtocolError("entry " + std::to_string(i) + ": nonzero padding byte");
     }
-    out->push_back(EntryView{block, next, {data, data_bytes}});
-    data_offset += padded;
+    out->push_back(EntryView{e.block, e.next, {data, e.data_bytes}});
+    data_offset += Pad8(e.data_bytes);
   }
-  if (data_offset != payload.size()) {
-    return ProtocolError("payload has " + std::to_string(payload.size() - data_offset) +
-                         " trailing bytes after the last entry's data");
-  }
+  if (data_offset != payload.size()) return TrailingBytes(payload.size() - data_offset);
   return Status::Ok();
 }
 

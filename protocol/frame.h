@@ -53,6 +53,12 @@ void EncodeEntryTable(std::span<const Entry> entries, std::byte* out);
 // table: kFrameHeaderSize + kEntrySize · entries.size() bytes at `out`. The data region is the caller's.
 void EncodeDataPrefix(FrameHeader header, std::span<const Entry> entries, std::byte* out);
 
+// Decodes the entry table of a data frame: the first kEntrySize · header.entry_count bytes of its payload
+// (DecodeFrameHeader has checked that they fit). `out` is cleared first. Fails on a nonzero reserved field and on
+// entries whose padded data does not fill the rest of the payload exactly, so that a reader may place each entry's
+// data before it has read it (docs/PROTOCOL.md §3.2).
+Status DecodeEntryTable(const FrameHeader& header, std::span<const std::byte> table, std::vector<Entry>* out);
+
 // Decodes a data payload. `out` is cleared first. Fails on a payload whose length does not match its entries,
 // nonzero reserved or padding bytes.
 Status DecodeDataPayload(const FrameHeader& header, std::span<const std::byte> payload,

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/block_scan.h"
+#include "core/streaming_copy.h"
 #include "protocol/frame_format.h"
 
 namespace sparsereduce {
@@ -38,6 +39,7 @@ WorkerCollective::WorkerCollective(const JobShape& shape, uint64_t job, uint64_t
   }
   // Without a codec the blocks are scanned slot by slot as the slots start (StartSlot).
   const uint32_t element_size = FindDType(spec.dtype)->size;
+  pending_.resize(shape.num_aggregators);
   schedules_.reserve(shape.num_aggregators);
   for (uint32_t a = 0; a < shape.num_aggregators; ++a) {
     schedules_.emplace_back(shape, a, spec, element_size, flags_);
@@ -70,6 +72,9 @@ bool WorkerCollective::done() const {
   for (const WorkerSchedule& s : schedules_) {
     if (!s.done()) return false;
   }
+  for (const PendingResult& p : pending_) {
+    if (p.active) return false;  // its data is still on the way into the tensor
+  }
   return true;
 }
 
@@ -85,8 +90,10 @@ void WorkerCollective::SetWireSizes(OutgoingFrame* frame) const {
   }
 }
 
-Status WorkerCollective::OnResult(uint32_t aggregator, const FrameHeader& header,
-                                  std::span<const std::byte> payload, std::vector<OutgoingFrame>* frames) {
+Status WorkerCollective::BeginResult(uint32_t aggregator, const FrameHeader& header,
+                                     std::span<const std::byte> table, std::vector<OutgoingFrame>* frames,
+                                     std::vector<std::span<std::byte>>* targets) {
+  targets->clear();
   if (header.type != FrameType::kResult) {
     return ProtocolError(std::string("expected a RESULT frame, got ") + FrameTypeName(header.type));
   }
@@ -95,12 +102,38 @@ Status WorkerCollective::OnResult(uint32_t aggregator, const FrameHeader& header
                          std::to_string(header.seq) + ", expected job " + std::to_string(job_) + " collective " +
                          std::to_string(seq_));
   }
-  if (Status st = DecodeDataPayload(header, payload, &scratch_entries_); !st.ok()) return st;
+  PendingResult& pending = pending_[aggregator];
+  if (pending.active) return ProtocolError("a RESULT began before the previous one ended");  // caller's bug
+  if (Status st = DecodeEntryTable(header, table, &pending.entries); !st.ok()) return st;
   const size_t first = frames->size();
-  if (Status st = schedules_[aggregator].OnResult(header.slot, scratch_entries_, frames); !st.ok()) return st;
+  if (Status st = schedules_[aggregator].OnResult(header.slot, pending.entries, frames); !st.ok()) return st;
   for (size_t i = first; i < frames->size(); ++i) SetWireSizes(&(*frames)[i]);
-  for (const EntryView& e : scratch_entries_) {
-    if (e.data.empty()) continue;
+
+  // Where the data goes. Without a codec's wire format, into the blocks themselves: adjacent blocks make one
+  // target, so a RESULT of neighbouring blocks is one read.
+  const bool raw = download_ == codec::WireFormat::kRaw;
+  uint64_t padding_bytes = 0;
+  uint64_t wire_bytes = 0;
+  for (const Entry& e : pending.entries) {
+    padding_bytes += Pad8(e.data_bytes) - e.data_bytes;
+    wire_bytes += e.data_bytes;
+  }
+  pending.padding.resize(padding_bytes);
+  if (!raw && pending.wire.size() < wire_bytes) {
+    pending.wire = ByteBuffer(std::max<uint64_t>(wire_bytes, 2 * pending.wire.size()));
+  }
+  std::byte* padding = pending.padding.data();
+  std::byte* wire = pending.wire.data();
+  auto add = [&](std::byte* at, uint64_t n) {
+    if (n == 0) return;
+    if (!targets->empty() && targets->back().data() + targets->back().size() == at) {
+      targets->back() = {targets->back().data(), targets->back().size() + n};
+    } else {
+      targets->emplace_back(at, n);
+    }
+  };
+  for (const Entry& e : pending.entries) {
+    if (e.data_bytes == 0) continue;
     std::byte* block = tensor_.data() + layout_.BlockByteOffset(e.block);
     const uint32_t block_bytes = layout_.BlockBytes(e.block);
     const bool keep = encoder_ ? (OrReduce(block, block_bytes, 0) != 0)  // not all-zero bits
@@ -109,18 +142,72 @@ Status WorkerCollective::OnResult(uint32_t aggregator, const FrameHeader& header
       // Only the first time: every block is carried by at most one RESULT.
       const uint64_t used = backup_blocks_.size() * layout_.MaxBlockBytes();
       if (backup_data_.size() < used + layout_.MaxBlockBytes()) GrowBackup(used + layout_.MaxBlockBytes());
-      std::memcpy(backup_data_.data() + used, block, block_bytes);
+      // Read back only if the collective fails: stores that bypass the cache spare it the backup's lines.
+      StreamingCopy(backup_data_.data() + used, block, block_bytes);
       backup_blocks_.push_back(e.block);
     }
-    if (download_ == codec::WireFormat::kRaw) {
-      std::memcpy(block, e.data.data(), e.data.size());
+    flags_[e.block] |= kBlockReceived;  // from here on Restore puts the block back, whatever lands in it
+    if (raw) {
+      add(block, e.data_bytes);  // CheckWireBytes (the schedule): data_bytes == block_bytes
     } else {
-      // Checked by the schedule (CheckWireBlock): cannot fail.
-      (void)codec::DecodeFloats(download_, e.data, block_bytes / 4, reinterpret_cast<float*>(block), false);
+      add(wire, e.data_bytes);
+      wire += e.data_bytes;
     }
-    flags_[e.block] |= kBlockReceived;
+    add(padding, Pad8(e.data_bytes) - e.data_bytes);
+    padding += Pad8(e.data_bytes) - e.data_bytes;
+  }
+  StreamingFence();  // the backups are complete before anything that follows, e.g. a failure on another thread
+  pending.active = true;
+  pending.slot = header.slot;
+  return Status::Ok();
+}
+
+Status WorkerCollective::EndResult(uint32_t aggregator) {
+  PendingResult& pending = pending_[aggregator];
+  if (!pending.active) return ProtocolError("a RESULT ended that did not begin");  // caller's bug
+  pending.active = false;
+  for (size_t i = 0; i < pending.padding.size(); ++i) {
+    if (pending.padding[i] != std::byte{0}) return ProtocolError("RESULT with a nonzero padding byte");
+  }
+  if (download_ == codec::WireFormat::kRaw) return Status::Ok();
+  const std::byte* wire = pending.wire.data();
+  for (const Entry& e : pending.entries) {
+    if (e.data_bytes == 0) continue;
+    const std::span<const std::byte> data(wire, e.data_bytes);
+    wire += e.data_bytes;
+    const auto elements = static_cast<uint32_t>(layout_.BlockElements(e.block));
+    if (Status st = codec::CheckWireBlock(download_, elements, 4, data); !st.ok()) {
+      return st.WithContext("slot " + std::to_string(pending.slot) + ", block " + std::to_string(e.block) +
+                            ": RESULT");
+    }
+    // Checked just above: cannot fail. Codecs are float only.
+    (void)codec::DecodeFloats(download_, data, elements,
+                              reinterpret_cast<float*>(tensor_.data() + layout_.BlockByteOffset(e.block)),
+                              false);
   }
   return Status::Ok();
+}
+
+Status WorkerCollective::OnResult(uint32_t aggregator, const FrameHeader& header,
+                                  std::span<const std::byte> payload, std::vector<OutgoingFrame>* frames) {
+  if (payload.size() != header.payload_length) {
+    return ProtocolError("payload of " + std::to_string(payload.size()) + " bytes, header says " +
+                         std::to_string(header.payload_length));
+  }
+  const uint64_t table_bytes = uint64_t{header.entry_count} * kEntrySize;
+  if (table_bytes > payload.size()) {
+    return ProtocolError("entry table of " + std::to_string(header.entry_count) +
+                         " entries exceeds the payload");
+  }
+  std::vector<std::span<std::byte>>& targets = scratch_targets_;
+  if (Status st = BeginResult(aggregator, header, payload.first(table_bytes), frames, &targets); !st.ok())
+    return st;
+  const std::byte* data = payload.data() + table_bytes;
+  for (const std::span<std::byte>& t : targets) {
+    std::memcpy(t.data(), data, t.size());
+    data += t.size();
+  }
+  return EndResult(aggregator);
 }
 
 void WorkerCollective::GrowBackup(uint64_t at_least) {

@@ -57,8 +57,18 @@ class WorkerCollective {
   // Every slot is started once.
   bool StartSlot(uint32_t aggregator, uint32_t slot, std::vector<OutgoingFrame>* frames);
 
-  // A RESULT frame from `aggregator`. On success the data is in the tensor and `*frames` has the CONTRIBUTIONs to
-  // send next on the same slot appended (often none).
+  // A RESULT frame from `aggregator`, taken in two steps so that its data can be read straight into the tensor.
+  // BeginResult takes the header and the entry table (the first kEntrySize · header.entry_count payload bytes):
+  // it checks them, advances the schedule (appending to `*frames` the CONTRIBUTIONs to send next on the slot,
+  // often none), saves what Restore needs and fills `*targets` with where the rest of the payload goes, in order:
+  // the tensor's blocks themselves, or, with a codec's wire format, a buffer to decode from. The caller reads
+  // exactly the rest of the payload into the targets, then calls EndResult, which checks padding and decodes.
+  // Until then done() is false. A non-ok status is a protocol violation by the aggregator; after one, or when the
+  // data cannot be read, the collective fails (Restore is safe from any point).
+  Status BeginResult(uint32_t aggregator, const FrameHeader& header, std::span<const std::byte> table,
+                     std::vector<OutgoingFrame>* frames, std::vector<std::span<std::byte>>* targets);
+  Status EndResult(uint32_t aggregator);
+  // Both steps on a whole payload in memory.
   Status OnResult(uint32_t aggregator, const FrameHeader& header, std::span<const std::byte> payload,
                   std::vector<OutgoingFrame>* frames);
 
@@ -104,7 +114,17 @@ class WorkerCollective {
   // Original bytes of overwritten blocks that were not all-zero bits, in overwrite order (see Restore).
   std::vector<uint64_t> backup_blocks_;
   ByteBuffer backup_data_;  // grown by doubling as blocks are saved (see GrowBackup)
-  std::vector<EntryView> scratch_entries_;
+  // A RESULT between BeginResult and EndResult. Each aggregator connection reads its frames in order, but the
+  // connections interleave: one per aggregator.
+  struct PendingResult {
+    bool active = false;
+    uint32_t slot = 0;
+    std::vector<Entry> entries;
+    std::vector<std::byte> padding;  // every entry's padding bytes, checked to be zero
+    ByteBuffer wire;                 // with a codec's wire format: the data, decoded by EndResult
+  };
+  std::vector<PendingResult> pending_;                 // per aggregator
+  std::vector<std::span<std::byte>> scratch_targets_;  // OnResult's
   // With a codec: it chose the blocks to send and holds their wire bytes; results are decoded into the tensor.
   std::unique_ptr<codec::TensorEncoder> encoder_;
   codec::WireFormat download_ = codec::WireFormat::kRaw;

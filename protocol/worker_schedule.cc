@@ -86,7 +86,7 @@ void WorkerSchedule::Aggregated(Slot& slot, uint64_t block) {
   if (--slot.frame_waiting[f] == 0) --slot.held_frames;
 }
 
-Status WorkerSchedule::OnResult(uint32_t s, std::span<const EntryView> entries, std::vector<OutgoingFrame>* frames) {
+Status WorkerSchedule::OnResult(uint32_t s, std::span<const Entry> entries, std::vector<OutgoingFrame>* frames) {
   if (s >= slots_.size()) return ProtocolError("RESULT for slot " + std::to_string(s) + " out of range");
   Slot& slot = slots_[s];
   auto where = [&] { return "slot " + std::to_string(s); };
@@ -100,7 +100,7 @@ Status WorkerSchedule::OnResult(uint32_t s, std::span<const EntryView> entries, 
 
   // Entries are checked and applied one by one: a lane may advance more than once in one RESULT.
   const uint64_t columns = layout_.num_columns();
-  for (const EntryView& e : entries) {
+  for (const Entry& e : entries) {
     auto what = [&] { return where() + ", block " + std::to_string(e.block); };
     // A block below NB has its column below place_.size().
     const uint64_t column = e.block < layout_.num_blocks() ? layout_.ColumnOf(e.block) : 0;
@@ -113,7 +113,7 @@ Status WorkerSchedule::OnResult(uint32_t s, std::span<const EntryView> entries, 
                            (lane.cur == kEndOfColumn ? std::string("finished") : std::to_string(lane.cur)) + ")");
     }
     const uint32_t elements = static_cast<uint32_t>(layout_.BlockElements(lane.cur));
-    if (Status st = codec::CheckWireBlock(download_, elements, element_size_, e.data); !st.ok()) {
+    if (Status st = codec::CheckWireBytes(download_, elements, element_size_, e.data_bytes); !st.ok()) {
       return st.WithContext(what() + ": RESULT");
     }
     // After this block, this worker's next block to aggregate in the column; the new cur cannot lie beyond it.
@@ -138,7 +138,7 @@ Status WorkerSchedule::OnResult(uint32_t s, std::span<const EntryView> entries, 
   return Status::Ok();
 }
 
-Status WorkerSchedule::OnAnnounceReply(Slot& slot, uint32_t s, std::span<const EntryView> entries,
+Status WorkerSchedule::OnAnnounceReply(Slot& slot, uint32_t s, std::span<const Entry> entries,
                                        std::vector<OutgoingFrame>* frames) {
   // Validate everything before changing any state.
   auto where = [&] { return "slot " + std::to_string(s) + ", announce reply"; };
@@ -148,10 +148,10 @@ Status WorkerSchedule::OnAnnounceReply(Slot& slot, uint32_t s, std::span<const E
   }
   for (uint32_t k = 0; k < slot.lanes; ++k) {
     const Lane& lane = slot.lane[k];
-    const EntryView& e = entries[k];
+    const Entry& e = entries[k];
     auto what = [&] { return where() + ", block " + std::to_string(lane.cur); };
     if (e.block != lane.cur) return ProtocolError(what() + ": RESULT entry names block " + std::to_string(e.block));
-    if (!e.data.empty()) return ProtocolError(what() + ": carries " + std::to_string(e.data.size()) + " data bytes");
+    if (e.data_bytes != 0) return ProtocolError(what() + ": carries " + std::to_string(e.data_bytes) + " data bytes");
     if (!layout_.IsValidNext(e.next, lane.cur, lane.cur, /*inclusive=*/true) || e.next > lane.my_next) {
       return ProtocolError(what() + ": RESULT next index " + std::to_string(e.next) +
                            " is not a block of the column between the current one and this worker's own next (" +

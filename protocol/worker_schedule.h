@@ -30,10 +30,11 @@ class WorkerSchedule {
   // (layout().ForEachRun) must be final. Each slot is started once; the schedule is done only when all were started.
   bool StartSlot(uint32_t slot, std::vector<OutgoingFrame>* frames);
 
-  // Checks a RESULT on `slot` and advances. On success, appends to `*frames` the CONTRIBUTIONs that the blocks it
-  // aggregated let into the window (often none). The caller then copies the data of `entries` into the tensor. A
-  // non-ok status is a protocol violation by the aggregator.
-  Status OnResult(uint32_t slot, std::span<const EntryView> entries, std::vector<OutgoingFrame>* frames);
+  // Checks a RESULT's entry table on `slot` (blocks, next indices, data sizes) and advances. On success, appends
+  // to `*frames` the CONTRIBUTIONs that the blocks it aggregated let into the window (often none). The caller then
+  // reads the data of `entries` into the tensor and checks its content (codec::CheckWireBlock). A non-ok status is
+  // a protocol violation by the aggregator.
+  Status OnResult(uint32_t slot, std::span<const Entry> entries, std::vector<OutgoingFrame>* frames);
 
   bool done() const { return started_slots_ == slots_.size() && active_slots_ == 0; }
   const ColumnLayout& layout() const { return layout_; }
@@ -62,7 +63,7 @@ class WorkerSchedule {
   uint64_t NextNonzero(uint64_t from) const;  // first nonzero block >= from in from's column, or END
   // Appends CONTRIBUTIONs of the next own blocks while the window has room.
   void SendBlocks(Slot& slot, uint32_t s, std::vector<OutgoingFrame>* frames);
-  Status OnAnnounceReply(Slot& slot, uint32_t s, std::span<const EntryView> entries, std::vector<OutgoingFrame>* frames);
+  Status OnAnnounceReply(Slot& slot, uint32_t s, std::span<const Entry> entries, std::vector<OutgoingFrame>* frames);
   // One of the own blocks was aggregated: its frame waits for one block less.
   void Aggregated(Slot& slot, uint64_t block);
 

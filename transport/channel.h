@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "core/buffer_pool.h"
@@ -39,6 +40,10 @@ class Channel {
   // Reads exactly `size` payload bytes (the caller has checked `size` against its limit), into a buffer from
   // `pool` when one is given.
   virtual boost::asio::awaitable<Result<ByteBuffer>> ReadPayload(uint64_t size, BufferPool* pool) = 0;
+  // Reads exactly as many payload bytes as `targets` hold, in order, straight into them (the caller has checked
+  // that the frame has that many left). Lets a reader place a payload's parts where they belong, e.g. a RESULT's
+  // blocks in the tensor, without a buffer in between.
+  virtual boost::asio::awaitable<Status> ReadInto(std::span<const boost::asio::mutable_buffer> targets) = 0;
   // Reads and drops `size` bytes.
   virtual boost::asio::awaitable<Status> Discard(uint64_t size) = 0;
 

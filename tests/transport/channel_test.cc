@@ -1,7 +1,8 @@
 // What every transport::Channel does, run over each transport (as Gloo parameterizes its transport tests): frames
-// of any size and any number of gather parts arrive intact and in order, Discard skips exactly one payload, end of
-// stream after a flush, a frame cut short is a protocol error, DropQueued keeps the stream framed. Then what is
-// particular to TCP's read-ahead reader and gathering writer. Every test runs its io_context for a bounded time.
+// of any size and any number of gather parts arrive intact and in order, Discard skips exactly one payload,
+// ReadInto scatters a payload exactly, end of stream after a flush, a frame cut short is a protocol error,
+// DropQueued keeps the stream framed. Then what is particular to TCP's read-ahead reader and gathering writer.
+// Every test runs its io_context for a bounded time.
 #include <sys/socket.h>
 
 #include <gtest/gtest.h>
@@ -94,6 +95,71 @@ TEST_P(ChannelTest, DiscardSkipsExactlyOnePayload) {
       if (!payload.ok()) co_return;
       EXPECT_EQ(std::memcmp(payload->data(), MakeFrame(i, 1000).data() + kFrameHeaderSize, 1000), 0);
     }
+    done = true;
+  }, asio::detached);
+  RunUntil(io_, done);
+}
+
+// ReadInto places a payload's bytes into scattered targets exactly (as a worker reads a RESULT's blocks into the
+// tensor): targets of 0..40000 bytes, payloads larger than the shm ring and TCP's read-ahead buffer, between
+// frames read whole, so that read-ahead bytes are consumed first and what follows is caught for the next frame.
+TEST_P(ChannelTest, ReadIntoScattersAPayloadExactly) {
+  Pair pair = Connect(io_, GetParam());
+  const std::vector<uint32_t> sizes = {1000, 300000, 64, 150000, 24, 0, 70000};
+  for (uint32_t i = 0; i < sizes.size(); ++i) {
+    auto frame = std::make_shared<std::vector<std::byte>>(MakeFrame(i, sizes[i]));
+    pair.worker->Send({asio::buffer(*frame)}, frame);
+  }
+  bool done = false;
+  asio::co_spawn(io_, [&]() -> asio::awaitable<void> {
+    for (uint32_t i = 0; i < sizes.size(); ++i) {
+      Result<FrameHeader> header = co_await pair.aggregator->ReadHeader();
+      EXPECT_TRUE(header.ok()) << header.status().ToString();
+      if (!header.ok()) co_return;
+      EXPECT_EQ(header->job, i);
+      const std::vector<std::byte> expected = MakeFrame(i, sizes[i]);
+      std::vector<std::byte> got(sizes[i] + 64, std::byte{0xEE});  // a gap of 8 bytes after every target
+      std::vector<asio::mutable_buffer> targets;
+      std::vector<std::pair<size_t, size_t>> placed;  // (offset in got, bytes)
+      size_t at = 0, left = sizes[i];
+      for (uint32_t k = 0; left > 0 || k == 0; ++k) {
+        const size_t n = k % 5 == 3 ? 0 : std::min<size_t>(left, (k * 7919 + 13) % 40001);
+        if (at + n + 8 > got.size()) got.resize(at + n + 8, std::byte{0xEE});
+        placed.emplace_back(at, n);
+        at += n + 8;
+        left -= n;
+      }
+      for (auto [offset, n] : placed) targets.push_back(asio::buffer(got.data() + offset, n));
+      Status st = co_await pair.aggregator->ReadInto(targets);
+      EXPECT_TRUE(st.ok()) << st.ToString();
+      size_t from = kFrameHeaderSize;
+      for (auto [offset, n] : placed) {
+        EXPECT_EQ(std::memcmp(got.data() + offset, expected.data() + from, n), 0) << "frame " << i << " at " << from;
+        for (size_t g = 0; g < 8; ++g) EXPECT_EQ(got[offset + n + g], std::byte{0xEE}) << "wrote into a gap";
+        from += n;
+      }
+    }
+    done = true;
+  }, asio::detached);
+  RunUntil(io_, done);
+}
+
+TEST_P(ChannelTest, ReadIntoAFrameCutShortIsAProtocolError) {
+  Pair pair = Connect(io_, GetParam());
+  std::vector<std::byte> frame = MakeFrame(1, 5000);
+  frame.resize(kFrameHeaderSize + 100);  // the header promises 5000 payload bytes
+  auto owner = std::make_shared<std::vector<std::byte>>(frame);
+  pair.worker->Send({asio::buffer(*owner)}, owner);
+  pair.worker->CloseAfterFlush(false);
+  bool done = false;
+  asio::co_spawn(io_, [&]() -> asio::awaitable<void> {
+    Result<FrameHeader> header = co_await pair.aggregator->ReadHeader();
+    EXPECT_TRUE(header.ok()) << header.status().ToString();
+    std::vector<std::byte> a(60), b(header->payload_length - 60);
+    const std::array targets{asio::buffer(a), asio::buffer(b)};
+    Status st = co_await pair.aggregator->ReadInto(targets);
+    EXPECT_EQ(st.code(), StatusCode::kProtocolViolation) << st.ToString();
+    EXPECT_NE(st.message().find("closed inside a frame"), std::string::npos) << st.ToString();
     done = true;
   }, asio::detached);
   RunUntil(io_, done);

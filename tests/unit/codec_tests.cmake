@@ -1,8 +1,9 @@
-# Unit tests of the codec layer: byte coding, frames, block scan, layout, reduction kernels.
+# Unit tests of the codec layer: byte coding, frames, block scan, layout, reduction and copy kernels.
 # Included from tests/unit/CMakeLists.txt. One executable per test file.
 include(GoogleTest)
 
 foreach(sparsereduce_codec_test IN ITEMS coding_test frame_test block_scan_test layout_test reduce_kernels_test
+        streaming_copy_test
         buffer_pool_test)
 
   add_executable(${sparsereduce_codec_test} ${CMAKE_CURRENT_SOURCE_DIR}/${sparsereduce_codec_test}.cc)

@@ -1,6 +1,7 @@
 // The column engine and the worker schedule reject protocol violations with a reason instead of misbehaving.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cstring>
 
 #include "protocol/column_engine.h"
@@ -292,6 +293,85 @@ TEST(WorkerCollective, RejectsAResultForABlockNotSentYet) {
   Status st = feed({{2, kEndOfColumn, 8}});
   EXPECT_EQ(st.code(), StatusCode::kProtocolViolation);
   EXPECT_NE(st.message().find("has not sent yet"), std::string::npos) << st.message();
+}
+
+FrameHeader HeaderOf(const ByteBuffer& frame) {
+  Result<FrameHeader> header = DecodeFrameHeader(frame.span());
+  EXPECT_TRUE(header.ok()) << header.status().ToString();
+  return header.ok() ? *header : FrameHeader{};
+}
+
+// A RESULT's data is read straight into the tensor (BeginResult names the targets, EndResult checks what came):
+// adjacent blocks make one target, the collective is not done between the two steps, and a read that never ends
+// leaves nothing that Restore cannot undo.
+TEST(WorkerCollective, ResultDataGoesStraightIntoTheTensor) {
+  std::vector<float> tensor(10, 0.0f);
+  tensor[4] = 1.0f;  // block 2
+  tensor[6] = 1.0f;  // block 3
+  const std::vector<float> input = tensor;
+  auto bytes = std::as_writable_bytes(std::span(tensor));
+  for (bool finish : {true, false}) {
+    SCOPED_TRACE(finish ? "read completes" : "read cut short");
+    tensor = input;
+    WorkerCollective wc(kShape, 1, 1, kSpec, bytes);
+    ASSERT_EQ(wc.Start(0).size(), 2u);
+    std::vector<OutgoingFrame> frames;
+    std::vector<std::span<std::byte>> targets;
+    const ByteBuffer reply = EncodeDataFrame({FrameType::kResult, 0, 0, 1, 1, 0}, std::vector<Entry>{{0, 2, 0}, {1, 3, 0}}, {});
+    const FrameHeader reply_header = HeaderOf(reply);
+    ASSERT_TRUE(wc.BeginResult(0, reply_header, reply.span().subspan(kFrameHeaderSize), &frames, &targets).ok());
+    EXPECT_TRUE(targets.empty());
+    ASSERT_TRUE(wc.EndResult(0).ok());
+
+    const std::vector<Entry> entries{{2, kEndOfColumn, 8}, {3, kEndOfColumn, 8}};
+    const float sums[4] = {2.0f, 0.5f, 3.0f, -0.0f};
+    const std::span<const std::byte> data = std::as_bytes(std::span(sums));
+    const std::array<std::span<const std::byte>, 2> parts{data.first(8), data.subspan(8)};
+    const ByteBuffer result = EncodeDataFrame({FrameType::kResult, 0, 0, 1, 1, 0}, entries, parts);
+    const FrameHeader header = HeaderOf(result);
+    const uint64_t table_bytes = 2 * kEntrySize;
+    ASSERT_TRUE(wc.BeginResult(0, header, result.span().subspan(kFrameHeaderSize, table_bytes), &frames, &targets).ok());
+    ASSERT_EQ(targets.size(), 1u);  // blocks 2 and 3 are neighbours in the tensor
+    EXPECT_EQ(targets[0].data(), bytes.data() + 4 * sizeof(float));
+    EXPECT_EQ(targets[0].size(), 16u);
+    EXPECT_FALSE(wc.done());
+    if (finish) {
+      std::memcpy(targets[0].data(), data.data(), 16);
+      ASSERT_TRUE(wc.EndResult(0).ok());
+      EXPECT_TRUE(wc.done());
+      wc.Finish();
+      EXPECT_EQ(std::memcmp(tensor.data() + 4, sums, sizeof sums), 0);
+    } else {
+      std::memset(targets[0].data(), 0x7f, 10);  // part of the data arrived, then the connection broke
+      EXPECT_FALSE(wc.done());
+      wc.Restore();
+      EXPECT_EQ(std::memcmp(tensor.data(), input.data(), sizeof(float) * input.size()), 0);
+    }
+  }
+}
+
+TEST(WorkerCollective, NonzeroPaddingIsRefusedAndRestoreGivesTheInputBack) {
+  // Blocks of 3 floats: 12 data bytes and 4 padding bytes each. One rank, K = 2, so blocks 0 and 1 go out at once.
+  const JobShape shape{1, 1, 1, 2};
+  const CollectiveSpec spec{9, DType::kFloat32, ReduceOp::kSum, 3};
+  std::vector<float> tensor = {1, 2, 3, 4, 5, 6, 7, 8, 9};
+  const std::vector<float> input = tensor;
+  WorkerCollective wc(shape, 1, 1, spec, std::as_writable_bytes(std::span(tensor)));
+  ASSERT_EQ(wc.Start(0).size(), 2u);
+  std::vector<OutgoingFrame> frames;
+  const ByteBuffer reply = EncodeDataFrame({FrameType::kResult, 0, 0, 1, 1, 0}, std::vector<Entry>{{0, 0, 0}, {1, 1, 0}}, {});
+  ASSERT_TRUE(wc.OnResult(0, HeaderOf(reply), reply.span().subspan(kFrameHeaderSize), &frames).ok());
+  const std::vector<float> sums = {10, 20, 30, 40, 50, 60};
+  const std::span<const std::byte> data = std::as_bytes(std::span(sums));
+  const std::array<std::span<const std::byte>, 2> parts{data.first(12), data.subspan(12)};
+  ByteBuffer result =
+      EncodeDataFrame({FrameType::kResult, 0, 0, 1, 1, 0}, std::vector<Entry>{{0, 2, 12}, {1, kEndOfColumn, 12}}, parts);
+  result.data()[kFrameHeaderSize + 2 * kEntrySize + 16 + 12 + 3] = std::byte{1};  // block 1's last padding byte
+  const Status st = wc.OnResult(0, HeaderOf(result), result.span().subspan(kFrameHeaderSize), &frames);
+  EXPECT_EQ(st.code(), StatusCode::kProtocolViolation);
+  EXPECT_NE(st.message().find("padding"), std::string::npos) << st.message();
+  wc.Restore();
+  EXPECT_EQ(tensor, input);
 }
 
 }  // namespace

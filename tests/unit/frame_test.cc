@@ -669,5 +669,68 @@ TEST(DataPayloadTest, EveryByteMutation) {
   EXPECT_GT(rejected, 0);
 }
 
+// DecodeEntryTable, the reader that places data before reading it, agrees with DecodeDataPayload on every frame
+// and on every single-byte mutation of one: same entries when both accept, and a table it accepts is refused by
+// DecodeDataPayload only for a nonzero padding byte (which that reader checks after the data is read).
+TEST(EntryTableTest, AgreesWithDecodeDataPayloadUnderMutation) {
+  const std::vector<std::vector<std::pair<uint64_t, uint32_t>>> cases = {
+      {},
+      {{0, 0}},
+      {{1, 0}, {2, 8}, {3, 3}, {4, 0}},
+      {{9, 17}, {10, 1}, {11, 1024}},
+  };
+  int accepted = 0;
+  int padding_only = 0;
+  for (const auto& c : cases) {
+    const TestFrame f = MakeFrame(DataHeader(FrameType::kResult), c);
+    for (size_t i = kFrameHeaderSize; i < f.frame.size(); ++i) {
+      for (uint8_t flip : {uint8_t{0}, uint8_t{0x01}, uint8_t{0x80}, uint8_t{0xff}}) {
+        if (flip == 0 && i != kFrameHeaderSize) continue;  // the unmutated frame once
+        Bytes frame = f.frame;
+        frame[i] ^= std::byte{flip};
+        Result<FrameHeader> h = DecodeFrameHeader(frame);
+        ASSERT_TRUE(h.ok());
+        const std::span<const std::byte> payload = std::span(frame).subspan(kFrameHeaderSize);
+        const uint64_t table_bytes = uint64_t{h->entry_count} * kEntrySize;
+        std::vector<Entry> entries(2);  // stale contents are cleared
+        const Status table = DecodeEntryTable(*h, payload.first(table_bytes), &entries);
+        std::vector<EntryView> views;
+        const Status whole = DecodeDataPayload(*h, payload, &views);
+        if (whole.ok()) {
+          ASSERT_TRUE(table.ok()) << table.ToString();
+          ASSERT_EQ(entries.size(), views.size());
+          for (size_t k = 0; k < views.size(); ++k) {
+            EXPECT_EQ(entries[k].block, views[k].block);
+            EXPECT_EQ(entries[k].next, views[k].next);
+            EXPECT_EQ(entries[k].data_bytes, views[k].data.size());
+          }
+          ++accepted;
+        } else if (table.ok()) {
+          EXPECT_TRUE(Contains(whole.message(), "padding")) << whole.message();
+          ++padding_only;
+        } else {
+          EXPECT_EQ(table.code(), StatusCode::kProtocolViolation);
+        }
+      }
+    }
+  }
+  EXPECT_GT(accepted, 0);
+  EXPECT_GT(padding_only, 0);
+}
+
+TEST(EntryTableTest, RefusesATableOfTheWrongSize) {
+  const TestFrame f = MakeFrame(DataHeader(FrameType::kResult), {{1, 8}, {2, 8}});
+  std::vector<Entry> entries;
+  const auto payload = f.payload();
+  EXPECT_FALSE(DecodeEntryTable(f.header, payload.first(kEntrySize), &entries).ok());
+  EXPECT_FALSE(DecodeEntryTable(f.header, payload.first(3 * kEntrySize), &entries).ok());
+  EXPECT_TRUE(DecodeEntryTable(f.header, payload.first(2 * kEntrySize), &entries).ok());
+  FrameHeader lying = f.header;
+  lying.entry_count = 3;  // more table than payload: DecodeEntryTable does not trust DecodeFrameHeader ran
+  lying.payload_length = 2 * kEntrySize;
+  Bytes table(3 * kEntrySize, std::byte{0});
+  EXPECT_FALSE(DecodeEntryTable(lying, table, &entries).ok());
+}
+
 }  // namespace
 }  // namespace sparsereduce

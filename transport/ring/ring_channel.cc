@@ -88,6 +88,15 @@ asio::awaitable<Result<ByteBuffer>> RingChannel::ReadPayload(uint64_t size, Buff
   co_return payload;
 }
 
+asio::awaitable<Status> RingChannel::ReadInto(std::span<const asio::mutable_buffer> targets) {
+  for (const asio::mutable_buffer& target : targets) {
+    if (target.size() == 0) continue;
+    Status st = co_await ReadExact(static_cast<std::byte*>(target.data()), target.size(), /*in_frame=*/true);
+    if (!st.ok()) co_return st;
+  }
+  co_return Status::Ok();
+}
+
 asio::awaitable<Status> RingChannel::Discard(uint64_t size) {
   co_return co_await ReadExact(nullptr, size, /*in_frame=*/true);
 }

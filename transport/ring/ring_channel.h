@@ -29,6 +29,7 @@ class RingChannel : public Channel {
 
   boost::asio::awaitable<Result<FrameHeader>> ReadHeader() override;
   boost::asio::awaitable<Result<ByteBuffer>> ReadPayload(uint64_t size, BufferPool* pool) override;
+  boost::asio::awaitable<Status> ReadInto(std::span<const boost::asio::mutable_buffer> targets) override;
   boost::asio::awaitable<Status> Discard(uint64_t size) override;
 
   using Channel::Send;

@@ -21,6 +21,9 @@ class TcpChannel final : public transport::Channel {
   asio::awaitable<Result<ByteBuffer>> ReadPayload(uint64_t size, BufferPool* pool) override {
     return reader_.ReadPayload(size, pool);
   }
+  asio::awaitable<Status> ReadInto(std::span<const asio::mutable_buffer> targets) override {
+    return reader_.ReadInto(targets);
+  }
   asio::awaitable<Status> Discard(uint64_t size) override { return reader_.Discard(size); }
 
   using Channel::Send;

@@ -103,6 +103,42 @@ asio::awaitable<Result<ByteBuffer>> FrameReader::ReadPayload(uint64_t size, Buff
   co_return payload;
 }
 
+asio::awaitable<Status> FrameReader::ReadInto(std::span<const asio::mutable_buffer> targets) {
+  uint64_t size = 0;
+  for (const asio::mutable_buffer& t : targets) size += t.size();
+  // The read-ahead bytes first.
+  size_t t = 0;
+  size_t t_done = 0;
+  while (t < targets.size() && buffered() > 0) {
+    const size_t n = std::min(targets[t].size() - t_done, buffered());
+    if (n > 0) std::memcpy(static_cast<std::byte*>(targets[t].data()) + t_done, buffer_.data() + begin_, n);
+    begin_ += n;
+    t_done += n;
+    if (t_done == targets[t].size()) {
+      ++t;
+      t_done = 0;
+    }
+  }
+  if (t == targets.size()) co_return Status::Ok();
+  begin_ = end_ = 0;
+  uint64_t rest = 0;
+  std::vector<asio::mutable_buffer>& iov = scatter_;
+  iov.clear();
+  for (size_t i = t; i < targets.size(); ++i) {
+    const size_t skip = i == t ? t_done : 0;
+    if (targets[i].size() == skip) continue;
+    iov.push_back(asio::buffer(static_cast<std::byte*>(targets[i].data()) + skip, targets[i].size() - skip));
+    rest += targets[i].size() - skip;
+  }
+  if (rest == 0) co_return Status::Ok();
+  iov.push_back(asio::buffer(buffer_.data(), buffer_.size()));
+  auto [ec, n] = co_await asio::async_read(socket_, iov, asio::transfer_at_least(rest),
+                                           asio::as_tuple(asio::use_awaitable));
+  if (n > rest) end_ = n - rest;
+  if (ec && n < rest) co_return PayloadReadError(ec, size - rest + n, size);
+  co_return Status::Ok();
+}
+
 asio::awaitable<Status> FrameReader::Discard(uint64_t size) {
   while (size > 0) {
     if (buffered() == 0) {

@@ -12,6 +12,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include <sys/uio.h>
@@ -48,6 +49,9 @@ class FrameReader {
   asio::awaitable<Result<FrameHeader>> ReadHeader();
   asio::awaitable<Result<ByteBuffer>> ReadPayload(uint64_t size, BufferPool* pool);
   asio::awaitable<Status> Discard(uint64_t size);
+  // Reads exactly the bytes of `targets` into them, in order: what is read ahead first, the rest straight into
+  // place with the read-ahead buffer as one more iovec, as ReadPayload does.
+  asio::awaitable<Status> ReadInto(std::span<const asio::mutable_buffer> targets);
 
   // Bytes received but not yet consumed by a read.
   size_t buffered() const { return end_ - begin_; }
@@ -58,6 +62,7 @@ class FrameReader {
 
   Socket& socket_;
   std::vector<std::byte> buffer_;
+  std::vector<asio::mutable_buffer> scatter_;  // ReadInto's iovecs, kept to spare an allocation per read
   size_t begin_ = 0;  // unread bytes are buffer_[begin_, end_)
   size_t end_ = 0;
 };

@@ -1,6 +1,7 @@
 #include "worker/src/aggregator_link.h"
 
 #include <algorithm>
+#include <array>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -19,12 +20,11 @@ namespace asio = boost::asio;
 using asio::ip::tcp;
 
 AggregatorLink::AggregatorLink(asio::io_context& io, uint32_t index, std::string address, Handler& handler,
-                               BufferPool& pool, Options options)
+                               Options options)
     : io_(io),
       index_(index),
       address_(std::move(address)),
       handler_(handler),
-      pool_(pool),
       options_(std::move(options)),
       socket_(io),
       write_error_grace_(io) {}
@@ -211,32 +211,63 @@ asio::awaitable<void> AggregatorLink::Run(proto::Hello hello, std::chrono::stead
                                               " bytes exceeds the limit of " + std::to_string(limit)));
       co_return;
     }
-    Result<ByteBuffer> payload =
-        co_await channel_->ReadPayload(header->payload_length, header->type == FrameType::kResult ? &pool_ : nullptr);
+    if (header->type == FrameType::kResult) {
+      if (Status st = co_await ReadResult(*header); !st.ok()) {
+        if (!closing_) handler_.OnFailure(*this, st);
+        co_return;
+      }
+      if (closing_) co_return;
+      continue;
+    }
+    Result<ByteBuffer> payload = co_await channel_->ReadPayload(header->payload_length, nullptr);
     if (!payload.ok()) {
       if (!closing_) handler_.OnFailure(*this, payload.status());
       co_return;
     }
     bytes_received_ += kFrameHeaderSize + header->payload_length;
-    if (header->type == FrameType::kControl) {
-      Result<proto::ControlMessage> control = DecodeControl(payload->span());
-      if (!control.ok()) {
-        handler_.OnFailure(*this, control.status());
+    Result<proto::ControlMessage> control = DecodeControl(payload->span());
+    if (!control.ok()) {
+      handler_.OnFailure(*this, control.status());
+      co_return;
+    }
+    if (control->body_case() == proto::ControlMessage::kTransportOffer) {
+      if (Status st = co_await TakeOffer(control->transport_offer()); !st.ok()) {
+        if (!closing_) handler_.OnFailure(*this, st);
         co_return;
       }
-      if (control->body_case() == proto::ControlMessage::kTransportOffer) {
-        if (Status st = co_await TakeOffer(control->transport_offer()); !st.ok()) {
-          if (!closing_) handler_.OnFailure(*this, st);
-          co_return;
-        }
-        continue;
-      }
-      handler_.OnControl(*this, *control);
-    } else {
-      handler_.OnResult(*this, *header, std::move(*payload));
+      continue;
     }
+    handler_.OnControl(*this, *control);
     if (closing_) co_return;
   }
+}
+
+asio::awaitable<Status> AggregatorLink::ReadResult(const FrameHeader& header) {
+  // DecodeFrameHeader has checked that the table fits the payload.
+  const uint64_t table_bytes = uint64_t{header.entry_count} * kEntrySize;
+  result_table_.resize(table_bytes);
+  const std::array table_target{asio::buffer(result_table_)};
+  if (Status st = co_await channel_->ReadInto(table_target); !st.ok()) co_return st;
+  bytes_received_ += kFrameHeaderSize + table_bytes;
+  const uint64_t data_bytes = header.payload_length - table_bytes;
+  result_targets_.clear();
+  if (!handler_.BeginResult(*this, header, result_table_, &result_targets_)) {
+    bytes_received_ += data_bytes;
+    co_return co_await channel_->Discard(data_bytes);
+  }
+  uint64_t target_bytes = 0;
+  for (const asio::mutable_buffer& t : result_targets_) target_bytes += t.size();
+  if (target_bytes != data_bytes) {  // a bug on this side; reading on would lose the frame boundaries
+    co_return Status(StatusCode::kInternal, "RESULT targets hold " + std::to_string(target_bytes) + " bytes, the frame " +
+                                                std::to_string(data_bytes));
+  }
+  reading_result_data_ = true;
+  Status st = co_await channel_->ReadInto(result_targets_);
+  reading_result_data_ = false;
+  if (!st.ok()) co_return st;
+  bytes_received_ += data_bytes;
+  handler_.EndResult(*this);
+  co_return Status::Ok();
 }
 
 }  // namespace sparsereduce::worker

@@ -9,7 +9,9 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "core/status.h"
 #include "proto/control.pb.h"
@@ -29,7 +31,13 @@ class AggregatorLink {
     virtual void OnControl(AggregatorLink& link, const proto::ControlMessage& message) = 0;
     // Largest RESULT payload acceptable now, or the reason none is.
     virtual Result<uint64_t> ResultLimit(AggregatorLink& link, const FrameHeader& header) = 0;
-    virtual void OnResult(AggregatorLink& link, const FrameHeader& header, ByteBuffer payload) = 0;
+    // A RESULT in two steps, so that its data lands where it belongs without a buffer in between: BeginResult gets
+    // the header and the entry table and fills `targets` with where the rest of the payload goes (exactly that
+    // many bytes), or returns false to have the rest read and dropped (the worker failed, or will fail for this
+    // frame). EndResult follows once the targets are filled; it is not called when the read fails.
+    virtual bool BeginResult(AggregatorLink& link, const FrameHeader& header, std::span<const std::byte> table,
+                             std::vector<boost::asio::mutable_buffer>* targets) = 0;
+    virtual void EndResult(AggregatorLink& link) = 0;
     virtual void OnFailure(AggregatorLink& link, const Status& status) = 0;
     // The link has no frame in flight any more (its writer ran empty).
     virtual void OnWriterIdle(AggregatorLink& link) = 0;
@@ -41,9 +49,8 @@ class AggregatorLink {
     uint32_t tcp_send_buffer = 0;  // SO_SNDBUF of the TCP connection; 0: the kernel's autotuning
   };
 
-  // RESULT payloads are read into buffers from `pool`, which must outlive the link.
   AggregatorLink(boost::asio::io_context& io, uint32_t index, std::string address, Handler& handler,
-                 BufferPool& pool, Options options);
+                 Options options);
 #if SPARSEREDUCE_HAVE_RDMA
   // The device for transport "rdma" (opened by the Worker), with the ring size to use.
   void set_rdma(std::shared_ptr<rdma::RdmaDevice> device) { rdma_device_ = std::move(device); }
@@ -67,6 +74,9 @@ class AggregatorLink {
     if (channel_) channel_->DropQueued();
   }
   bool writer_idle() const { return !channel_ || channel_->idle(); }
+  // Between a BeginResult that returned targets and the end of their read: the transport may still write into
+  // them, until Abort.
+  bool reading_result_data() const { return reading_result_data_; }
   // Closes the socket now; pending operations complete with an error.
   void Abort();
 
@@ -90,12 +100,14 @@ class AggregatorLink {
   boost::asio::awaitable<Status> TakeShmOffer(const proto::TransportOffer& offer);
   boost::asio::awaitable<Status> TakeRdmaOffer(const proto::TransportOffer& offer);
   void Decline(const std::string& reason);
+  // Reads the payload of a RESULT whose header was read: the entry table, then the data into the targets that
+  // the handler names.
+  boost::asio::awaitable<Status> ReadResult(const FrameHeader& header);
 
   boost::asio::io_context& io_;
   uint32_t index_;
   std::string address_;
   Handler& handler_;
-  BufferPool& pool_;
   Options options_;
 #if SPARSEREDUCE_HAVE_RDMA
   std::shared_ptr<rdma::RdmaDevice> rdma_device_;
@@ -104,6 +116,9 @@ class AggregatorLink {
   std::unique_ptr<transport::Channel> channel_;
   bool connected_ = false;
   bool closing_ = false;
+  bool reading_result_data_ = false;
+  std::vector<std::byte> result_table_;                 // ReadResult's, kept across frames
+  std::vector<boost::asio::mutable_buffer> result_targets_;
   // A write error is reported only after a grace period, so that an Error frame the aggregator sent before closing
   // (already in our receive buffer) is read and reported instead of the bare "broken pipe".
   boost::asio::steady_timer write_error_grace_;

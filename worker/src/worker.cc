@@ -44,7 +44,9 @@ class Worker::Impl : public AggregatorLink::Handler {
   void OnControl(AggregatorLink& link, const proto::ControlMessage& message) override;
   void OnAuthChallenge(AggregatorLink& link, const proto::AuthChallenge& challenge);
   Result<uint64_t> ResultLimit(AggregatorLink& link, const FrameHeader& header) override;
-  void OnResult(AggregatorLink& link, const FrameHeader& header, ByteBuffer payload) override;
+  bool BeginResult(AggregatorLink& link, const FrameHeader& header, std::span<const std::byte> table,
+                   std::vector<boost::asio::mutable_buffer>* targets) override;
+  void EndResult(AggregatorLink& link) override;
   void OnFailure(AggregatorLink& link, const Status& status) override;
   void OnWriterIdle(AggregatorLink& link) override;
 
@@ -88,8 +90,6 @@ class Worker::Impl : public AggregatorLink::Handler {
 
   WorkerOptions options_;
   JobShape shape_;
-  // RESULT payloads, read one at a time; S x A of them (of 4-byte elements) are kept for reuse.
-  std::shared_ptr<BufferPool> result_buffers_;
   asio::io_context io_;
   asio::executor_work_guard<asio::io_context::executor_type> work_;
   std::vector<std::unique_ptr<AggregatorLink>> links_;
@@ -107,6 +107,7 @@ class Worker::Impl : public AggregatorLink::Handler {
   bool join_pending_ = true;
   std::deque<Request> queue_;
   std::vector<OutgoingFrame> scratch_frames_;  // frames to send, reused
+  std::vector<std::span<std::byte>> scratch_targets_;  // where a RESULT's data goes, reused
   std::optional<Active> active_;
   // Codec state per (codec, key), across collectives.
   std::map<std::pair<Codec, uint64_t>, codec::KeyState> codec_states_;
@@ -142,10 +143,6 @@ Worker::Impl::Impl(WorkerOptions options)
     if (st.ok()) st = ValidateFrameSize(shape_, spec);
     if (!st.ok()) throw MakeError(st);
   }
-  // RESULT payloads of raw 4-byte elements, the largest for the usual block sizes (the pool only sizes what it
-  // keeps; a larger frame still gets a buffer).
-  const uint64_t max_frame = MaxDataPayloadFor(options_.blocks_per_message, uint64_t{options_.block_size} * 4);
-  result_buffers_ = BufferPool::ForBuffers(size_t{options_.slots} * options_.aggregators.size(), max_frame);
 #if SPARSEREDUCE_HAVE_RDMA
   std::shared_ptr<rdma::RdmaDevice> rdma_device;
   if (options_.transport == "rdma") {
@@ -165,7 +162,7 @@ Worker::Impl::Impl(WorkerOptions options)
 #endif
   for (uint32_t a = 0; a < options_.aggregators.size(); ++a) {
     links_.push_back(std::make_unique<AggregatorLink>(
-        io_, a, options_.aggregators[a], *this, *result_buffers_,
+        io_, a, options_.aggregators[a], *this,
         AggregatorLink::Options{options_.transport, options_.connect_timeout, options_.tcp_send_buffer}));
 #if SPARSEREDUCE_HAVE_RDMA
     links_.back()->set_rdma(rdma_device);
@@ -417,13 +414,28 @@ Result<uint64_t> Worker::Impl::ResultLimit(AggregatorLink& link, const FrameHead
   return active_->collective->MaxResultPayload();
 }
 
-void Worker::Impl::OnResult(AggregatorLink& link, const FrameHeader& header, ByteBuffer payload) {
-  if (broken_ || !active_) return;
+bool Worker::Impl::BeginResult(AggregatorLink& link, const FrameHeader& header, std::span<const std::byte> table,
+                               std::vector<boost::asio::mutable_buffer>* targets) {
+  if (broken_ || !active_) return false;
   std::vector<OutgoingFrame>& frames = scratch_frames_;
   frames.clear();
-  Status st = active_->collective->OnResult(link.index(), header, payload.span(), &frames);
-  if (!st.ok()) return Fail(st.WithContext(link.Name()), &link);
+  std::vector<std::span<std::byte>>& spans = scratch_targets_;
+  Status st = active_->collective->BeginResult(link.index(), header, table, &frames, &spans);
+  if (!st.ok()) {
+    Fail(st.WithContext(link.Name()), &link);
+    return false;
+  }
+  // The next contributions go out before this RESULT's data is read: the aggregator goes on meanwhile.
   for (const OutgoingFrame& frame : frames) SendFrame(link, frame);
+  for (const std::span<std::byte>& s : spans) targets->push_back(boost::asio::buffer(s.data(), s.size()));
+  return true;
+}
+
+void Worker::Impl::EndResult(AggregatorLink& link) {
+  if (broken_ || !active_) return;  // the failure restored the tensor, after this read stopped or finished
+  if (Status st = active_->collective->EndResult(link.index()); !st.ok()) {
+    return Fail(st.WithContext(link.Name()), &link);
+  }
   MaybeComplete();
 }
 
@@ -508,7 +520,8 @@ void Worker::Impl::FinishFailure() {
   failure_.reset();
   failure_grace_.cancel();
   for (auto& link : links_) {
-    if (!link->writer_idle()) link->Abort();  // no further write will touch the tensor after this
+    // No further write will read the tensor after this, and no RESULT read will write into it.
+    if (!link->writer_idle() || link->reading_result_data()) link->Abort();
   }
   if (join_pending_) {
     join_pending_ = false;
