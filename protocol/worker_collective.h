@@ -64,7 +64,8 @@ class WorkerCollective {
   // the tensor's blocks themselves, or, with a codec's wire format, a buffer to decode from. The caller reads
   // exactly the rest of the payload into the targets, then calls EndResult, which checks padding and decodes.
   // Until then done() is false. A non-ok status is a protocol violation by the aggregator; after one, or when the
-  // data cannot be read, the collective fails (Restore is safe from any point).
+  // data cannot be read, the collective fails. The blocks the table names may then hold part of the RESULT (its
+  // padding is checked only after its data landed); Restore puts them back like every other overwritten block.
   Status BeginResult(uint32_t aggregator, const FrameHeader& header, std::span<const std::byte> table,
                      std::vector<OutgoingFrame>* frames, std::vector<std::span<std::byte>>* targets);
   Status EndResult(uint32_t aggregator);
