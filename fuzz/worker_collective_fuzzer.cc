@@ -15,9 +15,11 @@
 //
 // Frames pass the link's checks first (header decode, payload limit MaxResultPayload). Checked:
 //  - no crash, no out-of-bounds access (ASan/UBSan), in particular no tensor write outside the tensor;
-//  - OnResult accepts exactly what the reference model accepts (valid generated RESULTs always), and a rejected
-//    RESULT changes no byte outside the blocks its entry table names (their data is read in place before the
-//    padding is checked, as the worker reads RESULTs); the run stops at the first rejection;
+//  - RESULTs go through BeginResult, a copy into the targets it names, and EndResult, as the worker reads them;
+//    they are accepted exactly when the reference model accepts them (valid generated RESULTs always); a RESULT
+//    whose table BeginResult rejects leaves the tensor untouched, one EndResult rejects changes no byte outside
+//    the blocks its table names (their data is read in place before the padding is checked); the run stops at
+//    the first rejection;
 //  - after each accepted RESULT: the CONTRIBUTIONs the worker asks to send next (0..n) equal the reference model's,
 //    the tensor equals the reference model's, AggregatorDone()/done() agree; Start()'s frames (announce and first
 //    window of blocks per slot) equal the model's;
@@ -453,8 +455,9 @@ class Harness {
     return true;
   }
 
-  // After a rejected RESULT: its data is read in place before its padding (and a codec's block body) is checked,
-  // so the blocks its entry table names with data may have changed; every other byte must be as before.
+  // After a RESULT rejected by EndResult: its data was read in place before its padding (and a codec's block body)
+  // was checked, so the blocks its entry table names with data may have changed; every other byte must be as
+  // before.
   void CheckOnlyNamedBlocksChanged(const FrameHeader& h, std::span<const std::byte> payload) {
     std::vector<bool> may_change(original_.size(), false);
     std::vector<Entry> entries;
@@ -490,13 +493,33 @@ class Harness {
     const bool ref_ok = h->type == FrameType::kResult && h->job == kJob && h->seq == kSeq &&
                         DecodeDataPayload(*h, payload.span(), &views).ok() && ref_.Check(a, h->slot, views);
 
+    // As the worker reads it: the entry table, then the data straight into the targets BeginResult names.
     std::vector<OutgoingFrame> next;
-    const Status st = worker_->OnResult(a, *h, payload.span(), &next);
+    const uint64_t table_bytes = uint64_t{h->entry_count} * kEntrySize;  // fits: DecodeFrameHeader checked it
+    std::vector<std::span<std::byte>> targets;
+    Status st = worker_->BeginResult(a, *h, payload.span().first(table_bytes), &next, &targets);
+    const bool began = st.ok();
+    if (began) {
+      uint64_t at = table_bytes;
+      for (const std::span<std::byte>& t : targets) {
+        FUZZ_CHECK(t.size() <= payload.size() - at, "RESULT targets hold more than the frame's data region");
+        std::memcpy(t.data(), payload.data() + at, t.size());
+        at += t.size();
+      }
+      FUZZ_CHECK(at == payload.size(), "RESULT targets hold %llu bytes less than the data region",
+                 static_cast<unsigned long long>(payload.size() - at));
+      st = worker_->EndResult(a);
+    }
     FUZZ_CHECK(st.ok() == ref_ok, "aggregator %u slot %u: worker says %s, reference model says %s", a, h->slot,
                st.ok() ? "OK" : st.ToString().c_str(), ref_ok ? "accept" : "reject");
     FUZZ_CHECK(st.ok() || !must_accept, "valid RESULT rejected: %s", st.ToString().c_str());
     if (!st.ok()) {
-      CheckOnlyNamedBlocksChanged(*h, payload.span());
+      if (began) {
+        CheckOnlyNamedBlocksChanged(*h, payload.span());
+      } else {
+        FUZZ_CHECK(fuzz::SameBytes(tensor_.get(), ref_.tensor().data(), original_.size()),
+                   "a RESULT whose entry table was rejected changed the tensor");
+      }
       TryRestore(*worker_);
       return false;
     }

@@ -156,7 +156,7 @@ Status WorkerCollective::BeginResult(uint32_t aggregator, const FrameHeader& hea
     add(padding, Pad8(e.data_bytes) - e.data_bytes);
     padding += Pad8(e.data_bytes) - e.data_bytes;
   }
-  StreamingFence();  // the backups are complete before anything that follows, e.g. a failure on another thread
+  StreamingFence();  // the backups are ordered before what follows (non-temporal stores are weakly ordered)
   pending.active = true;
   pending.slot = header.slot;
   return Status::Ok();

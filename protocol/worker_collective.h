@@ -73,7 +73,9 @@ class WorkerCollective {
   Status OnResult(uint32_t aggregator, const FrameHeader& header, std::span<const std::byte> payload,
                   std::vector<OutgoingFrame>* frames);
 
-  bool AggregatorDone(uint32_t aggregator) const { return schedules_[aggregator].done(); }
+  bool AggregatorDone(uint32_t aggregator) const {
+    return schedules_[aggregator].done() && !pending_[aggregator].active;
+  }
   bool done() const;
   // Call once when done(): blocks that no RESULT carried are zero on every worker; write them as +0.
   void Finish();

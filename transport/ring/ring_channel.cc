@@ -39,8 +39,12 @@ void RingChannel::ShutdownLiveness() {
 
 RingChannel::~RingChannel() { *alive_ = false; }
 
-asio::awaitable<Status> RingChannel::ReadExact(std::byte* out, uint64_t size, bool in_frame) {
+asio::awaitable<Status> RingChannel::ReadScattered(std::span<const asio::mutable_buffer> targets, bool in_frame) {
+  uint64_t size = 0;
+  for (const asio::mutable_buffer& t : targets) size += t.size();
   uint64_t done = 0;
+  size_t target = 0;         // the target being filled
+  uint64_t target_done = 0;  // its bytes filled
   while (done < size) {
     if (failed_) co_return *failed_;
     const Received received = LoadReceived();
@@ -49,14 +53,26 @@ asio::awaitable<Status> RingChannel::ReadExact(std::byte* out, uint64_t size, bo
       co_return *failed_;
     }
     if (received.head != rx_tail_) {
+      // Everything that is there, across as many targets as it fills, then one Consumed: the peer is told (and
+      // maybe woken) once per chunk, not once per target.
       const uint64_t n = std::min(received.head - rx_tail_, size - done);
-      if (out != nullptr) {
-        const std::byte* memory = ReceiveMemory();
-        const RingSpans spans = ring_.Locate(rx_tail_, n);
-        uint64_t copied = 0;
-        for (int i = 0; i < spans.count; ++i) {
-          std::memcpy(out + done + copied, memory + spans.span[i].offset, spans.span[i].length);
-          copied += spans.span[i].length;
+      const std::byte* memory = ReceiveMemory();
+      const RingSpans spans = ring_.Locate(rx_tail_, n);
+      for (int i = 0; i < spans.count; ++i) {
+        const std::byte* from = memory + spans.span[i].offset;
+        uint64_t left = spans.span[i].length;
+        while (left > 0) {
+          while (targets[target].size() == target_done) {  // zero-size or full: the sizes add up, so one follows
+            ++target;
+            target_done = 0;
+          }
+          const uint64_t k = std::min<uint64_t>(left, targets[target].size() - target_done);
+          if (targets[target].data() != nullptr) {  // nullptr: discard
+            std::memcpy(static_cast<std::byte*>(targets[target].data()) + target_done, from, k);
+          }
+          from += k;
+          left -= k;
+          target_done += k;
         }
       }
       rx_tail_ += n;
@@ -78,27 +94,25 @@ asio::awaitable<Status> RingChannel::ReadExact(std::byte* out, uint64_t size, bo
 
 asio::awaitable<Result<FrameHeader>> RingChannel::ReadHeader() {
   std::array<std::byte, kFrameHeaderSize> bytes;
-  if (Status st = co_await ReadExact(bytes.data(), bytes.size(), /*in_frame=*/false); !st.ok()) co_return st;
+  const std::array target{asio::buffer(bytes)};
+  if (Status st = co_await ReadScattered(target, /*in_frame=*/false); !st.ok()) co_return st;
   co_return DecodeFrameHeader(bytes);
 }
 
 asio::awaitable<Result<ByteBuffer>> RingChannel::ReadPayload(uint64_t size, BufferPool* pool) {
   ByteBuffer payload = pool ? pool->Acquire(size) : ByteBuffer(size);
-  if (Status st = co_await ReadExact(payload.data(), size, /*in_frame=*/true); !st.ok()) co_return st;
+  const std::array target{asio::mutable_buffer(payload.data(), size)};
+  if (Status st = co_await ReadScattered(target, /*in_frame=*/true); !st.ok()) co_return st;
   co_return payload;
 }
 
 asio::awaitable<Status> RingChannel::ReadInto(std::span<const asio::mutable_buffer> targets) {
-  for (const asio::mutable_buffer& target : targets) {
-    if (target.size() == 0) continue;
-    Status st = co_await ReadExact(static_cast<std::byte*>(target.data()), target.size(), /*in_frame=*/true);
-    if (!st.ok()) co_return st;
-  }
-  co_return Status::Ok();
+  co_return co_await ReadScattered(targets, /*in_frame=*/true);
 }
 
 asio::awaitable<Status> RingChannel::Discard(uint64_t size) {
-  co_return co_await ReadExact(nullptr, size, /*in_frame=*/true);
+  const std::array target{asio::mutable_buffer(nullptr, size)};  // no data pointer: dropped
+  co_return co_await ReadScattered(target, /*in_frame=*/true);
 }
 
 void RingChannel::Send(std::vector<asio::const_buffer> parts, std::shared_ptr<const void> owner) {

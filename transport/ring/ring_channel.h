@@ -96,9 +96,10 @@ class RingChannel : public Channel {
     size_t part_done = 0;  // bytes of it already copied
   };
 
-  // Copies exactly `size` bytes out of the receive ring into `out` (nullptr: drops them). `in_frame`: the bytes
-  // belong to a frame already started, so end of stream is a protocol error.
-  boost::asio::awaitable<Status> ReadExact(std::byte* out, uint64_t size, bool in_frame);
+  // Copies exactly the targets' bytes out of the receive ring into them, in order (a target without a data
+  // pointer drops its bytes). `in_frame`: the bytes belong to a frame already started, so end of stream is a
+  // protocol error.
+  boost::asio::awaitable<Status> ReadScattered(std::span<const boost::asio::mutable_buffer> targets, bool in_frame);
   // Copies queued frames into the send ring as far as space allows, then waits for space.
   void Pump();
   void FailWrites(const Status& error);  // drops the queue, reports `error` once

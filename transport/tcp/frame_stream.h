@@ -62,7 +62,7 @@ class FrameReader {
 
   Socket& socket_;
   std::vector<std::byte> buffer_;
-  std::vector<asio::mutable_buffer> scatter_;  // ReadInto's iovecs, kept to spare an allocation per read
+  std::vector<asio::mutable_buffer> scatter_;  // ReadInto's iovecs (Asio copies them into the operation)
   size_t begin_ = 0;  // unread bytes are buffer_[begin_, end_)
   size_t end_ = 0;
 };
