@@ -464,12 +464,12 @@ class Harness {
     const uint64_t table_bytes = uint64_t{h.entry_count} * kEntrySize;
     if (h.type == FrameType::kResult && table_bytes <= payload.size() &&
         DecodeEntryTable(h, payload.first(table_bytes), &entries).ok()) {
-      const uint64_t element_size = FindDType(setup_.spec.dtype)->size;
-      const uint64_t block_bytes = uint64_t{setup_.spec.block_size} * element_size;
+      const ColumnLayout layout(setup_.shape, setup_.spec.element_count, setup_.spec.block_size,
+                                FindDType(setup_.spec.dtype)->size);
       for (const Entry& e : entries) {
-        if (e.data_bytes == 0 || e.block >= (original_.size() + block_bytes - 1) / block_bytes) continue;
-        const uint64_t end = std::min<uint64_t>((e.block + 1) * block_bytes, original_.size());
-        for (uint64_t i = e.block * block_bytes; i < end; ++i) may_change[i] = true;
+        if (e.data_bytes == 0 || e.block >= layout.num_blocks()) continue;
+        const uint64_t first = layout.BlockByteOffset(e.block);
+        std::fill_n(may_change.begin() + first, layout.BlockBytes(e.block), true);
       }
     }
     for (size_t i = 0; i < original_.size(); ++i) {

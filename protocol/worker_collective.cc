@@ -200,8 +200,8 @@ Status WorkerCollective::OnResult(uint32_t aggregator, const FrameHeader& header
                          " entries exceeds the payload");
   }
   std::vector<std::span<std::byte>>& targets = scratch_targets_;
-  if (Status st = BeginResult(aggregator, header, payload.first(table_bytes), frames, &targets); !st.ok())
-    return st;
+  Status st = BeginResult(aggregator, header, payload.first(table_bytes), frames, &targets);
+  if (!st.ok()) return st;
   const std::byte* data = payload.data() + table_bytes;
   for (const std::span<std::byte>& t : targets) {
     std::memcpy(t.data(), data, t.size());

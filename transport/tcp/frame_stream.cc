@@ -86,27 +86,16 @@ asio::awaitable<Result<FrameHeader>> FrameReader::ReadHeader() {
 
 asio::awaitable<Result<ByteBuffer>> FrameReader::ReadPayload(uint64_t size, BufferPool* pool) {
   ByteBuffer payload = NewPayload(size, pool);
-  const size_t have = static_cast<size_t>(std::min<uint64_t>(size, buffered()));
-  if (have > 0) std::memcpy(payload.data(), buffer_.data() + begin_, have);
-  begin_ += have;
-  if (have == size) co_return payload;
-  // The read-ahead buffer is empty now: the rest of the payload goes straight into place, what follows it into
-  // the read-ahead buffer, in the same recv.
-  begin_ = end_ = 0;
-  const size_t rest = static_cast<size_t>(size - have);
-  const std::array<asio::mutable_buffer, 2> targets{asio::buffer(payload.data() + have, rest),
-                                                     asio::buffer(buffer_.data(), buffer_.size())};
-  auto [ec, n] = co_await asio::async_read(socket_, targets, asio::transfer_at_least(rest),
-                                           asio::as_tuple(asio::use_awaitable));
-  if (n > rest) end_ = n - rest;
-  if (ec && n < rest) co_return PayloadReadError(ec, have + n, size);
+  const std::array target{asio::mutable_buffer(payload.data(), size)};
+  if (Status st = co_await ReadInto(target); !st.ok()) co_return st;
   co_return payload;
 }
 
 asio::awaitable<Status> FrameReader::ReadInto(std::span<const asio::mutable_buffer> targets) {
   uint64_t size = 0;
   for (const asio::mutable_buffer& t : targets) size += t.size();
-  // The read-ahead bytes first.
+  // The read-ahead bytes first; once it is empty, the rest goes straight into place and what follows it into the
+  // read-ahead buffer, in the same recv.
   size_t t = 0;
   size_t t_done = 0;
   while (t < targets.size() && buffered() > 0) {

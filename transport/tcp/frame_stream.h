@@ -50,7 +50,7 @@ class FrameReader {
   asio::awaitable<Result<ByteBuffer>> ReadPayload(uint64_t size, BufferPool* pool);
   asio::awaitable<Status> Discard(uint64_t size);
   // Reads exactly the bytes of `targets` into them, in order: what is read ahead first, the rest straight into
-  // place with the read-ahead buffer as one more iovec, as ReadPayload does.
+  // place with the read-ahead buffer as one more iovec (ReadPayload is ReadInto of one new buffer).
   asio::awaitable<Status> ReadInto(std::span<const asio::mutable_buffer> targets);
 
   // Bytes received but not yet consumed by a read.
