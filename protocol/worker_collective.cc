@@ -11,6 +11,7 @@ namespace sparsereduce {
 namespace {
 
 constexpr uint8_t kBlockReceived = 4;
+constexpr uint8_t kBlockBackedUp = 8;  // its original bytes are in the backup
 constexpr std::byte kZeros[8] = {};
 
 }  // namespace
@@ -64,7 +65,7 @@ bool WorkerCollective::StartSlot(uint32_t aggregator, uint32_t slot, std::vector
   }
   const size_t first = frames->size();
   if (!schedules_[aggregator].StartSlot(slot, frames)) return false;
-  for (size_t i = first; i < frames->size(); ++i) SetWireSizes(&(*frames)[i]);
+  PrepareOutgoing(std::span(*frames).subspan(first));
   return true;
 }
 
@@ -107,7 +108,7 @@ Status WorkerCollective::BeginResult(uint32_t aggregator, const FrameHeader& hea
   if (Status st = DecodeEntryTable(header, table, &pending.entries); !st.ok()) return st;
   const size_t first = frames->size();
   if (Status st = schedules_[aggregator].OnResult(header.slot, pending.entries, frames); !st.ok()) return st;
-  for (size_t i = first; i < frames->size(); ++i) SetWireSizes(&(*frames)[i]);
+  PrepareOutgoing(std::span(*frames).subspan(first));
 
   // Where the data goes. Without a codec's wire format, into the blocks themselves: adjacent blocks make one
   // target, so a RESULT of neighbouring blocks is one read.
@@ -136,16 +137,10 @@ Status WorkerCollective::BeginResult(uint32_t aggregator, const FrameHeader& hea
     if (e.data_bytes == 0) continue;
     std::byte* block = tensor_.data() + layout_.BlockByteOffset(e.block);
     const uint32_t block_bytes = layout_.BlockBytes(e.block);
+    // A block this worker sent was saved when it was sent; every block is carried by at most one RESULT.
     const bool keep = encoder_ ? (OrReduce(block, block_bytes, 0) != 0)  // not all-zero bits
                                : (flags_[e.block] & (kBlockNonzero | kBlockHasNegativeZero)) != 0;
-    if (keep) {
-      // Only the first time: every block is carried by at most one RESULT.
-      const uint64_t used = backup_blocks_.size() * layout_.MaxBlockBytes();
-      if (backup_data_.size() < used + layout_.MaxBlockBytes()) GrowBackup(used + layout_.MaxBlockBytes());
-      // Read back only if the collective fails: stores that bypass the cache spare it the backup's lines.
-      StreamingCopy(backup_data_.data() + used, block, block_bytes);
-      backup_blocks_.push_back(e.block);
-    }
+    if (keep && !(flags_[e.block] & kBlockBackedUp)) Backup(e.block);
     flags_[e.block] |= kBlockReceived;  // from here on Restore puts the block back, whatever lands in it
     if (raw) {
       add(block, e.data_bytes);  // CheckWireBytes (the schedule): data_bytes == block_bytes
@@ -210,6 +205,33 @@ Status WorkerCollective::OnResult(uint32_t aggregator, const FrameHeader& header
   return EndResult(aggregator);
 }
 
+void WorkerCollective::PrepareOutgoing(std::span<OutgoingFrame> frames) {
+  if (encoder_) {
+    for (OutgoingFrame& f : frames) SetWireSizes(&f);
+    return;
+  }
+  // The blocks are about to be copied out of the tensor for sending (into a ring, or by the kernel): saving them
+  // now reads them from memory once for both, where saving them when their RESULT arrives reads them again.
+  bool saved = false;
+  for (const OutgoingFrame& f : frames) {
+    for (const Entry& e : f.entries) {
+      if (e.data_bytes == 0 || (flags_[e.block] & kBlockBackedUp)) continue;
+      Backup(e.block);
+      saved = true;
+    }
+  }
+  if (saved) StreamingFence();
+}
+
+void WorkerCollective::Backup(uint64_t block) {
+  const uint64_t used = backup_blocks_.size() * layout_.MaxBlockBytes();
+  if (backup_data_.size() < used + layout_.MaxBlockBytes()) GrowBackup(used + layout_.MaxBlockBytes());
+  // Read back only if the collective fails: stores that bypass the cache spare it the backup's lines.
+  StreamingCopy(backup_data_.data() + used, tensor_.data() + layout_.BlockByteOffset(block), layout_.BlockBytes(block));
+  backup_blocks_.push_back(block);
+  flags_[block] |= kBlockBackedUp;
+}
+
 void WorkerCollective::GrowBackup(uint64_t at_least) {
   // Doubling keeps the copies below the final size; the buffer is handed on to the next collective, so a steady
   // loop stops growing after its first step.
@@ -222,10 +244,10 @@ void WorkerCollective::GrowBackup(uint64_t at_least) {
 
 void WorkerCollective::Restore() {
   for (uint64_t b = 0; b < flags_.size(); ++b) {
-    if (flags_[b] & kBlockReceived) {
+    if ((flags_[b] & (kBlockReceived | kBlockBackedUp)) == kBlockReceived) {
       std::memset(tensor_.data() + layout_.BlockByteOffset(b), 0, layout_.BlockBytes(b));  // was all-zero bits
-      flags_[b] &= static_cast<uint8_t>(~kBlockReceived);
     }
+    flags_[b] &= static_cast<uint8_t>(~(kBlockReceived | kBlockBackedUp));
   }
   for (size_t i = 0; i < backup_blocks_.size(); ++i) {
     const uint64_t b = backup_blocks_[i];

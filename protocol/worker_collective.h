@@ -80,8 +80,8 @@ class WorkerCollective {
   // Call once when done(): blocks that no RESULT carried are zero on every worker; write them as +0.
   void Finish();
   // After a failure (instead of Finish): puts back every block a RESULT overwrote, so the tensor holds exactly
-  // the caller's input again. Costs a copy of each overwritten block that was not all-zero bits, kept from the
-  // moment it is overwritten (at most the tensor's nonzero blocks).
+  // the caller's input again. Costs a copy of each block that was sent (saved as its frame is handed out) or
+  // overwritten while not all-zero bits (saved before it is overwritten): at most the tensor's nonzero blocks.
   void Restore();
   // Hands the collective's memory on to the next one; this collective is unusable afterwards.
   CollectiveScratch ReleaseScratch() {
@@ -103,6 +103,10 @@ class WorkerCollective {
   static std::span<const std::byte> PaddingFor(uint32_t data_bytes);
 
  private:
+  // Wire sizes of a codec's blocks, or (without a codec) the backups of the blocks the frames carry.
+  void PrepareOutgoing(std::span<OutgoingFrame> frames);
+  // Saves the block's original bytes for Restore (once per block).
+  void Backup(uint64_t block);
   void GrowBackup(uint64_t at_least);
 
   JobShape shape_;
@@ -114,7 +118,8 @@ class WorkerCollective {
   std::vector<uint8_t> flags_;  // ScanBlocks flags plus kBlockReceived
   uint64_t nonzero_blocks_ = 0;
   std::vector<WorkerSchedule> schedules_;
-  // Original bytes of overwritten blocks that were not all-zero bits, in overwrite order (see Restore).
+  // Original bytes of sent blocks and of overwritten blocks that were not all-zero bits, in the order they were
+  // saved (see Restore).
   std::vector<uint64_t> backup_blocks_;
   ByteBuffer backup_data_;  // grown by doubling as blocks are saved (see GrowBackup)
   // A RESULT between BeginResult and EndResult. Each aggregator connection reads its frames in order, but the
