@@ -222,6 +222,10 @@ void Job::OnContribution(uint32_t rank, const FrameHeader& header, ByteBuffer pa
   MaybeCompleteCollective();
 }
 
+void Job::ReturnLoans(uint32_t rank) {
+  if (active_ && active_->engine) active_->engine->ReturnLoans(rank);
+}
+
 void Job::OnControl(uint32_t rank, const proto::ControlMessage& message) {
   if (dead_) return;
   switch (message.body_case()) {

@@ -55,6 +55,9 @@ class Job : public std::enable_shared_from_this<Job> {
   // The largest payload a CONTRIBUTION with this header may have, or the violation.
   Result<uint64_t> CheckContribution(uint32_t rank, const FrameHeader& header) const;
   void OnContribution(uint32_t rank, const FrameHeader& header, ByteBuffer payload);
+  // The rank's connection needs the memory of the payloads it lent back (transport::Channel::ReadPayloadLent): the
+  // running collective copies what it still holds of them.
+  void ReturnLoans(uint32_t rank);
   void OnControl(uint32_t rank, const proto::ControlMessage& message);
   // The rank's connection ended (or broke the protocol: `reason` is a kProtocolViolation).
   void OnDisconnect(uint32_t rank, const Session* session, const Status& reason);

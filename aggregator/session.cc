@@ -366,6 +366,11 @@ asio::awaitable<void> Session::ReadLoop(std::shared_ptr<Job> job) {
   }
 
   const uint32_t rank = hello_.rank();
+  // The job holds what the channel lends until its blocks are aggregated; the channel calls this (on the strand,
+  // inside a read) when it needs that memory back.
+  channel_->set_recall_handler([weak = std::weak_ptr<Job>(job), rank] {
+    if (std::shared_ptr<Job> held = weak.lock()) held->ReturnLoans(rank);
+  });
   context_.metrics.WorkerJoined();
   // However the loop ends, the connection is done: no grace timer keeps the session (and the daemon's shutdown)
   // waiting once the worker has closed its side.
@@ -410,7 +415,8 @@ asio::awaitable<void> Session::ReadLoop(std::shared_ptr<Job> job) {
         job->OnDisconnect(rank, this, limit.status());
         co_return;
       }
-      Result<ByteBuffer> payload = co_await channel_->ReadPayload(header->payload_length, context_.buffers.get());
+      // In place where the transport can lend its receive memory (shared memory): no copy before the sum.
+      Result<ByteBuffer> payload = co_await channel_->ReadPayloadLent(header->payload_length, context_.buffers.get());
       if (!payload.ok()) {
         job->OnDisconnect(rank, this, payload.status());
         co_return;

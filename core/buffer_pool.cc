@@ -2,14 +2,6 @@
 
 namespace sparsereduce {
 
-void ByteBuffer::Release::operator()(std::byte* data) const {
-  if (pool) {
-    pool->Recycle(data, capacity);
-  } else {
-    delete[] data;
-  }
-}
-
 std::shared_ptr<BufferPool> BufferPool::Create(size_t max_retained_bytes) {
   return std::shared_ptr<BufferPool>(new BufferPool(max_retained_bytes));
 }
@@ -33,14 +25,14 @@ ByteBuffer BufferPool::Acquire(size_t size) {
       if (it->second.empty()) free_.erase(it);
       retained_ -= capacity;
       ++reuses_;
-      return ByteBuffer(data, size, shared_from_this(), capacity);
+      return ByteBuffer::Borrowed(data, size, shared_from_this(), capacity, /*on_loan=*/false);
     }
   }
   const size_t capacity = CapacityFor(size);
-  return ByteBuffer(new std::byte[capacity], size, shared_from_this(), capacity);
+  return ByteBuffer::Borrowed(new std::byte[capacity], size, shared_from_this(), capacity, /*on_loan=*/false);
 }
 
-void BufferPool::Recycle(std::byte* data, size_t capacity) {
+void BufferPool::Return(std::byte* data, size_t capacity) {
   if (data == nullptr) return;
   {
     std::lock_guard lock(mu_);

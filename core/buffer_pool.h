@@ -17,7 +17,7 @@
 
 namespace sparsereduce {
 
-class BufferPool : public std::enable_shared_from_this<BufferPool> {
+class BufferPool final : public BufferLender, public std::enable_shared_from_this<BufferPool> {
  public:
   // Requests below this many bytes go straight to the allocator, whose per-thread caches serve them well.
   static constexpr size_t kMinPooledBytes = 4096;
@@ -48,8 +48,8 @@ class BufferPool : public std::enable_shared_from_this<BufferPool> {
 
  private:
   explicit BufferPool(size_t max_retained_bytes) : max_retained_(max_retained_bytes) {}
-  friend struct ByteBuffer::Release;
-  void Recycle(std::byte* data, size_t capacity);
+  // A buffer of the pool was destroyed: keep its memory for the next Acquire, or free it.
+  void Return(std::byte* data, size_t capacity) override;
 
   const size_t max_retained_;
   mutable std::mutex mu_;

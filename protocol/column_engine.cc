@@ -104,6 +104,7 @@ Status ColumnEngine::OnContribution(uint32_t rank, const FrameHeader& header, By
     return ProtocolError(Where(rank, s) + ": slot out of range (slots=" + std::to_string(slots_.size()) + ")");
   }
   Slot& slot = slots_[s];
+  if (payload.on_loan() && upload_ != codec::WireFormat::kRaw) payload = CopyOf(payload);
   if (slot.lanes == 0) return ProtocolError(Where(rank, s) + ": contribution for a slot with no blocks");
   if (slot.active_lanes == 0) return ProtocolError(Where(rank, s) + ": contribution after the slot finished");
   std::vector<uint32_t>& ready = scratch_ready_;
@@ -287,6 +288,33 @@ void ColumnEngine::Release(Slot& slot, uint32_t lane, uint32_t rank) {
     frame.payload = ByteBuffer();
     stream.free_frames.push_back(stream.nodes[n].frame);
     --stream.held_frames;
+  }
+}
+
+ByteBuffer ColumnEngine::CopyOf(const ByteBuffer& payload) {
+  ByteBuffer copy = pool_ ? pool_->Acquire(payload.size()) : ByteBuffer(payload.size());
+  std::memcpy(copy.data(), payload.data(), payload.size());
+  return copy;
+}
+
+void ColumnEngine::ReturnLoans(uint32_t rank) {
+  if (rank >= shape_.world_size) return;
+  for (Slot& slot : slots_) {
+    if (slot.streams.empty()) continue;  // finished
+    Stream& stream = slot.streams[rank];
+    for (uint32_t f = 0; f < stream.frames.size(); ++f) {
+      HeldFrame& frame = stream.frames[f];
+      if (frame.waiting == 0 || !frame.payload.on_loan()) continue;
+      ByteBuffer copy = CopyOf(frame.payload);
+      // The queued blocks of the frame point into it: move them over (a free node may still name the frame).
+      const auto old_begin = reinterpret_cast<uintptr_t>(frame.payload.data());
+      for (Queued& node : stream.nodes) {
+        const auto data = reinterpret_cast<uintptr_t>(node.entry.data.data());
+        if (node.frame != f || data < old_begin || data - old_begin >= frame.payload.size()) continue;
+        node.entry.data = {copy.data() + (data - old_begin), node.entry.data.size()};
+      }
+      frame.payload = std::move(copy);
+    }
   }
 }
 

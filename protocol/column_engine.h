@@ -47,10 +47,17 @@ class ColumnEngine {
 
   // A CONTRIBUTION from `rank` (header already decoded; `payload` holds header.payload_length bytes). The engine
   // keeps the payload until every block in it is aggregated (a rank streams up to D frames per slot ahead, §4), so
-  // that ranks are summed in ascending order whatever the arrival order. Appends the RESULT frames that became
+  // that ranks are summed in ascending order whatever the arrival order. A payload on loan (memory the peer may
+  // still write) is used in place when blocks travel raw: the entry table is decoded once, and the data is only
+  // summed, so whatever the peer changes later only changes its own contribution; a codec's blocks are checked
+  // and decoded later, so they are copied first. Appends the RESULT frames that became
   // ready to `out`. A non-ok status is a protocol violation by `rank`; the engine's state is then unspecified and
   // the collective must be aborted.
   Status OnContribution(uint32_t rank, const FrameHeader& header, ByteBuffer payload, std::vector<Broadcast>* out);
+
+  // Copies every payload of `rank` the engine holds in memory lent by a transport (ByteBuffer::on_loan) into a
+  // buffer of its own, so the transport gets its memory back (a shared-memory ring whose peer waits for room).
+  void ReturnLoans(uint32_t rank);
 
   // All slots finished.
   bool done() const { return active_slots_ == 0; }
@@ -115,6 +122,8 @@ class ColumnEngine {
   void AggregateLane(Slot& slot, uint32_t s, uint32_t lane, std::vector<Broadcast>* out);
   uint32_t CountMissing(const Slot& slot, uint32_t lane) const;
   void Release(Slot& slot, uint32_t lane, uint32_t rank);
+  // A copy of `payload` in memory of the engine's own.
+  ByteBuffer CopyOf(const ByteBuffer& payload);
   // Encodes one summed block into `out` (at least MaxWireBytes of the download format); returns the bytes.
   uint32_t EncodeResult(uint64_t block, float* sum, uint32_t n, std::byte* out);
   // The RESULT being built: room for one more block's data (a full frame is sent first), then the entry.

@@ -40,6 +40,18 @@ class Channel {
   // Reads exactly `size` payload bytes (the caller has checked `size` against its limit), into a buffer from
   // `pool` when one is given.
   virtual boost::asio::awaitable<Result<ByteBuffer>> ReadPayload(uint64_t size, BufferPool* pool) = 0;
+  // Like ReadPayload, but the buffer may be the transport's own receive memory, lent in place (no copy) until the
+  // buffer is destroyed: a shared-memory ring then holds that part back from the peer. Its bytes are the peer's
+  // to change while lent (it shares the memory), so a reader validates what it reads from it once and keeps the
+  // result (ByteBuffer::on_loan() tells). When lent buffers would hold back too much of the ring, the channel
+  // calls the recall handler (below) first, which must destroy (or copy and destroy) every buffer it lent. A
+  // channel without a recall handler, or one that cannot lend, reads into a buffer as ReadPayload does.
+  virtual boost::asio::awaitable<Result<ByteBuffer>> ReadPayloadLent(uint64_t size, BufferPool* pool) {
+    return ReadPayload(size, pool);
+  }
+  // Called on the channel's executor, from inside a read, when the channel needs its lent buffers back. Lent
+  // buffers themselves may be destroyed on any thread, also after the channel is gone.
+  virtual void set_recall_handler(std::function<void()> handler) { (void)handler; }
   // Reads exactly as many payload bytes as `targets` hold, in order, straight into them (the caller has checked
   // that the frame has that many left). Lets a reader place a payload's parts where they belong, e.g. a RESULT's
   // blocks in the tensor, without a buffer in between.

@@ -1,5 +1,6 @@
 // Workers in this process against a real daemon process: several Worker objects (two jobs, two ranks each), a
-// tiny TCP send buffer, the send-buffer variable checked, and a hand-driven rank that leaves with a reason.
+// tiny TCP send buffer, small shared-memory rings, the send-buffer variable checked, and a hand-driven rank that
+// leaves with a reason.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -122,6 +123,46 @@ TEST(InProcess, SmallTcpSendBufferStillSumsExactly) {
   for (auto& t : threads) t.join();
   for (const auto& f : failures) EXPECT_EQ(f, "");
   EXPECT_TRUE((*daemon)->Stop());
+}
+
+// The daemon reads CONTRIBUTIONs in place from a shared-memory ring and holds them until their blocks are
+// aggregated; when the frames it holds fill three quarters of a ring, it copies them out so the worker can go on
+// writing. A ring of 256 KiB holds one 128 KiB frame of each of 4 ranks' 8 slots at a time at most, so the daemon
+// recalls its loans again and again (a 64 KiB ring lends nothing: frames are larger than it may hold back); the
+// sums stay exact and nothing stalls.
+TEST(InProcess, SmallSharedMemoryRingsStillSumExactly) {
+  for (const char* ring_bytes : {"262144", "65536"}) {
+    auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1, {"--ring-bytes", ring_bytes});
+    ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+    constexpr uint32_t kRanks = 4;
+    std::vector<std::string> failures(kRanks);
+    std::vector<std::thread> threads;
+    for (uint32_t rank = 0; rank < kRanks; ++rank) {
+      threads.emplace_back([&, rank] {
+        try {
+          WorkerOptions options;
+          options.aggregators = {(*daemon)->AddressList()};
+          options.job = 5;
+          options.rank = rank;
+          options.world_size = kRanks;
+          options.transport = "shm";
+          options.connect_timeout = options.join_timeout = options.collective_timeout = 30s;
+          Worker worker(options);
+          for (uint64_t c = 0; c < 3 && failures[rank].empty(); ++c) {
+            tools::SyntheticSpec spec{1 << 22, 256, c == 1 ? 0.2 : 1.0, tools::Overlap::kRandom, kRanks, 60 + c};
+            if (std::string f = ReduceAndCheck(worker, spec, rank, false); !f.empty()) {
+              failures[rank] = f + " in collective " + std::to_string(c);
+            }
+          }
+        } catch (const std::exception& e) {
+          failures[rank] = e.what();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (const auto& f : failures) EXPECT_EQ(f, "") << "ring of " << ring_bytes << " bytes";
+    EXPECT_TRUE((*daemon)->Stop());
+  }
 }
 
 TEST(InProcess, BadTcpSendBufferVariableIsRefused) {

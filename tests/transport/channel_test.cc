@@ -73,6 +73,67 @@ TEST_P(ChannelTest, SmallFramesAndFramesOfThousandsOfParts) {
   RunUntil(io_, [&] { return small && many_parts; });
 }
 
+// A reader that keeps the payloads ReadPayloadLent gives it (as the daemon's engine keeps frames until their
+// blocks are aggregated) and lets them go in random order, or all at once when the channel recalls them: every
+// payload still holds its frame's bytes when it is let go, so no byte of the ring was given back to the writer
+// while lent. Frames of up to 12 KB through a 64 KiB shm ring, so loans hold the writer back and are recalled.
+TEST_P(ChannelTest, LentPayloadsStayIntactUntilLetGo) {
+  Pair pair = Connect(io_, GetParam());
+  constexpr int kFrames = 3000;
+  std::mt19937 random(11);
+  std::vector<uint32_t> sizes;
+  for (int i = 0; i < kFrames; ++i) sizes.push_back(random() % 12000);
+  for (int i = 0; i < kFrames; ++i) {
+    auto frame = std::make_shared<std::vector<std::byte>>(MakeFrame(i, sizes[i]));
+    pair.worker->Send({asio::buffer(*frame)}, frame);
+  }
+  struct Held {
+    int seed;
+    ByteBuffer payload;
+  };
+  std::vector<Held> held;
+  int lent = 0, recalls = 0, checked = 0;
+  auto let_go = [&](size_t i) {
+    const std::vector<std::byte> expected = MakeFrame(held[i].seed, sizes[held[i].seed]);
+    EXPECT_TRUE(held[i].payload.size() == 0 || std::memcmp(held[i].payload.data(), expected.data() + kFrameHeaderSize,
+                                                           held[i].payload.size()) == 0)
+        << "frame " << held[i].seed << " changed while it was held";
+    ++checked;
+    held.erase(held.begin() + static_cast<std::ptrdiff_t>(i));
+  };
+  pair.aggregator->set_recall_handler([&] {
+    ++recalls;
+    while (!held.empty()) let_go(held.size() - 1);
+  });
+  bool done = false;
+  asio::co_spawn(io_, [&]() -> asio::awaitable<void> {
+    for (int i = 0; i < kFrames; ++i) {
+      Result<FrameHeader> header = co_await pair.aggregator->ReadHeader();
+      EXPECT_TRUE(header.ok()) << header.status().ToString();
+      if (!header.ok()) co_return;
+      EXPECT_EQ(header->job, static_cast<uint64_t>(i));
+      Result<ByteBuffer> payload = co_await pair.aggregator->ReadPayloadLent(header->payload_length, nullptr);
+      EXPECT_TRUE(payload.ok()) << payload.status().ToString();
+      if (!payload.ok()) co_return;
+      EXPECT_EQ(payload->size(), sizes[i]);
+      if (payload->on_loan()) ++lent;
+      held.push_back({i, std::move(*payload)});
+      // Let some go, at random places, keeping up to 20 (a window of frames waiting for other ranks).
+      while (held.size() > 20 || (!held.empty() && random() % 3 == 0)) let_go(random() % held.size());
+    }
+    while (!held.empty()) let_go(0);
+    done = true;
+  }, asio::detached);
+  RunUntil(io_, done);
+  EXPECT_EQ(checked, kFrames);
+  if (GetParam() == "shm") {
+    EXPECT_GT(lent, kFrames / 2);  // the rest wrapped around the ring's end, or waited for a recall
+    EXPECT_GT(recalls, 0);
+  } else {
+    EXPECT_EQ(lent, 0);  // TCP has no memory to lend
+  }
+}
+
 TEST_P(ChannelTest, DiscardSkipsExactlyOnePayload) {
   Pair pair = Connect(io_, GetParam());
   for (uint32_t i = 0; i < 3; ++i) {

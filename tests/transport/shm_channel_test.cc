@@ -69,6 +69,58 @@ TEST(ShmChannel, PeerDeathSeenThroughTcpAfterWhatItWrote) {
   EXPECT_EQ(error->code(), StatusCode::kUnavailable);
 }
 
+// Reads one frame of `payload` bytes sent by the worker end, with ReadPayloadLent.
+ByteBuffer ReadLent(asio::io_context& io, Pair& pair, uint32_t seed, uint32_t payload) {
+  auto frame = std::make_shared<std::vector<std::byte>>(MakeFrame(seed, payload));
+  pair.worker->Send({asio::buffer(*frame)}, frame);
+  std::optional<ByteBuffer> read;
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+    Result<FrameHeader> header = co_await pair.aggregator->ReadHeader();
+    EXPECT_TRUE(header.ok()) << header.status().ToString();
+    if (!header.ok()) co_return;
+    Result<ByteBuffer> lent = co_await pair.aggregator->ReadPayloadLent(header->payload_length, nullptr);
+    EXPECT_TRUE(lent.ok()) << lent.status().ToString();
+    if (lent.ok()) read = std::move(*lent);
+  }, asio::detached);
+  RunUntil(io, [&] { return read.has_value(); });
+  EXPECT_EQ(std::memcmp(read->data(), frame->data() + kFrameHeaderSize, payload), 0);
+  return std::move(*read);
+}
+
+TEST(ShmChannel, PayloadsAreLentInPlaceOnlyWithARecallHandler) {
+  asio::io_context io;
+  Pair pair = Connect(io, 16384);
+  // Without a recall handler the channel could not get its memory back: a copy.
+  EXPECT_FALSE(ReadLent(io, pair, 1, 1000).on_loan());
+  bool recalled = false;
+  pair.aggregator->set_recall_handler([&] { recalled = true; });
+  ByteBuffer lent = ReadLent(io, pair, 2, 1000);
+  EXPECT_TRUE(lent.on_loan());
+  // In the receive ring itself, right after the frame's header (the first frame took 40 + 1000 bytes): what the
+  // peer writes there (through its own mapping of the memory) shows in the buffer.
+  std::byte* in_ring = pair.segment->data(Direction::kToAggregator) + 2 * kFrameHeaderSize + 1000;
+  *in_ring = ~*in_ring;
+  EXPECT_EQ(lent.data()[0], *in_ring);
+  // A payload that would wrap around the ring's end is copied: 16384 - 2080 - 40 bytes remain before it.
+  ByteBuffer wrapping = ReadLent(io, pair, 3, 15000);
+  EXPECT_FALSE(wrapping.on_loan());
+  EXPECT_FALSE(recalled);
+}
+
+TEST(ShmChannel, LentPayloadOutlivesItsChannel) {
+  asio::io_context io;
+  Pair pair = Connect(io, 16384);
+  pair.aggregator->set_recall_handler([] {});
+  ByteBuffer lent = ReadLent(io, pair, 4, 3000);
+  ASSERT_TRUE(lent.on_loan());
+  pair.aggregator.reset();  // the daemon's engine may keep a frame after its connection ended
+  pair.worker.reset();
+  pair.segment.reset();
+  const std::vector<std::byte> expected = MakeFrame(4, 3000);
+  EXPECT_EQ(std::memcmp(lent.data(), expected.data() + kFrameHeaderSize, 3000), 0);  // still mapped
+  lent = ByteBuffer();  // returning it to a channel that is gone does nothing
+}
+
 TEST(ShmChannel, HostilePositionsFailTheChannelWithoutCrashing) {
   asio::io_context io;
   Pair pair = Connect(io, 4096);

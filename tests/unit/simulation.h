@@ -1,5 +1,7 @@
 // In-memory simulation of a whole job: W WorkerCollectives and A ColumnEngines exchanging encoded frames over
-// per-connection FIFO queues, delivered in a random interleaving. Used by the property tests.
+// per-connection FIFO queues, delivered in a random interleaving. Used by the property tests. CONTRIBUTIONs reach
+// the engines as lent buffers, as the daemon reads them from a shared-memory ring, and the engines are asked at
+// random moments to give a rank's loans back.
 #pragma once
 
 #include <cstdint>
@@ -23,6 +25,33 @@ struct CodecStates {
   std::vector<codec::KeyState> workers;
   std::vector<std::unique_ptr<codec::ErrorMemory>> aggregators;
   uint64_t seed = 1;
+};
+
+// Lends the contribution payloads of the simulation: counts what each (aggregator, rank) still holds, and
+// scribbles over a payload's memory when it comes back, so an engine that read a payload after giving it back
+// (or kept pointers into it after ReturnLoans) sums garbage and fails the bit-exact checks.
+class TestLender final : public BufferLender, public std::enable_shared_from_this<TestLender> {
+ public:
+  ByteBuffer Lend(uint32_t aggregator, uint32_t rank, std::span<const std::byte> bytes) {
+    auto* data = new std::byte[bytes.size() + 1];  // never empty, so every loan has its own address
+    if (!bytes.empty()) std::memcpy(data, bytes.data(), bytes.size());
+    out_[data] = {aggregator, rank};
+    return ByteBuffer::Borrowed(data, bytes.size(), shared_from_this(), bytes.size() + 1, /*on_loan=*/true);
+  }
+  void Return(std::byte* data, size_t capacity) override {
+    out_.erase(data);
+    std::memset(data, 0xA5, capacity);
+    delete[] data;
+  }
+  size_t Outstanding(uint32_t aggregator, uint32_t rank) const {
+    size_t n = 0;
+    for (const auto& [data, owner] : out_) n += owner == std::pair{aggregator, rank} ? 1 : 0;
+    return n;
+  }
+  size_t outstanding() const { return out_.size(); }
+
+ private:
+  std::map<std::byte*, std::pair<uint32_t, uint32_t>> out_;
 };
 
 struct SimulationOutcome {
@@ -80,6 +109,9 @@ inline SimulationOutcome Simulate(const JobShape& shape, const CollectiveSpec& s
   constexpr uint32_t kStartNextPair = std::numeric_limits<uint32_t>::max();
 
   std::mt19937_64 rng(seed);
+  std::mt19937_64 recalls(seed + 1);  // its own stream: the interleaving of a seed stays what it was
+  auto lender = std::make_shared<TestLender>();
+  const bool raw_upload = UploadFormat(spec.codec) == codec::WireFormat::kRaw;
   std::vector<ColumnEngine::Broadcast> broadcasts;
   std::vector<EntryView> entries;
   while (true) {
@@ -115,13 +147,24 @@ inline SimulationOutcome Simulate(const JobShape& shape, const CollectiveSpec& s
     }
     std::span<const std::byte> payload = frame->span().subspan(kFrameHeaderSize);
     if (to_aggregator) {
-      ByteBuffer copy(payload.size());
-      if (!payload.empty()) std::memcpy(copy.data(), payload.data(), payload.size());
       broadcasts.clear();
-      Status st = engines[a]->OnContribution(w, *header, std::move(copy), &broadcasts);
+      Status st = engines[a]->OnContribution(w, *header, lender->Lend(a, w, payload), &broadcasts);
       if (!st.ok()) {
         outcome.status = st;
         return outcome;
+      }
+      // A codec's blocks are checked now and decoded later: the engine must not keep them in lent memory.
+      if (!raw_upload && lender->Outstanding(a, w) != 0) {
+        outcome.status = Status(StatusCode::kInternal, "engine kept a lent payload of a codec collective");
+        return outcome;
+      }
+      if (recalls() % 8 == 0) {
+        const auto rank = static_cast<uint32_t>(recalls() % W);
+        engines[a]->ReturnLoans(rank);
+        if (lender->Outstanding(a, rank) != 0) {
+          outcome.status = Status(StatusCode::kInternal, "ReturnLoans kept a loan of rank " + std::to_string(rank));
+          return outcome;
+        }
       }
       for (const auto& b : broadcasts) {
         for (uint32_t r = 0; r < W; ++r) channels[{r, a, false}].push_back(b.frame);
@@ -144,6 +187,10 @@ inline SimulationOutcome Simulate(const JobShape& shape, const CollectiveSpec& s
       outcome.status = Status(StatusCode::kInternal, "aggregator " + std::to_string(a) + " not done");
       return outcome;
     }
+  }
+  if (lender->outstanding() != 0) {
+    outcome.status = Status(StatusCode::kInternal, "finished engines still hold lent payloads");
+    return outcome;
   }
   for (uint32_t w = 0; w < W; ++w) {
     if (!workers[w]->done()) {

@@ -13,7 +13,69 @@ namespace {
 
 Status PeerClosed() { return Status(StatusCode::kUnavailable, "connection closed by peer"); }
 
+Status ClosedInsideFrame(uint64_t done, uint64_t size) {
+  return ProtocolError("connection closed inside a frame (" + std::to_string(done) + " of " + std::to_string(size) +
+                       " bytes)");
+}
+
 }  // namespace
+
+// Lent payloads hold a reference to this, not to the channel: they may outlive it (the daemon's engine keeps a
+// frame until its blocks are aggregated, whatever happened to the connection meanwhile).
+class RingChannel::Lender final : public BufferLender {
+ public:
+  Lender(RingChannel* channel, const std::byte* memory, uint64_t capacity, std::shared_ptr<const void> memory_owner)
+      : channel_(channel), memory_(memory), capacity_(capacity), memory_owner_(std::move(memory_owner)) {}
+
+  void Return(std::byte* data, size_t) override {
+    std::lock_guard lock(mu_);
+    ledger_.Return(static_cast<uint64_t>(data - memory_), capacity_);
+    PublishLocked();
+  }
+
+  std::byte* Lend(uint64_t position, uint64_t offset) {
+    std::lock_guard lock(mu_);
+    ledger_.Lend(position);
+    // The receive memory is the peer's to write and this side's to read; the buffer's data() is non-const only
+    // because ByteBuffer's is, and nobody writes through it.
+    return const_cast<std::byte*>(memory_) + offset;
+  }
+  void Publish(uint64_t read) {
+    std::lock_guard lock(mu_);
+    read_ = read;
+    PublishLocked();
+  }
+  uint64_t HeldBack(uint64_t read) {
+    std::lock_guard lock(mu_);
+    return read - ledger_.ConsumableUpTo(read);
+  }
+  uint64_t outstanding() {
+    std::lock_guard lock(mu_);
+    return ledger_.outstanding();
+  }
+  void Detach() {
+    std::lock_guard lock(mu_);
+    channel_ = nullptr;
+  }
+
+ private:
+  // Consumed() calls are serialized here, so the tail the peer sees only grows.
+  void PublishLocked() {
+    const uint64_t tail = ledger_.ConsumableUpTo(read_);
+    if (channel_ == nullptr || tail == published_) return;
+    published_ = tail;
+    channel_->Consumed(tail);
+  }
+
+  std::mutex mu_;
+  RingChannel* channel_;  // null once the channel stopped lending
+  const std::byte* const memory_;
+  const uint64_t capacity_;
+  const std::shared_ptr<const void> memory_owner_;  // keeps `memory_` mapped
+  LoanLedger ledger_;
+  uint64_t read_ = 0;       // how far the channel has read
+  uint64_t published_ = 0;  // the tail last given to Consumed()
+};
 
 RingChannel::RingChannel(uint64_t ring_capacity, asio::ip::tcp::socket liveness, asio::any_io_executor executor)
     : ring_(ring_capacity), liveness_(std::move(liveness)), executor_(std::move(executor)) {}
@@ -37,7 +99,33 @@ void RingChannel::ShutdownLiveness() {
   liveness_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);
 }
 
-RingChannel::~RingChannel() { *alive_ = false; }
+RingChannel::~RingChannel() {
+  *alive_ = false;
+  StopLending();
+}
+
+void RingChannel::EnableLending(std::shared_ptr<const void> memory_owner) {
+  lender_ = std::make_shared<Lender>(this, ReceiveMemory(), ring_.capacity(), std::move(memory_owner));
+}
+
+void RingChannel::StopLending() {
+  if (lender_) lender_->Detach();
+}
+
+void RingChannel::PublishConsumed() {
+  if (lender_) {
+    lender_->Publish(rx_tail_);
+  } else {
+    Consumed(rx_tail_);
+  }
+}
+
+uint64_t RingChannel::HeldBack() { return lender_ ? lender_->HeldBack(rx_tail_) : 0; }
+
+void RingChannel::Recall() {
+  if (!lender_ || !on_recall_ || lender_->outstanding() == 0) return;
+  on_recall_();  // destroys the lent buffers, each of which publishes what it frees
+}
 
 asio::awaitable<Status> RingChannel::ReadScattered(std::span<const asio::mutable_buffer> targets, bool in_frame) {
   uint64_t size = 0;
@@ -77,16 +165,17 @@ asio::awaitable<Status> RingChannel::ReadScattered(std::span<const asio::mutable
       }
       rx_tail_ += n;
       done += n;
-      Consumed(rx_tail_);
+      PublishConsumed();
       continue;
     }
     if (received.closed || peer_gone_) {
       // Closing follows the last byte, so what was read above is complete unless the head moved meanwhile.
       if (LoadReceived().head != rx_tail_) continue;
       if (done == 0 && !in_frame) co_return PeerClosed();
-      co_return ProtocolError("connection closed inside a frame (" + std::to_string(done) + " of " +
-                              std::to_string(size) + " bytes)");
+      co_return ClosedInsideFrame(done, size);
     }
+    // The peer may be waiting for room that loans hold back: never sleep on it with more than MaxHeldBack() lent.
+    if (HeldBack() > MaxHeldBack()) Recall();
     co_await WaitForData(rx_tail_);
   }
   co_return Status::Ok();
@@ -104,6 +193,36 @@ asio::awaitable<Result<ByteBuffer>> RingChannel::ReadPayload(uint64_t size, Buff
   const std::array target{asio::mutable_buffer(payload.data(), size)};
   if (Status st = co_await ReadScattered(target, /*in_frame=*/true); !st.ok()) co_return st;
   co_return payload;
+}
+
+asio::awaitable<Result<ByteBuffer>> RingChannel::ReadPayloadLent(uint64_t size, BufferPool* pool) {
+  if (!lender_ || !on_recall_ || size == 0 || size > MaxHeldBack() || ring_.Locate(rx_tail_, size).count != 1) {
+    co_return co_await ReadPayload(size, pool);
+  }
+  if (HeldBack() + size > MaxHeldBack()) {
+    Recall();
+    if (HeldBack() + size > MaxHeldBack()) co_return co_await ReadPayload(size, pool);  // not all came back
+  }
+  // The whole payload must be in the ring before it is lent. The peer has room to write it: what is held back and
+  // the payload together are at most MaxHeldBack().
+  while (true) {
+    if (failed_) co_return *failed_;
+    const Received received = LoadReceived();
+    if (Status st = ring_.CheckPositions(received.head, rx_tail_); !st.ok()) {
+      Fail(st.WithContext("ring of the " + std::string(kind()) + " connection"));
+      co_return *failed_;
+    }
+    if (received.head - rx_tail_ >= size) break;
+    if (received.closed || peer_gone_) {
+      if (LoadReceived().head != received.head) continue;
+      co_return ClosedInsideFrame(received.head - rx_tail_, size);
+    }
+    co_await WaitForData(received.head);
+  }
+  std::byte* data = lender_->Lend(rx_tail_, ring_.Locate(rx_tail_, size).span[0].offset);
+  rx_tail_ += size;
+  PublishConsumed();
+  co_return ByteBuffer::Borrowed(data, size, lender_, size, /*on_loan=*/true);
 }
 
 asio::awaitable<Status> RingChannel::ReadInto(std::span<const asio::mutable_buffer> targets) {

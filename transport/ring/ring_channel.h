@@ -12,10 +12,12 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 
 #include "transport/channel.h"
 #include "transport/ring/byte_ring.h"
+#include "transport/ring/loan_ledger.h"
 #include "transport/queue_notice.h"
 
 namespace sparsereduce::transport {
@@ -29,6 +31,12 @@ class RingChannel : public Channel {
 
   boost::asio::awaitable<Result<FrameHeader>> ReadHeader() override;
   boost::asio::awaitable<Result<ByteBuffer>> ReadPayload(uint64_t size, BufferPool* pool) override;
+  // In place when the backend lends (EnableLending), a recall handler is set, the payload does not wrap around the
+  // ring's end, and what loans hold back of the ring, with it, is at most MaxHeldBack(); otherwise a copy. Whatever
+  // this side reads, it never waits for the peer while loans hold back more than that: it recalls them first, so
+  // the peer always has room to write.
+  boost::asio::awaitable<Result<ByteBuffer>> ReadPayloadLent(uint64_t size, BufferPool* pool) override;
+  void set_recall_handler(std::function<void()> handler) override { on_recall_ = std::move(handler); }
   boost::asio::awaitable<Status> ReadInto(std::span<const boost::asio::mutable_buffer> targets) override;
   boost::asio::awaitable<Status> Discard(uint64_t size) override;
 
@@ -77,6 +85,14 @@ class RingChannel : public Channel {
   // Makes pending WaitForData / WaitForSpace return (their callers then look at the channel's state).
   virtual void CancelWaits() = 0;
 
+  // --- lending the receive ring (ReadPayloadLent) ---
+  // A backend whose receive memory a reader may use in place calls this from its constructor; `memory_owner`
+  // keeps ReceiveMemory() valid while buffers lent from it live. Consumed() may then also be called from the
+  // thread that destroys a lent buffer (serialized by the channel), so it must be thread-safe, and the backend's
+  // destructor must call StopLending() before its members go.
+  void EnableLending(std::shared_ptr<const void> memory_owner);
+  void StopLending();
+
   // Watches the TCP connection: its end means the peer is gone.
   void StartLiveness();
   // The peer ended: reads drain what is in the ring and then end, writes fail at once.
@@ -96,10 +112,21 @@ class RingChannel : public Channel {
     size_t part_done = 0;  // bytes of it already copied
   };
 
+  class Lender;  // the BufferLender of lent payloads; outlives the channel while they do
+
   // Copies exactly the targets' bytes out of the receive ring into them, in order (a target without a data
   // pointer drops its bytes). `in_frame`: the bytes belong to a frame already started, so end of stream is a
   // protocol error.
   boost::asio::awaitable<Status> ReadScattered(std::span<const boost::asio::mutable_buffer> targets, bool in_frame);
+  // Tells the backend what may be written again: everything read, up to the first part still lent.
+  void PublishConsumed();
+  // Bytes read but held back from the peer by loans, and the most they may be: three quarters of the ring (half made
+  // the daemon recall all the time with 8 slots of 128 KiB frames in a 2 MiB ring; the other quarter keeps the peer
+  // writing).
+  uint64_t HeldBack();
+  uint64_t MaxHeldBack() const { return ring_.capacity() / 4 * 3; }
+  // Asks the reader to give back what it was lent (the recall handler), then publishes what that freed.
+  void Recall();
   // Copies queued frames into the send ring as far as space allows, then waits for space.
   void Pump();
   void FailWrites(const Status& error);  // drops the queue, reports `error` once
@@ -111,6 +138,8 @@ class RingChannel : public Channel {
   boost::asio::any_io_executor executor_;
   uint64_t rx_tail_ = 0;
   uint64_t tx_head_ = 0;
+  std::shared_ptr<Lender> lender_;  // null unless the backend lends
+  std::function<void()> on_recall_;
 
   std::deque<Item> queue_;
   bool waiting_for_space_ = false;

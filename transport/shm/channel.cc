@@ -23,8 +23,12 @@ ShmChannel::ShmChannel(std::shared_ptr<Segment> segment, SegmentFds fds, Directi
       tx_space_(executor, fds.space(send_).release()),
       rx_space_(executor, fds.space(receive_).release()),
       tx_data_(executor, fds.data(send_).release()) {
+  // Frames are read in place: the segment stays mapped while a lent payload lives.
+  EnableLending(segment_);
   StartLiveness();
 }
+
+ShmChannel::~ShmChannel() { StopLending(); }  // lent payloads must not reach the eventfds below once they close
 
 void ShmChannel::Signal(asio::posix::stream_descriptor& event) {
   const uint64_t one = 1;
@@ -45,7 +49,7 @@ transport::RingChannel::Received ShmChannel::LoadReceived() {
 
 // The wake-up handshake (docs/PROTOCOL.md §10.2) is Dekker's: each side stores its own word, then loads the
 // other's, all sequentially consistent, so at least one of them sees the other's store and nobody sleeps through
-// a wake-up.
+// a wake-up. Consumed() may run on the thread that returns a lent payload: atomics and a write(2) only.
 void ShmChannel::Consumed(uint64_t tail) {
   rx_.tail.store(tail, std::memory_order_seq_cst);
   if (rx_.producer_waiting.load(std::memory_order_seq_cst)) Signal(rx_space_);

@@ -21,12 +21,14 @@ class ShmChannel final : public transport::RingChannel {
   ShmChannel(std::shared_ptr<Segment> segment, SegmentFds fds, Direction receive,
              boost::asio::ip::tcp::socket liveness, boost::asio::any_io_executor executor);
 
+  ~ShmChannel() override;
+
   const char* kind() const override { return "shm"; }
 
  private:
   const std::byte* ReceiveMemory() override { return segment_->data(receive_); }
   Received LoadReceived() override;
-  void Consumed(uint64_t tail) override;
+  void Consumed(uint64_t tail) override;  // thread-safe: the ring is lent (RingChannel::EnableLending)
   boost::asio::awaitable<void> WaitForData(uint64_t tail) override;
   std::byte* SendMemory() override { return segment_->data(send_); }
   uint64_t LoadPeerTail() override { return tx_.tail.load(std::memory_order_acquire); }
