@@ -7,6 +7,7 @@
 
 namespace sparsereduce {
 
+// `dst` is aligned for the element type; `src` may start at any address.
 struct ReduceKernels {
   // dst[i] = identity ⊕ src[i]. For float sums this is src[i] + 0.0f, which turns -0.0 into +0.0 exactly as the
   // dense reference sum (0 + x0 + x1 + ...) does.

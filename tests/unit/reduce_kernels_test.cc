@@ -3,6 +3,7 @@
 
 #include <bit>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <limits>
 #include <random>
@@ -54,6 +55,38 @@ TEST(ReduceKernelsTest, Lookup) {
   EXPECT_EQ(FindReduceKernels(DType::kFloat64, ReduceOp::kSum), nullptr);
   EXPECT_EQ(FindReduceKernels(static_cast<DType>(99), ReduceOp::kSum), nullptr);
   EXPECT_EQ(FindReduceKernels(DType::kFloat32, static_cast<ReduceOp>(99)), nullptr);
+}
+
+// The daemon sums frames in place in a shared-memory ring, where a frame starts wherever the previous one ended:
+// sources at every offset within an element sum exactly as aligned ones do (make test-asan's UBSan checks the loads).
+TEST(ReduceKernelsTest, UnalignedSourcesSumExactly) {
+  const size_t n = 1000;
+  const std::vector<float> a = RandomFloats(n, 1), b = RandomFloats(n, 2);
+  std::vector<float> expected(n);
+  FloatSum().first(expected.data(), a.data(), n);
+  FloatSum().accumulate(expected.data(), b.data(), n);
+  std::vector<uint32_t> ia(n), ib(n), iexpected(n);
+  for (size_t i = 0; i < n; ++i) {
+    ia[i] = Bits(a[i]);
+    ib[i] = Bits(b[i]) * 2654435761u;
+  }
+  IntSum().first(iexpected.data(), ia.data(), n);
+  IntSum().accumulate(iexpected.data(), ib.data(), n);
+  for (size_t offset = 1; offset < 8; ++offset) {
+    std::vector<std::byte> sa(n * 4 + 8), sb(n * 4 + 8);
+    std::memcpy(sa.data() + offset, a.data(), n * 4);
+    std::memcpy(sb.data() + offset, b.data(), n * 4);
+    std::vector<float> out(n);
+    FloatSum().first(out.data(), sa.data() + offset, n);
+    FloatSum().accumulate(out.data(), sb.data() + offset, n);
+    EXPECT_EQ(std::memcmp(out.data(), expected.data(), n * 4), 0) << "offset " << offset;
+    std::memcpy(sa.data() + offset, ia.data(), n * 4);
+    std::memcpy(sb.data() + offset, ib.data(), n * 4);
+    std::vector<uint32_t> iout(n);
+    IntSum().first(iout.data(), sa.data() + offset, n);
+    IntSum().accumulate(iout.data(), sb.data() + offset, n);
+    EXPECT_EQ(iout, iexpected) << "offset " << offset;
+  }
 }
 
 TEST(ReduceKernelsTest, FloatFirstNormalizesNegativeZeroAndKeepsSpecials) {
