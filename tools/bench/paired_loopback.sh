@@ -9,7 +9,7 @@
 #
 # A VARIANT is a build directory, optionally followed by "|" and extra sparsereduce-perf flags, e.g.
 #   tools/bench/paired_loopback.sh 20 /tmp/old/build build
-# Gloo comes from the first variant's build (bench/gloo/sparsereduce-gloo-bench; scripts/install-bench-deps.sh).
+# Gloo comes from the first variant whose build has it (bench/gloo/sparsereduce-gloo-bench; scripts/install-bench-deps.sh).
 # Environment: ITERS (7), WARMUP (2), SIZE (64M), DENSITY (1), TRANSPORT (shm), SPAWN (4,1).
 set -euo pipefail
 if (($# < 2)); then
@@ -25,9 +25,15 @@ SIZE=${SIZE:-64M}
 DENSITY=${DENSITY:-1}
 TRANSPORT=${TRANSPORT:-shm}
 SPAWN=${SPAWN:-4,1}
-first_build=${VARIANTS[0]%%|*}
-gloo=$first_build/bench/gloo/sparsereduce-gloo-bench
-[[ -x $gloo ]] || { echo "paired_loopback: no Gloo baseline in $first_build (scripts/install-bench-deps.sh)" >&2; exit 2; }
+gloo=""
+for variant in "${VARIANTS[@]}"; do
+  candidate=${variant%%|*}/bench/gloo/sparsereduce-gloo-bench
+  if [[ -x $candidate ]]; then
+    gloo=$candidate
+    break
+  fi
+done
+[[ -n $gloo ]] || { echo "paired_loopback: no build has the Gloo baseline (scripts/install-bench-deps.sh)" >&2; exit 2; }
 ranks=${SPAWN%%,*}
 
 # Median time of the slowest rank, in ms, from an nccl-tests style table.
