@@ -10,6 +10,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <optional>
 #include <thread>
@@ -90,28 +91,26 @@ TEST(InProcess, TwoJobsInOneProcess) {
   EXPECT_TRUE((*daemon)->Stop());
 }
 
-// A send buffer far below one frame (128 KiB) makes every frame go out in many partial writes; the sums stay exact.
-TEST(InProcess, SmallTcpSendBufferStillSumsExactly) {
-  auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
-  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
-  constexpr uint32_t kRanks = 2;
-  std::vector<std::string> failures(kRanks);
+// Runs `ranks` Workers of job `job` against the daemon at `address`, one thread each, for `collectives` blocking
+// allreduces of spec_of(c), each checked bit for bit; `configure` sets the options a test is about. One text per
+// rank: "" when everything was right.
+std::vector<std::string> ReduceOnThreads(const std::string& address, uint64_t job, uint32_t ranks,
+                                         uint64_t collectives, const std::function<void(WorkerOptions&)>& configure,
+                                         const std::function<tools::SyntheticSpec(uint64_t)>& spec_of) {
+  std::vector<std::string> failures(ranks);
   std::vector<std::thread> threads;
-  for (uint32_t rank = 0; rank < kRanks; ++rank) {
+  for (uint32_t rank = 0; rank < ranks; ++rank) {
     threads.emplace_back([&, rank] {
       try {
         WorkerOptions options;
-        options.aggregators = {(*daemon)->AddressList()};
-        options.job = 3;
+        options.aggregators = {address};
+        options.job = job;
         options.rank = rank;
-        options.world_size = kRanks;
-        options.transport = "tcp";
-        options.tcp_send_buffer = 4096;
-        options.connect_timeout = options.join_timeout = options.collective_timeout = 20s;
+        options.world_size = ranks;
+        configure(options);
         Worker worker(options);
-        for (uint64_t c = 0; c < 2 && failures[rank].empty(); ++c) {
-          tools::SyntheticSpec spec{1 << 20, 256, c ? 1.0 : 0.2, tools::Overlap::kRandom, kRanks, 40 + c};
-          if (std::string f = ReduceAndCheck(worker, spec, rank, false); !f.empty()) {
+        for (uint64_t c = 0; c < collectives && failures[rank].empty(); ++c) {
+          if (std::string f = ReduceAndCheck(worker, spec_of(c), rank, false); !f.empty()) {
             failures[rank] = f + " in collective " + std::to_string(c);
           }
         }
@@ -121,6 +120,22 @@ TEST(InProcess, SmallTcpSendBufferStillSumsExactly) {
     });
   }
   for (auto& t : threads) t.join();
+  return failures;
+}
+
+// A send buffer far below one frame (128 KiB) makes every frame go out in many partial writes; the sums stay exact.
+TEST(InProcess, SmallTcpSendBufferStillSumsExactly) {
+  auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+  constexpr uint32_t kRanks = 2;
+  const std::vector<std::string> failures = ReduceOnThreads(
+      (*daemon)->AddressList(), 3, kRanks, 2,
+      [](WorkerOptions& options) {
+        options.transport = "tcp";
+        options.tcp_send_buffer = 4096;
+        options.connect_timeout = options.join_timeout = options.collective_timeout = 20s;
+      },
+      [](uint64_t c) { return tools::SyntheticSpec{1 << 20, 256, c ? 1.0 : 0.2, tools::Overlap::kRandom, kRanks, 40 + c}; });
   for (const auto& f : failures) EXPECT_EQ(f, "");
   EXPECT_TRUE((*daemon)->Stop());
 }
@@ -135,31 +150,15 @@ TEST(InProcess, SmallSharedMemoryRingsStillSumExactly) {
     auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1, {"--ring-bytes", ring_bytes});
     ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
     constexpr uint32_t kRanks = 4;
-    std::vector<std::string> failures(kRanks);
-    std::vector<std::thread> threads;
-    for (uint32_t rank = 0; rank < kRanks; ++rank) {
-      threads.emplace_back([&, rank] {
-        try {
-          WorkerOptions options;
-          options.aggregators = {(*daemon)->AddressList()};
-          options.job = 5;
-          options.rank = rank;
-          options.world_size = kRanks;
+    const std::vector<std::string> failures = ReduceOnThreads(
+        (*daemon)->AddressList(), 5, kRanks, 3,
+        [](WorkerOptions& options) {
           options.transport = "shm";
           options.connect_timeout = options.join_timeout = options.collective_timeout = 30s;
-          Worker worker(options);
-          for (uint64_t c = 0; c < 3 && failures[rank].empty(); ++c) {
-            tools::SyntheticSpec spec{1 << 22, 256, c == 1 ? 0.2 : 1.0, tools::Overlap::kRandom, kRanks, 60 + c};
-            if (std::string f = ReduceAndCheck(worker, spec, rank, false); !f.empty()) {
-              failures[rank] = f + " in collective " + std::to_string(c);
-            }
-          }
-        } catch (const std::exception& e) {
-          failures[rank] = e.what();
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
+        },
+        [](uint64_t c) {
+          return tools::SyntheticSpec{1 << 22, 256, c == 1 ? 0.2 : 1.0, tools::Overlap::kRandom, kRanks, 60 + c};
+        });
     for (const auto& f : failures) EXPECT_EQ(f, "") << "ring of " << ring_bytes << " bytes";
     EXPECT_TRUE((*daemon)->Stop());
   }
