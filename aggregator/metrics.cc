@@ -34,6 +34,15 @@ Metrics::Metrics(const std::string& instance)
       bytes_sent_(Register(pm::BuildCounter(), "sparsereduce_sent_bytes_total",
                            "Bytes queued to workers (frame headers included)", *registry_, instance)
                       .Add({})),
+      contributions_in_place_(Register(pm::BuildCounter(), "sparsereduce_contributions_in_place_total",
+                                       "CONTRIBUTION frames summed where they lie in a shared-memory ring (not copied)",
+                                       *registry_, instance)
+                                  .Add({})),
+      ring_recalls_(Register(pm::BuildCounter(), "sparsereduce_ring_recalls_total",
+                             "Times a shared-memory connection needed back the ring space its in-place frames held "
+                             "(they were copied out)",
+                             *registry_, instance)
+                        .Add({})),
       blocks_aggregated_(Register(pm::BuildCounter(), "sparsereduce_blocks_aggregated_total",
                                   "Blocks summed and sent back (nonzero on at least one worker)", *registry_,
                                   instance)

@@ -24,6 +24,10 @@ class Metrics {
   void WorkerLeft() { workers_.Decrement(); }
   void BytesReceived(uint64_t n) { bytes_received_.Increment(static_cast<double>(n)); }
   void BytesSent(uint64_t n) { bytes_sent_.Increment(static_cast<double>(n)); }
+  // A CONTRIBUTION summed where it lies in a shared-memory ring (transport::Channel::ReadPayloadLent).
+  void ContributionInPlace() { contributions_in_place_.Increment(); }
+  // A connection needed back the ring space its in-place CONTRIBUTIONs held: the job copied them out.
+  void RingRecalled() { ring_recalls_.Increment(); }
   // `owned_blocks`: blocks of the tensor in this aggregator's columns; those not aggregated were skipped because
   // every worker's block there was zero.
   void CollectiveCompleted(double seconds, uint64_t blocks_aggregated, uint64_t owned_blocks);
@@ -43,6 +47,8 @@ class Metrics {
   prometheus::Counter& collectives_failed_;
   prometheus::Counter& bytes_received_;
   prometheus::Counter& bytes_sent_;
+  prometheus::Counter& contributions_in_place_;
+  prometheus::Counter& ring_recalls_;
   prometheus::Counter& blocks_aggregated_;
   prometheus::Counter& blocks_skipped_;
   prometheus::Histogram& collective_duration_;

@@ -368,7 +368,8 @@ asio::awaitable<void> Session::ReadLoop(std::shared_ptr<Job> job) {
   const uint32_t rank = hello_.rank();
   // The job holds what the channel lends until its blocks are aggregated; the channel calls this (on the strand,
   // inside a read) when it needs that memory back.
-  channel_->set_recall_handler([weak = std::weak_ptr<Job>(job), rank] {
+  channel_->set_recall_handler([weak = std::weak_ptr<Job>(job), rank, &metrics = context_.metrics] {
+    metrics.RingRecalled();
     if (std::shared_ptr<Job> held = weak.lock()) held->ReturnLoans(rank);
   });
   context_.metrics.WorkerJoined();
@@ -421,6 +422,7 @@ asio::awaitable<void> Session::ReadLoop(std::shared_ptr<Job> job) {
         job->OnDisconnect(rank, this, payload.status());
         co_return;
       }
+      if (payload->on_loan()) context_.metrics.ContributionInPlace();
       job->OnContribution(rank, *header, std::move(*payload));
     } else {
       job->OnDisconnect(rank, this, ProtocolError("workers may not send RESULT frames"));

@@ -131,7 +131,7 @@ Status ColumnEngine::OnContribution(uint32_t rank, const FrameHeader& header, By
 Status ColumnEngine::OnAnnounce(uint32_t rank, Slot& slot, uint32_t s, const FrameHeader& header,
                                 const ByteBuffer& payload) {
   std::vector<EntryView>& entries = scratch_entries_;
-  if (Status st = DecodeDataPayload(header, payload.span(), &entries); !st.ok()) return st.WithContext(Where(rank, s));
+  if (Status st = Decode(header, payload, &entries); !st.ok()) return st.WithContext(Where(rank, s));
   if (entries.size() != slot.lanes) {
     return ProtocolError(Where(rank, s) + ", announce: " + std::to_string(entries.size()) +
                          " entries, expected one per non-empty column (" + std::to_string(slot.lanes) + ")");
@@ -203,7 +203,7 @@ Status ColumnEngine::OnBlocks(uint32_t rank, Slot& slot, uint32_t s, const Frame
   frame.payload = std::move(payload);
   frame.waiting = 0;
   std::vector<EntryView>& entries = scratch_entries_;
-  if (Status st = DecodeDataPayload(header, frame.payload.span(), &entries); !st.ok()) {
+  if (Status st = Decode(header, frame.payload, &entries); !st.ok()) {
     return st.WithContext(Where(rank, s));
   }
   if (entries.empty()) return ProtocolError(Where(rank, s) + ": a CONTRIBUTION after the announce without entries");
@@ -289,6 +289,13 @@ void ColumnEngine::Release(Slot& slot, uint32_t lane, uint32_t rank) {
     stream.free_frames.push_back(stream.nodes[n].frame);
     --stream.held_frames;
   }
+}
+
+Status ColumnEngine::Decode(const FrameHeader& header, const ByteBuffer& payload, std::vector<EntryView>* entries) {
+  if (!payload.on_loan()) return DecodeDataPayload(header, payload.span(), entries);
+  const uint64_t table_bytes = std::min<uint64_t>(uint64_t{header.entry_count} * kEntrySize, payload.size());
+  scratch_table_.assign(payload.data(), payload.data() + table_bytes);
+  return DecodeDataPayload(header, scratch_table_, payload.span(), entries);
 }
 
 ByteBuffer ColumnEngine::CopyOf(const ByteBuffer& payload) {

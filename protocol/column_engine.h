@@ -124,6 +124,8 @@ class ColumnEngine {
   void Release(Slot& slot, uint32_t lane, uint32_t rank);
   // A copy of `payload` in memory of the engine's own.
   ByteBuffer CopyOf(const ByteBuffer& payload);
+  // DecodeDataPayload; from a copy of the entry table when the payload is on loan (its peer may still write it).
+  Status Decode(const FrameHeader& header, const ByteBuffer& payload, std::vector<EntryView>* entries);
   // Encodes one summed block into `out` (at least MaxWireBytes of the download format); returns the bytes.
   uint32_t EncodeResult(uint64_t block, float* sum, uint32_t n, std::byte* out);
   // The RESULT being built: room for one more block's data (a full frame is sent first), then the entry.
@@ -147,6 +149,7 @@ class ColumnEngine {
   std::vector<float> sum_scratch_;       // one block, fp32
   std::vector<int8_t> trit_scratch_;     // one block's 3LC values
   std::vector<EntryView> scratch_entries_;
+  std::vector<std::byte> scratch_table_;
   std::vector<uint32_t> scratch_ready_;
   std::vector<const EntryView*> scratch_contributions_;
   std::vector<uint32_t> scratch_contributors_;

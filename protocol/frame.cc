@@ -1,5 +1,6 @@
 #include "protocol/frame.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -130,6 +131,12 @@ Status DecodeEntryTable(const FrameHeader& header, std::span<const std::byte> ta
 
 Status DecodeDataPayload(const FrameHeader& header, std::span<const std::byte> payload,
                          std::vector<EntryView>* out) {
+  const uint64_t table_bytes = uint64_t{header.entry_count} * kEntrySize;
+  return DecodeDataPayload(header, payload.first(std::min<uint64_t>(table_bytes, payload.size())), payload, out);
+}
+
+Status DecodeDataPayload(const FrameHeader& header, std::span<const std::byte> table,
+                         std::span<const std::byte> payload, std::vector<EntryView>* out) {
   out->clear();
   if (payload.size() != header.payload_length) {
     return ProtocolError("payload of " + std::to_string(payload.size()) + " bytes, header says " +
@@ -139,11 +146,15 @@ Status DecodeDataPayload(const FrameHeader& header, std::span<const std::byte> p
   if (table_bytes > payload.size()) {
     return ProtocolError("entry table of " + std::to_string(header.entry_count) + " entries exceeds the payload");
   }
+  if (table.size() != table_bytes) {
+    return ProtocolError("entry table of " + std::to_string(table.size()) + " bytes given for " +
+                         std::to_string(header.entry_count) + " entries");
+  }
   out->reserve(header.entry_count);
   uint64_t data_offset = table_bytes;
   for (uint32_t i = 0; i < header.entry_count; ++i) {
     Entry e;
-    const std::byte* entry = payload.data() + uint64_t{i} * kEntrySize;
+    const std::byte* entry = table.data() + uint64_t{i} * kEntrySize;
     if (Status st = DecodeEntry(entry, i, payload.size() - data_offset, &e); !st.ok()) return st;
     const std::byte* data = payload.data() + data_offset;
     for (uint64_t pad = e.data_bytes; pad < Pad8(e.data_bytes); ++pad) {

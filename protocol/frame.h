@@ -63,6 +63,11 @@ Status DecodeEntryTable(const FrameHeader& header, std::span<const std::byte> ta
 // nonzero reserved or padding bytes.
 Status DecodeDataPayload(const FrameHeader& header, std::span<const std::byte> payload,
                          std::vector<EntryView>* out);
+// The same, with the entry table decoded from `table`, a copy of the payload's first entry_count · kEntrySize
+// bytes, for a payload in memory that another process may still write (an entry's fields are then read from the
+// copy only, once; the data spans point into `payload`).
+Status DecodeDataPayload(const FrameHeader& header, std::span<const std::byte> table,
+                         std::span<const std::byte> payload, std::vector<EntryView>* out);
 
 // A complete frame (header + entry table + data, contiguous). Used for RESULT frames and in tests.
 ByteBuffer EncodeDataFrame(FrameHeader header, std::span<const Entry> entries,

@@ -137,7 +137,7 @@ Status WorkerCollective::BeginResult(uint32_t aggregator, const FrameHeader& hea
     if (e.data_bytes == 0) continue;
     std::byte* block = tensor_.data() + layout_.BlockByteOffset(e.block);
     const uint32_t block_bytes = layout_.BlockBytes(e.block);
-    // A block this worker sent was saved when it was sent; every block is carried by at most one RESULT.
+    // A block this worker sent raw was saved when it was sent; every block is carried by at most one RESULT.
     const bool keep = encoder_ ? (OrReduce(block, block_bytes, 0) != 0)  // not all-zero bits
                                : (flags_[e.block] & (kBlockNonzero | kBlockHasNegativeZero)) != 0;
     if (keep && !(flags_[e.block] & kBlockBackedUp)) Backup(e.block);

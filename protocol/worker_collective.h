@@ -80,8 +80,9 @@ class WorkerCollective {
   // Call once when done(): blocks that no RESULT carried are zero on every worker; write them as +0.
   void Finish();
   // After a failure (instead of Finish): puts back every block a RESULT overwrote, so the tensor holds exactly
-  // the caller's input again. Costs a copy of each block that was sent (saved as its frame is handed out) or
-  // overwritten while not all-zero bits (saved before it is overwritten): at most the tensor's nonzero blocks.
+  // the caller's input again. Costs a copy of each block that was sent raw (saved as its frame is handed out) or
+  // overwritten while not all-zero bits (saved before it is overwritten; with a codec every block is saved this
+  // way, as what it sends is not the block): at most the tensor's nonzero blocks.
   void Restore();
   // Hands the collective's memory on to the next one; this collective is unusable afterwards.
   CollectiveScratch ReleaseScratch() {
@@ -115,7 +116,7 @@ class WorkerCollective {
   CollectiveSpec spec_;
   std::span<std::byte> tensor_;
   ColumnLayout layout_;
-  std::vector<uint8_t> flags_;  // ScanBlocks flags plus kBlockReceived
+  std::vector<uint8_t> flags_;  // ScanBlocks flags plus kBlockReceived and kBlockBackedUp
   uint64_t nonzero_blocks_ = 0;
   std::vector<WorkerSchedule> schedules_;
   // Original bytes of sent blocks and of overwritten blocks that were not all-zero bits, in the order they were

@@ -143,8 +143,9 @@ TEST(InProcess, SmallTcpSendBufferStillSumsExactly) {
 // The daemon reads CONTRIBUTIONs in place from a shared-memory ring and holds them until their blocks are
 // aggregated; when the frames it holds fill three quarters of a ring, it copies them out so the worker can go on
 // writing. A ring of 256 KiB holds one 128 KiB frame of each of 4 ranks' 8 slots at a time at most, so the daemon
-// recalls its loans again and again (a 64 KiB ring lends nothing: frames are larger than it may hold back); the
-// sums stay exact and nothing stalls.
+// recalls its loans again and again (a 64 KiB ring lends only the small announce frames: data frames are larger
+// than it may hold back); the sums stay exact and nothing stalls. Service.SharedMemoryContributionsAreSummedInPlace
+// checks with the daemon's counters that frames are used in place and recalled.
 TEST(InProcess, SmallSharedMemoryRingsStillSumExactly) {
   for (const char* ring_bytes : {"262144", "65536"}) {
     auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1, {"--ring-bytes", ring_bytes});

@@ -215,6 +215,31 @@ TEST(Service, MetricsAndProbesDescribeWhatHappened) {
   EXPECT_EQ(Sample(m, "sparsereduce_memory_reserved_bytes\\{" + instance + "\\}"), 0);
 }
 
+// Workers on the daemon's host send over shared memory, and the daemon sums their CONTRIBUTIONs where they lie in
+// the rings: with the default 2 MiB rings nearly all of them (those that wrap around a ring's end are copied).
+// With 256 KiB rings, the frames of 8 slots hold back three quarters of a ring again and again and are copied out
+// (recalled). The counters show both; the sums stay exact.
+TEST(Service, SharedMemoryContributionsAreSummedInPlace) {
+  const std::string instance = R"(instance_name="svc")";
+  const std::string in_place = "sparsereduce_contributions_in_place_total\\{" + instance + "\\}";
+  const std::string recalls = "sparsereduce_ring_recalls_total\\{" + instance + "\\}";
+  // 4 ranks, 16384 blocks in frames of 128: 128 data frames per rank (and an announce per slot).
+  const tools::SyntheticSpec spec{1 << 22, 256, 1.0, tools::Overlap::kRandom, 4, 7};
+  {
+    Daemon daemon;
+    for (const auto& e : RunJob(daemon.address(), 1, spec)) EXPECT_EQ(e, "");
+    const std::string m = daemon.Metrics();
+    EXPECT_GT(Sample(m, in_place), 0.8 * 4 * 128) << m;
+  }
+  {
+    Daemon daemon({"--ring-bytes", "262144"});
+    for (const auto& e : RunJob(daemon.address(), 2, spec)) EXPECT_EQ(e, "");
+    const std::string m = daemon.Metrics();
+    EXPECT_GT(Sample(m, in_place), 0) << m;
+    EXPECT_GT(Sample(m, recalls), 0) << m;
+  }
+}
+
 TEST(Service, JobSecretsAuthenticateBothSides) {
   Daemon probe;  // for its directory
   const std::string secrets = probe.dir() + "/secrets";

@@ -28,8 +28,9 @@ struct CodecStates {
 };
 
 // Lends the contribution payloads of the simulation: counts what each (aggregator, rank) still holds, and
-// scribbles over a payload's memory when it comes back, so an engine that read a payload after giving it back
-// (or kept pointers into it after ReturnLoans) sums garbage and fails the bit-exact checks.
+// scribbles over a payload's memory when it comes back (and keeps it until the lender goes), so an engine that
+// read a payload after giving it back (or kept pointers into it after ReturnLoans) sums garbage and fails the
+// bit-exact checks.
 class TestLender final : public BufferLender, public std::enable_shared_from_this<TestLender> {
  public:
   ByteBuffer Lend(uint32_t aggregator, uint32_t rank, std::span<const std::byte> bytes) {
@@ -41,7 +42,7 @@ class TestLender final : public BufferLender, public std::enable_shared_from_thi
   void Return(std::byte* data, size_t capacity) override {
     out_.erase(data);
     std::memset(data, 0xA5, capacity);
-    delete[] data;
+    returned_.emplace_back(data);
   }
   size_t Outstanding(uint32_t aggregator, uint32_t rank) const {
     size_t n = 0;
@@ -52,6 +53,7 @@ class TestLender final : public BufferLender, public std::enable_shared_from_thi
 
  private:
   std::map<std::byte*, std::pair<uint32_t, uint32_t>> out_;
+  std::vector<std::unique_ptr<std::byte[]>> returned_;
 };
 
 struct SimulationOutcome {

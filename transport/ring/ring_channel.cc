@@ -122,6 +122,18 @@ void RingChannel::PublishConsumed() {
 
 uint64_t RingChannel::HeldBack() { return lender_ ? lender_->HeldBack(rx_tail_) : 0; }
 
+Status RingChannel::CheckReceived(uint64_t head) {
+  if (Status st = ring_.CheckPositions(head, rx_tail_); !st.ok()) return st;
+  // The peer may write no further than a ring past the tail it was given, which loans hold behind what was read.
+  const uint64_t held = HeldBack();
+  if (head - rx_tail_ + held > ring_.capacity()) {
+    return ProtocolError("the peer's head " + std::to_string(head) + " runs over " + std::to_string(held) +
+                         " bytes this side still uses in place (read up to " + std::to_string(rx_tail_) +
+                         ", capacity " + std::to_string(ring_.capacity()) + ")");
+  }
+  return Status::Ok();
+}
+
 void RingChannel::Recall() {
   if (!lender_ || !on_recall_ || lender_->outstanding() == 0) return;
   on_recall_();  // destroys the lent buffers, each of which publishes what it frees
@@ -136,7 +148,7 @@ asio::awaitable<Status> RingChannel::ReadScattered(std::span<const asio::mutable
   while (done < size) {
     if (failed_) co_return *failed_;
     const Received received = LoadReceived();
-    if (Status st = ring_.CheckPositions(received.head, rx_tail_); !st.ok()) {
+    if (Status st = CheckReceived(received.head); !st.ok()) {
       Fail(st.WithContext("ring of the " + std::string(kind()) + " connection"));
       co_return *failed_;
     }
@@ -208,7 +220,7 @@ asio::awaitable<Result<ByteBuffer>> RingChannel::ReadPayloadLent(uint64_t size, 
   while (true) {
     if (failed_) co_return *failed_;
     const Received received = LoadReceived();
-    if (Status st = ring_.CheckPositions(received.head, rx_tail_); !st.ok()) {
+    if (Status st = CheckReceived(received.head); !st.ok()) {
       Fail(st.WithContext("ring of the " + std::string(kind()) + " connection"));
       co_return *failed_;
     }

@@ -125,6 +125,8 @@ class RingChannel : public Channel {
   // writing).
   uint64_t HeldBack();
   uint64_t MaxHeldBack() const { return ring_.capacity() / 4 * 3; }
+  // Checks the peer's head against what this side has read and what loans still hold (docs/PROTOCOL.md §10.2).
+  Status CheckReceived(uint64_t head);
   // Asks the reader to give back what it was lent (the recall handler), then publishes what that freed.
   void Recall();
   // Copies queued frames into the send ring as far as space allows, then waits for space.
