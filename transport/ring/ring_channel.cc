@@ -24,8 +24,15 @@ Status ClosedInsideFrame(uint64_t done, uint64_t size) {
 // frame until its blocks are aggregated, whatever happened to the connection meanwhile).
 class RingChannel::Lender final : public BufferLender {
  public:
-  Lender(RingChannel* channel, const std::byte* memory, uint64_t capacity, std::shared_ptr<const void> memory_owner)
-      : channel_(channel), memory_(memory), capacity_(capacity), memory_owner_(std::move(memory_owner)) {}
+  // `read`: how far the channel has read (and published) when lending starts.
+  Lender(RingChannel* channel, const std::byte* memory, uint64_t capacity, std::shared_ptr<const void> memory_owner,
+         uint64_t read)
+      : channel_(channel),
+        memory_(memory),
+        capacity_(capacity),
+        memory_owner_(std::move(memory_owner)),
+        read_(read),
+        published_(read) {}
 
   void Return(std::byte* data, size_t) override {
     std::lock_guard lock(mu_);
@@ -73,8 +80,8 @@ class RingChannel::Lender final : public BufferLender {
   const uint64_t capacity_;
   const std::shared_ptr<const void> memory_owner_;  // keeps `memory_` mapped
   LoanLedger ledger_;
-  uint64_t read_ = 0;       // how far the channel has read
-  uint64_t published_ = 0;  // the tail last given to Consumed()
+  uint64_t read_;       // how far the channel has read
+  uint64_t published_;  // the tail last given to Consumed()
 };
 
 RingChannel::RingChannel(uint64_t ring_capacity, asio::ip::tcp::socket liveness, asio::any_io_executor executor)
@@ -104,8 +111,25 @@ RingChannel::~RingChannel() {
   StopLending();
 }
 
-void RingChannel::EnableLending(std::shared_ptr<const void> memory_owner) {
-  lender_ = std::make_shared<Lender>(this, ReceiveMemory(), ring_.capacity(), std::move(memory_owner));
+void RingChannel::EnableLending(std::shared_ptr<const void> memory_owner) { lend_memory_owner_ = std::move(memory_owner); }
+
+void RingChannel::set_recall_handler(std::function<void()> handler) {
+  on_recall_ = std::move(handler);
+  // Only a reader that can be asked to give loans back gets them; the others publish their tail without the
+  // lender's lock.
+  if (!lender_ && lend_memory_owner_) {
+    lender_ = std::make_shared<Lender>(this, ReceiveMemory(), ring_.capacity(), lend_memory_owner_, rx_tail_);
+  }
+}
+
+Result<RingChannel::Received> RingChannel::LoadChecked() {
+  if (failed_) return *failed_;
+  const Received received = LoadReceived();
+  if (Status st = CheckReceived(received.head); !st.ok()) {
+    Fail(st.WithContext("ring of the " + std::string(kind()) + " connection"));
+    return *failed_;
+  }
+  return received;
 }
 
 void RingChannel::StopLending() {
@@ -146,12 +170,9 @@ asio::awaitable<Status> RingChannel::ReadScattered(std::span<const asio::mutable
   size_t target = 0;         // the target being filled
   uint64_t target_done = 0;  // its bytes filled
   while (done < size) {
-    if (failed_) co_return *failed_;
-    const Received received = LoadReceived();
-    if (Status st = CheckReceived(received.head); !st.ok()) {
-      Fail(st.WithContext("ring of the " + std::string(kind()) + " connection"));
-      co_return *failed_;
-    }
+    Result<Received> checked = LoadChecked();
+    if (!checked.ok()) co_return checked.status();
+    const Received received = *checked;
     if (received.head != rx_tail_) {
       // Everything that is there, across as many targets as it fills, then one Consumed: the peer is told (and
       // maybe woken) once per chunk, not once per target.
@@ -218,12 +239,9 @@ asio::awaitable<Result<ByteBuffer>> RingChannel::ReadPayloadLent(uint64_t size, 
   // The whole payload must be in the ring before it is lent. The peer has room to write it: what is held back and
   // the payload together are at most MaxHeldBack().
   while (true) {
-    if (failed_) co_return *failed_;
-    const Received received = LoadReceived();
-    if (Status st = CheckReceived(received.head); !st.ok()) {
-      Fail(st.WithContext("ring of the " + std::string(kind()) + " connection"));
-      co_return *failed_;
-    }
+    Result<Received> checked = LoadChecked();
+    if (!checked.ok()) co_return checked.status();
+    const Received received = *checked;
     if (received.head - rx_tail_ >= size) break;
     if (received.closed || peer_gone_) {
       if (LoadReceived().head != received.head) continue;

@@ -36,7 +36,7 @@ class RingChannel : public Channel {
   // this side reads, it never waits for the peer while loans hold back more than that: it recalls them first, so
   // the peer always has room to write.
   boost::asio::awaitable<Result<ByteBuffer>> ReadPayloadLent(uint64_t size, BufferPool* pool) override;
-  void set_recall_handler(std::function<void()> handler) override { on_recall_ = std::move(handler); }
+  void set_recall_handler(std::function<void()> handler) override;
   boost::asio::awaitable<Status> ReadInto(std::span<const boost::asio::mutable_buffer> targets) override;
   boost::asio::awaitable<Status> Discard(uint64_t size) override;
 
@@ -87,9 +87,9 @@ class RingChannel : public Channel {
 
   // --- lending the receive ring (ReadPayloadLent) ---
   // A backend whose receive memory a reader may use in place calls this from its constructor; `memory_owner`
-  // keeps ReceiveMemory() valid while buffers lent from it live. Consumed() may then also be called from the
-  // thread that destroys a lent buffer (serialized by the channel), so it must be thread-safe, and the backend's
-  // destructor must call StopLending() before its members go.
+  // keeps ReceiveMemory() valid while buffers lent from it live. Lending starts once a recall handler is set.
+  // Consumed() may then also be called from the thread that destroys a lent buffer (serialized by the channel), so
+  // it must be thread-safe, and the backend's destructor must call StopLending() before its members go.
   void EnableLending(std::shared_ptr<const void> memory_owner);
   void StopLending();
 
@@ -127,6 +127,8 @@ class RingChannel : public Channel {
   uint64_t MaxHeldBack() const { return ring_.capacity() / 4 * 3; }
   // Checks the peer's head against what this side has read and what loans still hold (docs/PROTOCOL.md §10.2).
   Status CheckReceived(uint64_t head);
+  // What the peer has made visible, checked; a failed check fails the channel.
+  Result<Received> LoadChecked();
   // Asks the reader to give back what it was lent (the recall handler), then publishes what that freed.
   void Recall();
   // Copies queued frames into the send ring as far as space allows, then waits for space.
@@ -140,7 +142,8 @@ class RingChannel : public Channel {
   boost::asio::any_io_executor executor_;
   uint64_t rx_tail_ = 0;
   uint64_t tx_head_ = 0;
-  std::shared_ptr<Lender> lender_;  // null unless the backend lends
+  std::shared_ptr<const void> lend_memory_owner_;  // set by a backend that can lend (EnableLending)
+  std::shared_ptr<Lender> lender_;  // once it can and a recall handler is set
   std::function<void()> on_recall_;
 
   std::deque<Item> queue_;
