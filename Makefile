@@ -4,7 +4,7 @@ BUILD_DIR ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build demo test test-asan test-tsan fuzz clean
+.PHONY: all deps configure build demo test test-asan test-tsan build-clang fuzz clean
 
 all: build
 
@@ -35,6 +35,13 @@ test-tsan: deps
 	cmake --build build-tsan -j$(JOBS)
 	TSAN_OPTIONS="halt_on_error=1 suppressions=$(CURDIR)/tests/tsan.supp" SPARSEREDUCE_TEST_TIME_SCALE=5 \
 	  ctest --test-dir build-tsan -L integration --output-on-failure --timeout 300 -j$(JOBS)
+
+# Libraries, daemon and tools compiled with clang, warnings as errors: users build with either compiler.
+build-clang: deps
+	bash scripts/install-deps.sh clang
+	cmake -S . -B build-clang -DCMAKE_BUILD_TYPE=Release -DBUILD_TESTING=OFF -DCMAKE_C_COMPILER=clang \
+	  -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_CXX_FLAGS=-Werror
+	cmake --build build-clang -j$(JOBS)
 
 # libFuzzer targets (clang), each run for FUZZ_SECONDS on a copy of its seed corpus.
 FUZZ_SECONDS ?= 30

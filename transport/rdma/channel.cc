@@ -38,11 +38,13 @@ Result<std::unique_ptr<RdmaConnection>> RdmaConnection::Create(std::shared_ptr<R
   c->receive_ring_.resize(ring_capacity);
   c->send_ring_.resize(ring_capacity);
   ibv_pd* pd = c->device_->pd();
+  // ints, not the enum: ibv_reg_mr is a macro that ORs its argument with another enum type (clang warns).
+  const int local = IBV_ACCESS_LOCAL_WRITE;
   const int remote = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
   c->receive_mr_ = ibv_reg_mr(pd, c->receive_ring_.data(), ring_capacity, remote);
-  c->send_mr_ = ibv_reg_mr(pd, c->send_ring_.data(), ring_capacity, IBV_ACCESS_LOCAL_WRITE);
+  c->send_mr_ = ibv_reg_mr(pd, c->send_ring_.data(), ring_capacity, local);
   c->credit_mr_ = ibv_reg_mr(pd, &c->credit_word_, sizeof c->credit_word_, remote);
-  c->credit_staging_mr_ = ibv_reg_mr(pd, &c->credit_staging_, sizeof c->credit_staging_, IBV_ACCESS_LOCAL_WRITE);
+  c->credit_staging_mr_ = ibv_reg_mr(pd, &c->credit_staging_, sizeof c->credit_staging_, local);
   if (!c->receive_mr_ || !c->send_mr_ || !c->credit_mr_ || !c->credit_staging_mr_) {
     return VerbsError("ibv_reg_mr of " + std::to_string(2 * ring_capacity) + " bytes on " + c->device_->name() +
                           " (memlock limit?)",

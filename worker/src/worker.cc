@@ -251,7 +251,7 @@ std::future<void> Worker::Impl::Submit(std::span<std::byte> tensor, uint64_t cou
 
 void Worker::Impl::StartNext() {
   if (queue_.empty() || broken_) return;
-  active_.emplace();
+  active_.emplace(Active{});  // not emplace(): clang 14 judges Active (default member initializers) not default-constructible here
   Active& a = *active_;
   a.request = std::move(queue_.front());
   queue_.pop_front();
