@@ -17,7 +17,8 @@ constexpr std::byte kZeros[8] = {};
 }  // namespace
 
 WorkerCollective::WorkerCollective(const JobShape& shape, uint64_t job, uint64_t seq, const CollectiveSpec& spec,
-                                   std::span<std::byte> tensor, CollectiveScratch scratch, CodecContext codec)
+                                   std::span<std::byte> tensor, CollectiveScratch scratch, CodecContext codec,
+                                   bool restorable)
     : shape_(shape),
       job_(job),
       seq_(seq),
@@ -25,6 +26,7 @@ WorkerCollective::WorkerCollective(const JobShape& shape, uint64_t job, uint64_t
       tensor_(tensor),
       layout_(shape, spec.element_count, spec.block_size, FindDType(spec.dtype)->size),
       flags_(std::move(scratch.flags)),
+      restorable_(restorable),
       backup_blocks_(std::move(scratch.backup_blocks)),
       backup_data_(std::move(scratch.backup_data)) {
   flags_.assign(layout_.num_blocks(), 0);
@@ -138,8 +140,8 @@ Status WorkerCollective::BeginResult(uint32_t aggregator, const FrameHeader& hea
     std::byte* block = tensor_.data() + layout_.BlockByteOffset(e.block);
     const uint32_t block_bytes = layout_.BlockBytes(e.block);
     // A block this worker sent raw was saved when it was sent; every block is carried by at most one RESULT.
-    const bool keep = encoder_ ? (OrReduce(block, block_bytes, 0) != 0)  // not all-zero bits
-                               : (flags_[e.block] & (kBlockNonzero | kBlockHasNegativeZero)) != 0;
+    const bool keep = restorable_ && (encoder_ ? (OrReduce(block, block_bytes, 0) != 0)  // not all-zero bits
+                                              : (flags_[e.block] & (kBlockNonzero | kBlockHasNegativeZero)) != 0);
     if (keep && !(flags_[e.block] & kBlockBackedUp)) Backup(e.block);
     flags_[e.block] |= kBlockReceived;  // from here on Restore puts the block back, whatever lands in it
     if (raw) {
@@ -210,6 +212,7 @@ void WorkerCollective::PrepareOutgoing(std::span<OutgoingFrame> frames) {
     for (OutgoingFrame& f : frames) SetWireSizes(&f);
     return;
   }
+  if (!restorable_) return;
   // The blocks are about to be copied out of the tensor for sending (into a ring, or by the kernel): saving them
   // now reads them from memory once for both, where saving them when their RESULT arrives reads them again.
   bool saved = false;
@@ -243,6 +246,7 @@ void WorkerCollective::GrowBackup(uint64_t at_least) {
 }
 
 void WorkerCollective::Restore() {
+  if (!restorable_) return;
   for (uint64_t b = 0; b < flags_.size(); ++b) {
     if ((flags_[b] & (kBlockReceived | kBlockBackedUp)) == kBlockReceived) {
       std::memset(tensor_.data() + layout_.BlockByteOffset(b), 0, layout_.BlockBytes(b));  // was all-zero bits

@@ -38,8 +38,10 @@ class WorkerCollective {
   // untouched by the caller until the collective is done. `spec` must have passed ValidateSpec.
   // `scratch` is memory the caller recycles across collectives (see ReleaseScratch); its contents do not matter.
   // With a codec (spec.codec), `codec` must hold the key's state, which the collective advances in Finish only.
+  // `restorable` false: no block is saved, and Restore leaves the tensor as the failure left it.
   WorkerCollective(const JobShape& shape, uint64_t job, uint64_t seq, const CollectiveSpec& spec,
-                   std::span<std::byte> tensor, CollectiveScratch scratch = {}, CodecContext codec = {});
+                   std::span<std::byte> tensor, CollectiveScratch scratch = {}, CodecContext codec = {},
+                   bool restorable = true);
 
   WorkerCollective(const WorkerCollective&) = delete;
   WorkerCollective& operator=(const WorkerCollective&) = delete;
@@ -82,8 +84,11 @@ class WorkerCollective {
   // After a failure (instead of Finish): puts back every block a RESULT overwrote, so the tensor holds exactly
   // the caller's input again. Costs a copy of each block that was sent raw (saved as its frame is handed out) or
   // overwritten while not all-zero bits (saved before it is overwritten; with a codec every block is saved this
-  // way, as what it sends is not the block): at most the tensor's nonzero blocks.
+  // way, as what it sends is not the block): at most the tensor's nonzero blocks. Does nothing when the
+  // collective is not restorable (nothing was saved).
   void Restore();
+  bool restorable() const { return restorable_; }
+  uint64_t saved_blocks() const { return backup_blocks_.size(); }  // blocks Restore would put back from its copies
   // Hands the collective's memory on to the next one; this collective is unusable afterwards.
   CollectiveScratch ReleaseScratch() {
     return {std::move(backup_data_), std::move(backup_blocks_), std::move(flags_)};
@@ -118,6 +123,7 @@ class WorkerCollective {
   ColumnLayout layout_;
   std::vector<uint8_t> flags_;  // ScanBlocks flags plus kBlockReceived and kBlockBackedUp
   uint64_t nonzero_blocks_ = 0;
+  bool restorable_;
   std::vector<WorkerSchedule> schedules_;
   // Original bytes of sent blocks and of overwritten blocks that were not all-zero bits, in the order they were
   // saved (see Restore).

@@ -52,12 +52,15 @@ class Worker(_Worker):
     """A member of a sparsereduce job: Worker(aggregators, job, rank, world_size, *, secret='',
     block_size=256, slots=8, blocks_per_message=128, window=1, connect_timeout=30.0, join_timeout=60.0,
     collective_timeout=60.0, transport='', rdma_device='', rdma_port=1, rdma_gid_index=-1, tcp_send_buffer=0,
-    codec=Codec('none'), codec_seed=0), timeouts in seconds.
+    restore_on_failure=True, codec=Codec('none'), codec_seed=0), timeouts in seconds.
 
     transport: 'auto' (shared memory with aggregators on this host, TCP otherwise), 'tcp', 'shm' or 'rdma'; empty
     means SPARSEREDUCE_TRANSPORT, else 'auto'. `worker.transports` tells what each connection uses.
     tcp_send_buffer: SO_SNDBUF of each TCP aggregator connection in bytes; 0 means SPARSEREDUCE_TCP_SEND_BUFFER,
     else the kernel's autotuning (README, Transports: "TCP send buffer").
+    restore_on_failure: when an allreduce raises, the array holds its input again, bit for bit (a copy of its
+    nonzero blocks per collective); False skips the copy, and a failed allreduce leaves the array holding a mix
+    of input and sums.
 
     codec: the compression of float32 allreduces that do not name one: a Codec, or a name ('none', 'fp16',
     'bf16', '3lc', 'diana', 'topk', 'adaptive'); every rank must use the same. codec_seed seeds DIANA's rounding.

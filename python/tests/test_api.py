@@ -171,6 +171,22 @@ def test_tcp_send_buffer_option(aggregator, job, monkeypatch):
         sparsereduce.Worker([aggregator], job, 0, 1, **FAST)
 
 
+@pytest.mark.parametrize("codec", ["none", "fp16"])
+def test_restore_on_failure_off_sums_the_same(aggregator, job, codec):
+    n = 100_000
+
+    def rank(r):
+        with sparsereduce.Worker([aggregator], job, r, 2, restore_on_failure=False, codec=codec, **FAST) as w:
+            a = sparse_array(r, n, np.float32)
+            w.allreduce(a)
+            return a
+
+    results = run_ranks(2, rank)
+    if codec == "none":
+        np.testing.assert_array_equal(results[0], rank_order_sum([sparse_array(q, n, np.float32) for q in range(2)]))
+    np.testing.assert_array_equal(results[0], results[1])
+
+
 def test_unknown_transport_is_refused(aggregator, job):
     with pytest.raises(sparsereduce.Error, match="unknown transport 'carrier-pigeon'") as raised:
         sparsereduce.Worker([aggregator], job, 0, 1, transport="carrier-pigeon", **FAST)

@@ -1,6 +1,7 @@
 // Property tests of the whole data plane (ColumnEngine + WorkerCollective) against a reference sum, bit-exact.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -261,6 +262,71 @@ TEST(ProtocolSimulation, RestoreAfterFailureAtAnyPoint) {
     ASSERT_EQ(out.status.code(), StatusCode::kAborted);
     for (uint32_t w = 0; w < 3; ++w) ASSERT_EQ(tensors[w], inputs[w]) << "rank " << w << " cut " << cut;
   }
+}
+
+// WorkerOptions::restore_on_failure = false: no block is copied, the sums are the same bit for bit (with a codec
+// too), and a failed collective leaves each element holding either its input or its final sum.
+TEST(ProtocolSimulation, UnrestorableCollectivesCopyNothingAndSumExactly) {
+  const JobShape shape{3, 2, 2, 3};
+  const uint64_t n = 3000;
+  for (Overlap overlap : {Overlap::kRandom, Overlap::kIdentical, Overlap::kDisjoint}) {
+    SCOPED_TRACE(OverlapName(overlap));
+    std::mt19937_64 rng(21);
+    auto nz = MakePattern(3, (n + 15) / 16, 0.4, overlap, 0, rng);
+    auto inputs = MakeTensors<float>(nz, n, 16, rng);
+    const auto reference = ReferenceSum<float>(inputs, n);
+    for (bool restorable : {true, false}) {
+      auto tensors = inputs;
+      SimulationOutcome out =
+          Simulate(shape, {n, DType::kFloat32, ReduceOp::kSum, 16}, tensors, 5, ~uint64_t{0}, nullptr, restorable);
+      ASSERT_TRUE(out.status.ok()) << out.status.ToString();
+      for (uint32_t w = 0; w < 3; ++w) {
+        EXPECT_EQ(tensors[w], reference) << "rank " << w;
+        if (restorable) {
+          // each block it sent, and blocks of -0.0 that a RESULT overwrote
+          EXPECT_GE(out.saved_blocks[w], out.data_entries_sent[w]) << "rank " << w;
+          EXPECT_GT(out.data_entries_sent[w], 0u);
+        } else {
+          EXPECT_EQ(out.saved_blocks[w], 0u) << "rank " << w;
+        }
+      }
+    }
+    // fp16 on the wire: the codec path saves blocks when RESULTs land, unless unrestorable.
+    CollectiveSpec fp16{n, DType::kFloat32, ReduceOp::kSum, 16};
+    fp16.codec.codec = Codec::kFloat16;
+    std::vector<std::vector<std::byte>> results;
+    for (bool restorable : {true, false}) {
+      auto tensors = inputs;
+      SimulationOutcome out = Simulate(shape, fp16, tensors, 5, ~uint64_t{0}, nullptr, restorable);
+      ASSERT_TRUE(out.status.ok()) << out.status.ToString();
+      for (uint32_t w = 0; w < 3; ++w) EXPECT_EQ(out.saved_blocks[w] == 0, !restorable) << "rank " << w;
+      results.push_back(tensors[0]);
+    }
+    EXPECT_EQ(results[0], results[1]);
+  }
+  std::mt19937_64 rng(23);
+  auto nz = MakePattern(3, (n + 15) / 16, 0.5, Overlap::kRandom, 0, rng);
+  auto inputs = MakeTensors<float>(nz, n, 16, rng);
+  const auto reference = ReferenceSum<float>(inputs, n);
+  bool some_overwritten = false;
+  for (uint64_t cut = 0; cut < 400; cut += 13) {
+    auto tensors = inputs;
+    SimulationOutcome out =
+        Simulate(shape, {n, DType::kFloat32, ReduceOp::kSum, 16}, tensors, cut, cut, nullptr, /*restorable=*/false);
+    if (out.status.ok()) break;
+    ASSERT_EQ(out.status.code(), StatusCode::kAborted);
+    for (uint32_t w = 0; w < 3; ++w) {
+      ASSERT_EQ(out.saved_blocks[w], 0u);
+      for (uint64_t i = 0; i < n; ++i) {
+        const auto at = [&](const std::vector<std::byte>& t) { return std::span(t).subspan(4 * i, 4); };
+        const bool is_input = std::ranges::equal(at(tensors[w]), at(inputs[w]));
+        ASSERT_TRUE(is_input || std::ranges::equal(at(tensors[w]), at(reference)))
+            << "rank " << w << " element " << i << " cut " << cut;
+        some_overwritten |= !is_input;
+      }
+    }
+  }
+  EXPECT_TRUE(some_overwritten);  // the cuts did fall after RESULTs landed
 }
 
 // A steady loop hands each collective's memory to the next: nothing per-tensor is allocated again.

@@ -61,19 +61,23 @@ struct SimulationOutcome {
   std::vector<uint64_t> data_entries_sent;     // per worker: CONTRIBUTION entries that carried data
   std::vector<uint64_t> data_entries_received; // per worker: RESULT entries that carried data
   std::vector<uint64_t> bytes_sent;            // per worker
+  std::vector<uint64_t> saved_blocks;          // per worker: blocks copied for Restore (at the end or the cut)
 };
 
 // Runs one collective over `tensors` (one byte buffer per rank, reduced in place). With `max_deliveries`, the run
 // is cut off after that many frame deliveries (a failure): the workers then Restore() and the status is kAborted.
+// `restorable` false: the workers keep no copies for Restore (WorkerOptions::restore_on_failure).
 inline SimulationOutcome Simulate(const JobShape& shape, const CollectiveSpec& spec,
                                   std::vector<std::vector<std::byte>>& tensors, uint64_t seed,
-                                  uint64_t max_deliveries = ~uint64_t{0}, CodecStates* states = nullptr) {
+                                  uint64_t max_deliveries = ~uint64_t{0}, CodecStates* states = nullptr,
+                                  bool restorable = true) {
   const uint32_t W = shape.world_size, A = shape.num_aggregators;
   const uint64_t job = 42, seq = 7;
   SimulationOutcome outcome;
   outcome.data_entries_sent.assign(W, 0);
   outcome.data_entries_received.assign(W, 0);
   outcome.bytes_sent.assign(W, 0);
+  outcome.saved_blocks.assign(W, 0);
 
   CodecStates local_states;
   if (states == nullptr) states = &local_states;
@@ -93,7 +97,8 @@ inline SimulationOutcome Simulate(const JobShape& shape, const CollectiveSpec& s
   std::vector<std::unique_ptr<WorkerCollective>> workers;
   for (uint32_t w = 0; w < W; ++w) {
     CodecContext context{&states->workers[w], w, states->seed};
-    workers.push_back(std::make_unique<WorkerCollective>(shape, job, seq, spec, tensors[w], CollectiveScratch{}, context));
+    workers.push_back(std::make_unique<WorkerCollective>(shape, job, seq, spec, tensors[w], CollectiveScratch{}, context,
+                                                         restorable));
   }
 
   // Channel (w, a, to_aggregator) -> FIFO of frames, like one TCP connection per direction.
@@ -126,6 +131,7 @@ inline SimulationOutcome Simulate(const JobShape& shape, const CollectiveSpec& s
     }
     if (ready.empty()) break;
     if (max_deliveries-- == 0) {
+      for (uint32_t r = 0; r < W; ++r) outcome.saved_blocks[r] = workers[r]->saved_blocks();
       for (auto& w : workers) w->Restore();
       outcome.status = Status(StatusCode::kAborted, "cut off");
       return outcome;
@@ -199,6 +205,7 @@ inline SimulationOutcome Simulate(const JobShape& shape, const CollectiveSpec& s
       outcome.status = Status(StatusCode::kInternal, "worker " + std::to_string(w) + " not done");
       return outcome;
     }
+    outcome.saved_blocks[w] = workers[w]->saved_blocks();
     workers[w]->Finish();
   }
   return outcome;

@@ -47,6 +47,7 @@ struct Config {
   uint64_t timeout_ms = 120000;
   std::string transport;  // empty: SPARSEREDUCE_TRANSPORT, else auto
   std::string tcp_send_buffer = "0";  // 0: SPARSEREDUCE_TCP_SEND_BUFFER, else the kernel's autotuning
+  bool restore_on_failure = true;
   sparsereduce::CodecOptions codec;
 };
 
@@ -142,6 +143,7 @@ void PrintHeader(const Config& c, const std::vector<std::string>& transports) {
               c.dtype.c_str(), c.density, c.overlap.c_str(), c.block_size, c.slots, c.blocks_per_message, c.window, used.c_str(),
               c.codec.name.c_str());
   if (c.tcp_send_buffer != "0") std::printf("# tcp send buffer %s per aggregator connection\n", c.tcp_send_buffer.c_str());
+  if (!c.restore_on_failure) std::printf("# restore on failure off: no copy of the input's nonzero blocks\n");
   std::printf("# time: median over %u iterations of the slowest rank; GB = 1e9 B; busbw = algbw*2(n-1)/n; "
               "sent/recv: bytes on the wire per rank 0\n", c.iters);
   std::printf("#%11s %12s %6s %6s %11s %12s %12s %7s %8s %7s %12s %12s\n", "size", "count", "type", "redop",
@@ -164,7 +166,7 @@ void WriteJson(const Config& c, const std::vector<Row>& rows) {
       << ",\"dtype\":\"" << c.dtype << "\",\"density\":" << c.density << ",\"overlap\":\"" << c.overlap
       << "\",\"block_size\":" << c.block_size << ",\"codec\":\"" << c.codec.name << "\",\"slots\":" << c.slots
       << ",\"blocks_per_message\":" << c.blocks_per_message << ",\"window\":" << c.window << ",\"tcp_send_buffer\":\"" << c.tcp_send_buffer
-      << "\",\"results\":[";
+      << "\",\"restore_on_failure\":" << (c.restore_on_failure ? "true" : "false") << ",\"results\":[";
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     out << (i ? "," : "") << "{\"size\":" << r.size << ",\"count\":" << r.count
@@ -200,6 +202,7 @@ int RunRank(const Config& c) {
   options.window = c.window;
   options.transport = c.transport;
   options.tcp_send_buffer = static_cast<uint32_t>(*tcp_send_buffer);
+  options.restore_on_failure = c.restore_on_failure;
   options.codec = c.codec;
   options.connect_timeout = options.join_timeout = options.collective_timeout =
       std::chrono::milliseconds(c.timeout_ms);
@@ -319,6 +322,9 @@ int main(int argc, char** argv) {
   app.add_option("--tcp-send-buffer", c.tcp_send_buffer,
                  "SO_SNDBUF of each TCP aggregator connection (K/M suffixes); 0: SPARSEREDUCE_TCP_SEND_BUFFER, else "
                  "the kernel's autotuning")
+      ->capture_default_str();
+  app.add_option("--restore-on-failure", c.restore_on_failure,
+                 "1: a failed allreduce gives the input back (a copy of the nonzero blocks per collective); 0: no copy")
       ->capture_default_str();
   app.add_option("--codec", c.codec.name, "none, fp16, bf16, 3lc, diana, topk or adaptive (float only)")
       ->check(CLI::IsMember({"none", "fp16", "bf16", "3lc", "diana", "topk", "adaptive"}))

@@ -269,7 +269,7 @@ void Worker::Impl::StartNext() {
     codec.seed = options_.codec_seed;
   }
   a.collective = std::make_unique<WorkerCollective>(shape_, options_.job, seq, a.request.spec, a.request.tensor,
-                                                    std::move(scratch_), codec);
+                                                    std::move(scratch_), codec, options_.restore_on_failure);
 
   proto::ControlMessage begin;
   begin.mutable_collective_begin()->set_seq(seq);
@@ -528,7 +528,7 @@ void Worker::Impl::FinishFailure() {
     joined_.set_exception(error);
   }
   if (active_) {
-    active_->collective->Restore();  // the caller gets its input back, so the step can be retried
+    active_->collective->Restore();  // the caller gets its input back, so the step can be retried (if restorable)
     active_->request.promise.set_exception(error);
     active_.reset();
   }

@@ -88,6 +88,11 @@ struct WorkerOptions {
   // full overlap 19 % faster at 100 Mbit/s). It also caps a connection at about 2 x value per round trip:
   // keep 0 where the link's bandwidth-delay product exceeds A x 2 x value (25 Gbit/s x 100 us = 312 KB).
   uint32_t tcp_send_buffer = 0;
+  // When an allreduce fails, put the caller's input back (bit for bit) so the step can be retried with a new
+  // Worker. Costs a copy of the tensor's nonzero blocks per collective. false: no copy, and after a failure the
+  // tensor holds a mix of its input and sums (collectives queued behind the failed one are untouched); for jobs
+  // that restart from a checkpoint anyway.
+  bool restore_on_failure = true;
   // Connecting keeps retrying (the aggregator may not be up yet) until this passes.
   std::chrono::milliseconds connect_timeout{30'000};
   // After connecting: how long to wait for the other ranks to join.
