@@ -18,7 +18,10 @@
 //                   an arbitrary payload under a valid header
 //
 // Every frame goes through what the aggregator does before the engine (aggregator/job.cc CheckContribution: header
-// decode, type, job, seq, payload limit), then to both the engine and the reference model. Checked:
+// decode, type, job, seq, payload limit), then to both the engine and the reference model. About half the payloads
+// reach the engine lent (as from a shared-memory ring: tests/unit/test_lender.h scribbles over a payload when it
+// comes back), and after an accepted frame the engine is sometimes told to give one rank's loans back
+// (ReturnLoans); which ones follows from the input. Checked:
 //  - the engine never crashes and never reads or writes out of bounds (ASan/UBSan);
 //  - the engine accepts exactly the frames the reference model accepts, and frames from in-sync real workers are
 //    always accepted; the run stops at the first rejection (the engine's state is unspecified after a violation);
@@ -26,6 +29,7 @@
 //    the RESULTs of each CONTRIBUTION equal the reference model's, in order, bit for bit (float NaN payloads
 //    excepted; see RefAggregator for the order);
 //  - done() and AwaitedRanks() (when the engine has it) agree with the reference model;
+//  - ReturnLoans(rank) leaves the engine no payload of that rank's on loan, and a done engine holds no loans;
 //  - real workers accept every RESULT while only their own frames have been delivered; at the end of the input the
 //    harness drains all queues, and then every engine and worker must be done and every tensor must equal the dense
 //    reference sum ((0 + x_0) + x_1) + ... bit for bit (§6).
@@ -46,6 +50,7 @@
 #include "protocol/column_engine.h"
 #include "protocol/frame.h"
 #include "protocol/worker_collective.h"
+#include "tests/unit/test_lender.h"
 
 using namespace sparsereduce;
 using fuzz::ByteReader;
@@ -350,6 +355,7 @@ class Harness {
         A_(setup.shape.num_aggregators),
         S_(setup.shape.slots),
         rng_(in.U32()),
+        loans_(Rng(rng_).Next() ^ 0x6C656E64),  // a stream of its own: rng_ draws what it drew before
         to_agg_(size_t{W_} * A_ * S_),
         to_worker_(size_t{W_} * A_ * S_) {
     const CollectiveSpec& spec = setup.spec;
@@ -589,8 +595,9 @@ class Harness {
       FUZZ_CHECK(!must_accept, "valid frame fails the Job's pre-checks");
       return false;
     }
-    ByteBuffer payload(h->payload_length);
-    if (payload.size()) std::memcpy(payload.data(), frame.data() + kFrameHeaderSize, payload.size());
+    const std::span<const std::byte> bytes = std::span(frame).subspan(kFrameHeaderSize);
+    ByteBuffer payload = loans_.Below(2) ? lender_->Lend(a, rank, bytes) : ByteBuffer(bytes.size());
+    if (!payload.on_loan() && payload.size()) std::memcpy(payload.data(), bytes.data(), payload.size());
 
     std::vector<EntryView> views;
     std::vector<std::vector<std::byte>> want;
@@ -616,6 +623,17 @@ class Harness {
     FUZZ_CHECK(engines_[a]->done() == refs_[a]->Done(), "aggregator %u: engine done()=%d, reference model %d", a,
                engines_[a]->done(), refs_[a]->Done());
     CheckAwaited(*engines_[a], a);
+    if (loans_.Below(4) == 0) {
+      const auto recalled = static_cast<uint32_t>(loans_.Below(W_));
+      engines_[a]->ReturnLoans(recalled);
+      FUZZ_CHECK(lender_->Outstanding(a, recalled) == 0, "aggregator %u kept payloads of rank %u after ReturnLoans",
+                 a, recalled);
+    }
+    if (engines_[a]->done()) {
+      for (uint32_t r = 0; r < W_; ++r) {
+        FUZZ_CHECK(lender_->Outstanding(a, r) == 0, "aggregator %u is done but holds payloads of rank %u", a, r);
+      }
+    }
     return true;
   }
 
@@ -655,6 +673,8 @@ class Harness {
   fuzz::SmallSetup setup_;
   uint32_t W_, A_, S_;
   Rng rng_;
+  Rng loans_;  // which payloads are lent and when loans are recalled
+  std::shared_ptr<testing::TestLender> lender_ = std::make_shared<testing::TestLender>();
   std::vector<std::unique_ptr<ColumnEngine>> engines_;
   std::vector<std::unique_ptr<RefAggregator>> refs_;
   std::vector<std::vector<std::byte>> tensors_;
