@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
 
 #include "channel_test_util.h"
@@ -341,6 +342,49 @@ TEST(TcpChannel, ReleaseSocketRefusesBytesThatFollowTheLastFrame) {
   }, asio::detached);
   RunUntil(io, done);
   EXPECT_TRUE(clean.ReleaseSocket().ok());
+}
+
+// A payload whose first part is there when the reader starts and whose rest trickles in piece by piece, with the
+// connection left open and nothing after it for a while, is read completely, and so is a frame header that arrives
+// alone afterwards. (A reader that waited for more bytes than are still missing, e.g. through a socket low-water
+// mark, would hang here.)
+TEST(TcpChannel, PayloadTricklingInAndALoneHeaderAfterItAreRead) {
+  asio::io_context io;
+  auto [raw, other] = TcpPair(io);
+  sparsereduce::tcp::TcpChannel channel(std::move(other), io.get_executor());
+  constexpr uint32_t kPayload = 300'000;
+  const std::vector<std::byte> frame = MakeFrame(5, kPayload);
+  // More than the read-ahead buffer is already there, so the reader's first receive takes part of the payload.
+  // The last piece is large: what a reader waits for before it is much more than a header.
+  const std::vector<size_t> cuts = {100'000, 150'000, 150'001, 150'101, frame.size()};
+  asio::write(raw, asio::buffer(frame.data(), cuts[0]));
+  bool written = false, done = false;
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+    asio::steady_timer pause(io);
+    for (size_t i = 1; i < cuts.size(); ++i) {
+      pause.expires_after(2ms);  // the reader takes what is there and waits again
+      co_await pause.async_wait(asio::use_awaitable);
+      co_await asio::async_write(raw, asio::buffer(frame.data() + cuts[i - 1], cuts[i] - cuts[i - 1]),
+                                 asio::use_awaitable);
+    }
+    pause.expires_after(2ms);
+    co_await pause.async_wait(asio::use_awaitable);
+    co_await asio::async_write(raw, asio::buffer(MakeFrame(6, 0)), asio::use_awaitable);
+    written = true;
+  }, asio::detached);
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+    Result<FrameHeader> header = co_await channel.ReadHeader();
+    EXPECT_TRUE(header.ok()) << header.status().ToString();
+    Result<ByteBuffer> payload = co_await channel.ReadPayload(kPayload, nullptr);
+    EXPECT_TRUE(payload.ok()) << payload.status().ToString();
+    if (payload.ok()) {
+      EXPECT_EQ(std::memcmp(payload->data(), frame.data() + kFrameHeaderSize, kPayload), 0);
+    }
+    Result<FrameHeader> next = co_await channel.ReadHeader();
+    EXPECT_TRUE(next.ok() && next->job == 6 && next->payload_length == 0) << next.status().ToString();
+    done = true;
+  }, asio::detached);
+  RunUntil(io, [&] { return written && done; });
 }
 
 TEST(TcpChannel, WriteErrorIsReportedOnceAndLater) {
