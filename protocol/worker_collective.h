@@ -87,7 +87,6 @@ class WorkerCollective {
   // way, as what it sends is not the block): at most the tensor's nonzero blocks. Does nothing when the
   // collective is not restorable (nothing was saved).
   void Restore();
-  bool restorable() const { return restorable_; }
   uint64_t saved_blocks() const { return backup_blocks_.size(); }  // blocks Restore would put back from its copies
   // Hands the collective's memory on to the next one; this collective is unusable afterwards.
   CollectiveScratch ReleaseScratch() {

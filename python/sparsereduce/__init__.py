@@ -59,8 +59,8 @@ class Worker(_Worker):
     tcp_send_buffer: SO_SNDBUF of each TCP aggregator connection in bytes; 0 means SPARSEREDUCE_TCP_SEND_BUFFER,
     else the kernel's autotuning (README, Transports: "TCP send buffer").
     restore_on_failure: when an allreduce raises, the array holds its input again, bit for bit (a copy of its
-    nonzero blocks per collective); False skips the copy, and a failed allreduce leaves the array holding a mix
-    of input and sums.
+    nonzero blocks per collective); False skips the copy, and a failed allreduce leaves the array partly
+    overwritten with sums.
 
     codec: the compression of float32 allreduces that do not name one: a Codec, or a name ('none', 'fp16',
     'bf16', '3lc', 'diana', 'topk', 'adaptive'); every rank must use the same. codec_seed seeds DIANA's rounding.

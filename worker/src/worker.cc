@@ -251,7 +251,8 @@ std::future<void> Worker::Impl::Submit(std::span<std::byte> tensor, uint64_t cou
 
 void Worker::Impl::StartNext() {
   if (queue_.empty() || broken_) return;
-  active_.emplace(Active{});  // not emplace(): clang 14 judges Active (default member initializers) not default-constructible here
+  // Not emplace(): clang 14 judges Active, with its default member initializers, not default-constructible here.
+  active_.emplace(Active{});
   Active& a = *active_;
   a.request = std::move(queue_.front());
   queue_.pop_front();

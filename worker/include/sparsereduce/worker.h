@@ -90,8 +90,8 @@ struct WorkerOptions {
   uint32_t tcp_send_buffer = 0;
   // When an allreduce fails, put the caller's input back (bit for bit) so the step can be retried with a new
   // Worker. Costs a copy of the tensor's nonzero blocks per collective. false: no copy, and after a failure the
-  // tensor holds a mix of its input and sums (collectives queued behind the failed one are untouched); for jobs
-  // that restart from a checkpoint anyway.
+  // tensor's blocks hold their input or their sum (part of it where a read was cut short); collectives queued
+  // behind the failed one are untouched. For jobs that restart from a checkpoint anyway.
   bool restore_on_failure = true;
   // Connecting keeps retrying (the aggregator may not be up yet) until this passes.
   std::chrono::milliseconds connect_timeout{30'000};
