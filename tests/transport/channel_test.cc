@@ -350,7 +350,8 @@ TEST(TcpChannel, ReleaseSocketRefusesBytesThatFollowTheLastFrame) {
 // mark, would hang here.)
 TEST(TcpChannel, PayloadTricklingInAndALoneHeaderAfterItAreRead) {
   asio::io_context io;
-  auto [raw, other] = TcpPair(io);
+  auto [raw_socket, other] = TcpPair(io);
+  tcp::socket& raw = raw_socket;  // a lambda may not capture a structured binding before clang 16
   sparsereduce::tcp::TcpChannel channel(std::move(other), io.get_executor());
   constexpr uint32_t kPayload = 300'000;
   const std::vector<std::byte> frame = MakeFrame(5, kPayload);
