@@ -596,8 +596,13 @@ class Harness {
       return false;
     }
     const std::span<const std::byte> bytes = std::span(frame).subspan(kFrameHeaderSize);
-    ByteBuffer payload = loans_.Below(2) ? lender_->Lend(a, rank, bytes) : ByteBuffer(bytes.size());
-    if (!payload.on_loan() && payload.size()) std::memcpy(payload.data(), bytes.data(), payload.size());
+    ByteBuffer payload;
+    if (loans_.Below(2)) {
+      payload = lender_->Lend(a, rank, bytes);
+    } else {
+      payload = ByteBuffer(bytes.size());
+      if (!bytes.empty()) std::memcpy(payload.data(), bytes.data(), bytes.size());
+    }
 
     std::vector<EntryView> views;
     std::vector<std::vector<std::byte>> want;
