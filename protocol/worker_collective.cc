@@ -127,6 +127,7 @@ Status WorkerCollective::BeginResult(uint32_t aggregator, const FrameHeader& hea
   }
   std::byte* padding = pending.padding.data();
   std::byte* wire = pending.wire.data();
+  bool saved = false;
   auto add = [&](std::byte* at, uint64_t n) {
     if (n == 0) return;
     if (!targets->empty() && targets->back().data() + targets->back().size() == at) {
@@ -142,7 +143,10 @@ Status WorkerCollective::BeginResult(uint32_t aggregator, const FrameHeader& hea
     // A block this worker sent raw was saved when it was sent; every block is carried by at most one RESULT.
     const bool keep = restorable_ && (encoder_ ? (OrReduce(block, block_bytes, 0) != 0)  // not all-zero bits
                                               : (flags_[e.block] & (kBlockNonzero | kBlockHasNegativeZero)) != 0);
-    if (keep && !(flags_[e.block] & kBlockBackedUp)) Backup(e.block);
+    if (keep && !(flags_[e.block] & kBlockBackedUp)) {
+      Backup(e.block);
+      saved = true;
+    }
     flags_[e.block] |= kBlockReceived;  // from here on Restore puts the block back, whatever lands in it
     if (raw) {
       add(block, e.data_bytes);  // CheckWireBytes (the schedule): data_bytes == block_bytes
@@ -153,7 +157,7 @@ Status WorkerCollective::BeginResult(uint32_t aggregator, const FrameHeader& hea
     add(padding, Pad8(e.data_bytes) - e.data_bytes);
     padding += Pad8(e.data_bytes) - e.data_bytes;
   }
-  StreamingFence();  // the backups are ordered before what follows (non-temporal stores are weakly ordered)
+  if (saved) StreamingFence();  // the backups are ordered before what follows (non-temporal stores are weakly ordered)
   pending.active = true;
   pending.slot = header.slot;
   return Status::Ok();
