@@ -88,8 +88,21 @@ Status Validate(const DaemonConfig& config) {
   return Status::Ok();
 }
 
-// CLI11 names the flag but not where its value came from; say so when it was the environment.
-std::string SourceHint(const std::string& error, const std::vector<std::string>& args) {
+// The config file in effect: --config on the command line, else SPARSEREDUCE_CONFIG; "" if none.
+std::string ConfigPath(const std::vector<std::string>& args, const char* env_config) {
+  const std::string flag = std::string("--") + kConfigFlag;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == flag && i + 1 < args.size()) return args[i + 1];
+    if (args[i].starts_with(flag + "=")) return args[i].substr(flag.size() + 1);
+  }
+  return env_config != nullptr ? env_config : "";
+}
+
+// CLI11 names the flag (or, for an unknown key of the config file, the key) but not where its value came from.
+std::string SourceHint(const std::string& error, bool config_error, const std::vector<std::string>& args,
+                       const std::string& config_path) {
+  const std::string in_file = config_path.empty() ? "" : " (in the config file " + config_path + ")";
+  if (config_error) return in_file;
   const size_t start = error.find("--");
   if (start == std::string::npos) return "";
   const size_t end = error.find_first_of(" =,:", start);
@@ -98,7 +111,7 @@ std::string SourceHint(const std::string& error, const std::vector<std::string>&
     if (arg == flag || arg.starts_with(flag + "=")) return " (given on the command line)";
   }
   if (EnvironmentHas(flag.substr(2))) return " (from " + EnvironmentVariableFor(flag.substr(2)) + ")";
-  return "";
+  return in_file;
 }
 
 }  // namespace
@@ -144,15 +157,18 @@ std::variant<DaemonConfig, int> ParseDaemonConfig(const std::vector<std::string>
   Add(app, "max-world-size", server.max_world_size, "Largest world size accepted");
   Add(app, "max-tensor-bytes", server.max_tensor_bytes, "Largest tensor (elements x element size) of a collective");
   Add(app, "max-job-memory", server.max_job_memory,
-      "Bytes one job's running collective may hold here ((W+1) x columns x block bytes + index tables)");
+      "Bytes one job's running collective may hold here (W x window x its columns x block bytes, plus RESULTs "
+      "and tables; docs/OPERATIONS.md, Sizing)");
   Add(app, "max-total-memory", server.max_total_memory, "Bytes all jobs' running collectives may hold here");
   Add(app, "buffer-pool-bytes", server.buffer_pool_bytes,
       "Bytes of free frame buffers kept for reuse, on top of what running collectives hold");
   Add(app, "transports", server.transports,
-      "Transports offered besides TCP (always on): shm for workers on this host, rdma (comma-separated)")
+      "Transports workers may use (comma-separated): tcp (required: every connection starts on it), shm for "
+      "workers on this host, rdma")
       ->delimiter(',');
   Add(app, "ring-bytes", server.ring_bytes,
-      "Bytes of each direction's ring of a shared-memory or RDMA connection (a power of two, at least 4096)");
+      "Bytes of each direction's ring of a shared-memory or RDMA connection (a power of two, 4 KiB to 4 GiB; RDMA: "
+      "at most 1 GiB)");
   Add(app, "rdma-device", server.rdma_device, "RDMA device for --transports rdma (default: the first one)");
   Add(app, "rdma-port", server.rdma_port, "Port of the RDMA device")->check(CLI::Range(1, 255));
   Add(app, "rdma-gid-index", server.rdma_gid_index,
@@ -182,7 +198,10 @@ std::variant<DaemonConfig, int> ParseDaemonConfig(const std::vector<std::string>
   } catch (const CLI::CallForAllHelp& e) {
     return app.exit(e, out, err);
   } catch (const CLI::ParseError& e) {
-    err << "sparsereduce-aggregator: invalid configuration: " << e.what() << SourceHint(e.what(), args) << "\n";
+    const bool config_error = dynamic_cast<const CLI::ConfigError*>(&e) != nullptr;
+    err << "sparsereduce-aggregator: invalid configuration: " << e.what()
+        << SourceHint(e.what(), config_error, args, ConfigPath(args, config_from_env ? env_config : nullptr))
+        << "\n";
     return 2;
   }
   server.handshake_timeout = std::chrono::milliseconds(handshake_ms);

@@ -95,6 +95,13 @@ TEST_F(ConfigTest, InvalidConfigurationExitsWithCode2) {
   ExpectExit2({"--no-such-flag"}, "--no-such-flag");
   ExpectExit2({"--config", dir_ + "/missing.toml"}, "missing.toml");
   ExpectExit2({"--config", WriteConfig("max-jbos = 3\n")}, "max-jbos");
+  // A mistake in the file names the file: an unknown key, and a bad value (also with the path from the environment).
+  ExpectExit2({"--config", WriteConfig("max-jbos = 3\n")}, "(in the config file " + dir_ + "/aggregator.toml)");
+  ExpectExit2({"--config=" + WriteConfig("max-jobs = \"many\"\n")}, "--max-jobs = many (in the config file " + dir_);
+  SetEnv("SPARSEREDUCE_CONFIG", WriteConfig("max-jobs = \"many\"\n"));
+  ExpectExit2({}, "(in the config file " + dir_ + "/aggregator.toml)");
+  ExpectExit2({"--max-jobs", "x"}, "(given on the command line)");
+  unsetenv("SPARSEREDUCE_CONFIG");
   ExpectExit2({"--listen", "nohostport"}, "--listen");
   ExpectExit2({"--allow-network", "10.0.0.0/33"}, "10.0.0.0/33");
   ExpectExit2({"--require-auth"}, "--job-secrets-dir");
