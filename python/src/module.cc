@@ -297,7 +297,7 @@ PYBIND11_MODULE(_sparsereduce, m) {
       .def_property_readonly("block_size", [](PyWorker& w) { return w.Options().block_size; })
       .def_property_readonly("aggregators", [](PyWorker& w) { return w.Options().aggregators; })
       .def_property_readonly("transports", &PyWorker::Transports,
-                             "Per aggregator, what the connection runs on: 'tcp' or 'shm'.")
+                             "Per aggregator, what the connection runs on: 'tcp', 'shm' or 'rdma'.")
       .def_property_readonly("closed", &PyWorker::closed)
       .def("close", &PyWorker::Close, "Leave the job now; later calls raise ValueError.");
 }

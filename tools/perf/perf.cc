@@ -303,7 +303,7 @@ int main(int argc, char** argv) {
   app.add_option("--overlap", c.overlap, "Placement of nonzero blocks across ranks")
       ->check(CLI::IsMember({"random", "full", "disjoint"}))->capture_default_str();
   app.add_option("--block-size", c.block_size, "Elements per block")->capture_default_str();
-  app.add_option("--slots", c.slots, "Messages in flight per aggregator connection")->capture_default_str();
+  app.add_option("--slots", c.slots, "Independent block streams per aggregator (WorkerOptions::slots)")->capture_default_str();
   app.add_option("--blocks-per-message", c.blocks_per_message, "Blocks fused per message")->capture_default_str();
   app.add_option("--window", c.window, "Messages per slot a worker streams ahead of the results")->capture_default_str();
   app.add_option("--aggregators", c.aggregators, "HOST:PORT,... of the job's aggregators")->delimiter(',');
