@@ -245,6 +245,16 @@ void Job::OnControl(uint32_t rank, const proto::ControlMessage& message) {
               {rank});
         return;
       }
+      if (!formed_) {
+        // Its place is free again, at once: the rank (or a new process for it) may join again, and the last rank
+        // to join must not find the place counted as taken but empty. OnDisconnect then finds another session.
+        spdlog::info("{}: left before the job formed ({})", Describe(rank), message.goodbye().reason());
+        std::shared_ptr<Session> leaving = std::move(members_[rank]);
+        --joined_;
+        leaving->Close();
+        ReleaseIfEmpty();
+        return;
+      }
       spdlog::info("{}: left the job ({})", Describe(rank), message.goodbye().reason());
       // Departed from now on, not only once the connection has closed: a CollectiveBegin of another rank may
       // arrive first. Why it left is what the other ranks need to hear at their next collective, which will fail.

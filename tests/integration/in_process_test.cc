@@ -244,6 +244,64 @@ TEST(InProcess, RankThatLeftBetweenCollectivesIsReportedWithItsReason) {
   EXPECT_TRUE((*daemon)->Stop());
 }
 
+// A rank that says Goodbye before its job has formed frees its place: the job forms when the rank (or another
+// process for it) joins again, and the daemon never counts the place as taken (it used to, and crashed on a
+// null member when the last rank joined: ranks 0 and 1 join, 0 says Goodbye, 2 joins).
+TEST(InProcess, GoodbyeBeforeTheJobFormedFreesThePlace) {
+  auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+  const std::string address = (*daemon)->AddressList();
+  WorkerOptions options;
+  options.aggregators = {address};
+  options.job = 24;
+  options.rank = 2;
+  options.world_size = 3;
+  options.connect_timeout = options.join_timeout = options.collective_timeout = 10s;
+  auto hello_of = [&](uint32_t rank) {
+    proto::ControlMessage hello;
+    hello.mutable_hello()->set_protocol_version(kProtocolVersion);
+    hello.mutable_hello()->set_job_id(options.job);
+    hello.mutable_hello()->set_rank(rank);
+    hello.mutable_hello()->set_world_size(options.world_size);
+    hello.mutable_hello()->set_num_aggregators(1);
+    hello.mutable_hello()->set_slots(options.slots);
+    hello.mutable_hello()->set_blocks_per_message(options.blocks_per_message);
+    hello.mutable_hello()->set_window(options.window);
+    return EncodeControl(hello);
+  };
+  auto send = [](int fd, const ByteBuffer& frame) {
+    return write(fd, frame.data(), frame.size()) == static_cast<ssize_t>(frame.size());
+  };
+  const int rank0 = ConnectTo(address), rank1 = ConnectTo(address);
+  ASSERT_GE(rank0, 0);
+  ASSERT_GE(rank1, 0);
+  ASSERT_TRUE(send(rank0, hello_of(0)));
+  ASSERT_TRUE(send(rank1, hello_of(1)));
+  proto::ControlMessage goodbye;
+  goodbye.mutable_goodbye()->set_reason("another aggregator refused the job");
+  ASSERT_TRUE(send(rank0, EncodeControl(goodbye)));
+  char buf[4096];
+  for (;;) {  // the daemon closes rank 0's connection once it has taken the Goodbye
+    pollfd pfd{rank0, POLLIN, 0};
+    ASSERT_EQ(poll(&pfd, 1, 10000), 1) << "the daemon did not close rank 0's connection after its Goodbye";
+    if (read(rank0, buf, sizeof buf) <= 0) break;
+  }
+  close(rank0);
+
+  // Rank 2 joins: two of three places are taken, so the job must not form yet.
+  auto rank2 = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  EXPECT_EQ(rank2.wait_for(500ms), std::future_status::timeout) << "the job formed without rank 0";
+  const int rank0_again = ConnectTo(address);
+  ASSERT_GE(rank0_again, 0);
+  ASSERT_TRUE(send(rank0_again, hello_of(0)));
+  std::unique_ptr<Worker> worker;
+  ASSERT_NO_THROW(worker = rank2.get());  // formed with the new rank 0
+  worker.reset();
+  close(rank1);
+  close(rank0_again);
+  EXPECT_TRUE((*daemon)->Stop()) << "the daemon did not exit cleanly";
+}
+
 // Workers stream their blocks (docs/PROTOCOL.md §4), so the aggregator could produce RESULTs much faster than a
 // slow member reads them. It holds back reading CONTRIBUTIONs while a member's queue is long instead of queueing
 // the whole collective's RESULTs: here rank 1 (by hand) announces no blocks and never reads, so rank 0's 64 MiB
