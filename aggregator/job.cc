@@ -131,10 +131,13 @@ Job::JoinOutcome Job::Join(const std::shared_ptr<Session>& session) {
     return JoinOutcome::kRetryWithNewJob;
   }
   if (formed_) {
+    const std::string holder = rank < members_.size() && members_[rank]
+                                   ? "; rank " + std::to_string(rank) + " is connected from " + members_[rank]->peer()
+                                   : "";
     session->Fail(Status(StatusCode::kJobFull, "job " + std::to_string(id_) + " is already formed with all " +
-                                                   std::to_string(shape_.world_size) + " ranks; rank " +
-                                                   std::to_string(rank) + " is connected from " +
-                                                   members_[rank < members_.size() ? rank : 0]->peer()),
+                                                   std::to_string(shape_.world_size) + " ranks" + holder +
+                                                   " (Hello of rank " + std::to_string(rank) + " from " +
+                                                   session->peer() + ")"),
                   0, {rank});
     return JoinOutcome::kRejected;
   }

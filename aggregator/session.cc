@@ -157,19 +157,25 @@ asio::awaitable<void> Session::Handshake() {
     hello_ = message->hello();
     st = ValidateHello(hello_, context_.options);
     if (!st.ok()) {
-      st = st.WithContext("job " + std::to_string(hello_.job_id()) + " rank " + std::to_string(hello_.rank()) +
-                          " (" + peer_ + ") Hello");
-      if (auto job = registry_.Find(hello_.job_id())) {
+      st = st.WithContext(Who() + " Hello");
+      // The other ranks of a forming job learn at once that it cannot form, instead of at their join timeout; but
+      // only for a job anyone may join: this peer is not authenticated, and must not be able to end a job that
+      // requires a secret.
+      Result<std::optional<std::string>> secret = context_.secrets.Lookup(hello_.job_id());
+      const bool open_job = secret.ok() && !*secret && !context_.options.require_auth;
+      if (auto job = open_job ? registry_.Find(hello_.job_id()) : nullptr) {
         asio::post(job->strand(), [job, st, rank = hello_.rank()] { job->AbortIfForming(st, rank); });
       }
     } else {
       st = co_await Authenticate();
       if (st.ok()) st = co_await OfferTransport(deadline.expiry());
+      if (!st.ok()) st = st.WithContext(Who());
     }
   }
   deadline.cancel();
   if (timed_out) {
-    spdlog::warn("peer {}: no complete handshake within {} ms; connection dropped", peer_,
+    spdlog::warn("{}: no complete handshake within {} ms; connection dropped",
+                 message.ok() && message->body_case() == proto::ControlMessage::kHello ? Who() : "peer " + peer_,
                  context_.options.handshake_timeout.count());
     context_.metrics.Error(StatusCode::kDeadlineExceeded);
     co_return;
@@ -191,29 +197,28 @@ asio::awaitable<void> Session::Handshake() {
   asio::co_spawn((*job)->strand(), [self, job = *job] { return self->ReadLoop(job); }, asio::detached);
 }
 
+// Errors are returned without naming the job, rank and peer: Handshake adds Who() to every one.
 asio::awaitable<Status> Session::Authenticate() {
-  const std::string who = "job " + std::to_string(hello_.job_id()) + " rank " + std::to_string(hello_.rank()) +
-                          " (" + peer_ + ")";
   Result<std::optional<std::string>> secret = context_.secrets.Lookup(hello_.job_id());
   if (!secret.ok()) co_return secret.status();
   const std::string& client_nonce = hello_.auth_nonce();
   if (!*secret) {
     if (context_.options.require_auth) {
       co_return Status(StatusCode::kUnauthenticated,
-                       who + ": this aggregator requires authentication (--require-auth) and holds no secret for "
+                       "this aggregator requires authentication (--require-auth) and holds no secret for "
                              "the job; add it to --job-secrets-dir");
     }
     if (!client_nonce.empty()) {
       // The worker expects an authenticated job; going on without would silently drop the protection it asked for.
       co_return Status(StatusCode::kUnauthenticated,
-                       who + ": the worker has a secret for the job but this aggregator holds none; add it to "
+                       "the worker has a secret for the job but this aggregator holds none; add it to "
                              "--job-secrets-dir or remove it from the worker");
     }
     co_return Status::Ok();
   }
   if (client_nonce.empty()) {
     co_return Status(StatusCode::kUnauthenticated,
-                     who + ": the job requires authentication but the worker sent no credentials; give it the "
+                     "the job requires authentication but the worker sent no credentials; give it the "
                            "job's secret (SPARSEREDUCE_SECRET or SPARSEREDUCE_SECRET_FILE)");
   }
   if (client_nonce.size() != auth::kNonceSize) {
@@ -234,9 +239,9 @@ asio::awaitable<Status> Session::Authenticate() {
   }
   if (!auth::ProofMatches(auth::ClientProof(**secret, transcript), response->auth_response().client_proof())) {
     co_return Status(StatusCode::kUnauthenticated,
-                     who + ": authentication failed: the worker's secret for the job differs from this aggregator's");
+                     "authentication failed: the worker's secret for the job differs from this aggregator's");
   }
-  spdlog::debug("{}: authenticated", who);
+  spdlog::debug("{}: authenticated", Who());
   co_return Status::Ok();
 }
 

@@ -1,6 +1,8 @@
 // The aggregator as a service, against the real daemon process with Workers in this process: metrics and probes,
 // job authentication, allowed networks, limits, SIGTERM drain and systemd notifications.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -20,6 +22,8 @@
 #include <regex>
 #include <thread>
 
+#include "protocol/control.h"
+#include "protocol/frame_format.h"
 #include "sparsereduce/worker.h"
 #include "tools/common/subprocess.h"
 #include "tools/common/synthetic_tensor.h"
@@ -263,6 +267,65 @@ TEST(Service, JobSecretsAuthenticateBothSides) {
   EXPECT_NE(what.find("holds none"), std::string::npos) << what;
   EXPECT_GE(Sample(daemon.Metrics(), R"(sparsereduce_errors_total\{instance_name="svc",kind="UNAUTHENTICATED"\})"),
             2);
+}
+
+// A Hello the daemon refuses ends the job it names while that job forms (its other ranks learn at once that it
+// cannot form), but not a job that has a secret: the refused peer never authenticated. Here a stranger names an
+// authenticated job, one of whose two ranks has joined, with a rank out of range; the job still forms and runs.
+TEST(Service, RefusedUnauthenticatedHelloDoesNotEndAJobWithASecret) {
+  Daemon probe;  // for its directory
+  const std::string secrets = probe.dir() + "/secrets";
+  std::filesystem::create_directories(secrets);
+  std::ofstream(secrets + "/25") << "s3cret\n";
+  Daemon daemon({"--job-secrets-dir", secrets});
+  auto rank0 = std::async(std::launch::async,
+                          [&] { return std::make_unique<Worker>(Options(daemon.address(), 25, 0, 2, "s3cret")); });
+  ASSERT_TRUE(Eventually([&] {
+    return Sample(daemon.Metrics(), R"(sparsereduce_connected_workers\{instance_name="svc"\})") == 1;
+  })) << "rank 0 did not join";
+
+  const int stranger = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(daemon.address().substr(daemon.address().rfind(':') + 1))));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(connect(stranger, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  proto::ControlMessage hello;
+  hello.mutable_hello()->set_protocol_version(kProtocolVersion);
+  hello.mutable_hello()->set_job_id(25);
+  hello.mutable_hello()->set_rank(7);
+  hello.mutable_hello()->set_world_size(2);
+  hello.mutable_hello()->set_num_aggregators(1);
+  hello.mutable_hello()->set_slots(8);
+  hello.mutable_hello()->set_blocks_per_message(128);
+  hello.mutable_hello()->set_window(1);
+  const ByteBuffer frame = EncodeControl(hello);
+  ASSERT_EQ(write(stranger, frame.data(), frame.size()), static_cast<ssize_t>(frame.size()));
+  std::string answer;  // the refusal, then EOF: by then the daemon has decided about the job
+  char buf[4096];
+  for (;;) {
+    pollfd pfd{stranger, POLLIN, 0};
+    ASSERT_EQ(poll(&pfd, 1, 10000), 1) << "the daemon did not close the stranger's connection";
+    const ssize_t n = read(stranger, buf, sizeof buf);
+    if (n <= 0) break;
+    answer.append(buf, static_cast<size_t>(n));
+  }
+  close(stranger);
+  EXPECT_NE(answer.find("rank 7 is out of range"), std::string::npos) << answer;
+
+  std::unique_ptr<Worker> worker1, worker0;
+  ASSERT_NO_THROW(worker1 = std::make_unique<Worker>(Options(daemon.address(), 25, 1, 2, "s3cret")));
+  try {
+    worker0 = rank0.get();
+  } catch (const Error& e) {
+    FAIL() << "the stranger's Hello ended the authenticated job: " << e.code() << ": " << e.what();
+  }
+  std::vector<float> a(1000, 1.0f), b(1000, 2.0f);
+  auto sum1 = std::async(std::launch::async, [&] { worker1->allreduce(std::span(b)); });
+  worker0->allreduce(std::span(a));
+  sum1.get();
+  EXPECT_EQ(a, std::vector<float>(1000, 3.0f));
+  EXPECT_EQ(b, std::vector<float>(1000, 3.0f));
 }
 
 TEST(Service, AggregatorsAndSecretFromEnvironmentAndDnsNames) {
