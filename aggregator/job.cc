@@ -377,13 +377,16 @@ Result<uint64_t> Job::Admit(const CollectiveSpec& spec) {
   const ColumnLayout layout(shape_, spec.element_count, spec.block_size, element_size);
   uint64_t columns = 0;
   for (uint32_t s = 0; s < shape_.slots; ++s) columns += layout.NonEmptyLanes(aggregator_index_, s);
-  const uint64_t memory = ColumnEngine::MemoryBound(shape_, columns, uint64_t{spec.block_size} * element_size);
+  const uint64_t memory =
+      ColumnEngine::MemoryBound(shape_, columns, uint64_t{spec.block_size} * element_size, layout);
   if (memory > limits.max_job_memory) {
     return Status(StatusCode::kResourceExhausted,
                   "the collective would hold up to " + std::to_string(memory) + " bytes on this aggregator (" +
                       std::to_string(shape_.world_size) + " ranks x window " + std::to_string(shape_.window) +
                       " frames per slot over " + std::to_string(columns) + " columns of " +
-                      std::to_string(spec.block_size * element_size) + "-byte blocks, plus RESULTs and tables), " +
+                      std::to_string(spec.block_size * element_size) + "-byte blocks, plus RESULTs and tables over " +
+                      std::to_string(std::min(layout.num_columns(), layout.num_blocks())) + " columns of " +
+                      std::to_string(shape_.num_aggregators) + " aggregators), " +
                       "above its --max-job-memory of " + std::to_string(limits.max_job_memory) +
                       "; use fewer slots, blocks per message or a smaller window");
   }

@@ -49,10 +49,12 @@ ColumnEngine::ColumnEngine(const JobShape& shape, uint32_t aggregator_index, uin
 
 static_assert(sizeof(EntryView) + 8 <= ColumnEngine::kHeldBlockOverhead, "a queue node is an EntryView and two indices");
 
-uint64_t ColumnEngine::MemoryBound(const JobShape& shape, uint64_t columns, uint64_t block_bytes) {
+uint64_t ColumnEngine::MemoryBound(const JobShape& shape, uint64_t columns, uint64_t block_bytes,
+                                   const ColumnLayout& layout) {
   const uint64_t entry = kEntrySize + Pad8(block_bytes);
   const uint64_t W = shape.world_size;
-  return W * shape.window * columns * (entry + kHeldBlockOverhead) + columns * entry + W * columns * 16;
+  const uint64_t places = std::min(layout.num_columns(), layout.num_blocks()) * sizeof(ColumnLayout::Place);
+  return W * shape.window * columns * (entry + kHeldBlockOverhead) + columns * entry + W * columns * 16 + places;
 }
 
 uint64_t ColumnEngine::MaxContributionPayload() const {

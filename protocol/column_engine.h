@@ -42,8 +42,10 @@ class ColumnEngine {
   static constexpr uint64_t kHeldBlockOverhead = 64;
   // The most an engine holds for `columns` non-empty columns of one aggregator, `block_bytes` per block: every
   // rank's window of D frames of K blocks per slot (bounded by its columns), with their bookkeeping, a RESULT per
-  // slot and the per-(column, rank) tables (§4; aggregator/job.cc admits a collective against it).
-  static uint64_t MemoryBound(const JobShape& shape, uint64_t columns, uint64_t block_bytes);
+  // slot, the per-(column, rank) tables (§4), and the table from every column of the layout to its lane (`layout`:
+  // min(A x S x K, NB) entries, so A times its own columns). aggregator/job.cc admits a collective against it.
+  static uint64_t MemoryBound(const JobShape& shape, uint64_t columns, uint64_t block_bytes,
+                              const ColumnLayout& layout);
 
   // A CONTRIBUTION from `rank` (header already decoded; `payload` holds header.payload_length bytes). The engine
   // keeps the payload until every block in it is aggregated (a rank streams up to D frames per slot ahead, §4), so

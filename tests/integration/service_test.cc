@@ -165,6 +165,52 @@ std::pair<std::string, std::string> JoinError(const std::string& address, uint64
   }
 }
 
+// A peer played by hand: a raw TCP connection to the daemon's "127.0.0.1:PORT" (-1 on failure), its Hello, a
+// CONTROL frame sent whole, and everything it reads until the daemon closes (bounded: 10 s without data fails).
+int ConnectRaw(const std::string& address) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1))));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return fd;
+  if (fd >= 0) close(fd);
+  return -1;
+}
+
+proto::ControlMessage RawHello(uint64_t job, uint32_t rank, uint32_t world_size, uint32_t num_aggregators) {
+  proto::ControlMessage hello;
+  hello.mutable_hello()->set_protocol_version(kProtocolVersion);
+  hello.mutable_hello()->set_job_id(job);
+  hello.mutable_hello()->set_rank(rank);
+  hello.mutable_hello()->set_world_size(world_size);
+  hello.mutable_hello()->set_num_aggregators(num_aggregators);
+  hello.mutable_hello()->set_slots(8);
+  hello.mutable_hello()->set_blocks_per_message(128);
+  hello.mutable_hello()->set_window(1);
+  return hello;
+}
+
+bool SendControl(int fd, const proto::ControlMessage& message) {
+  const ByteBuffer frame = EncodeControl(message);
+  return write(fd, frame.data(), frame.size()) == static_cast<ssize_t>(frame.size());
+}
+
+std::string ReadUntilClosed(int fd) {
+  std::string bytes;
+  char buf[4096];
+  for (;;) {
+    pollfd pfd{fd, POLLIN, 0};
+    if (poll(&pfd, 1, 10000) != 1) {
+      ADD_FAILURE() << "the daemon neither sent anything nor closed the connection within 10 s";
+      return bytes;
+    }
+    const ssize_t n = read(fd, buf, sizeof buf);
+    if (n <= 0) return bytes;
+    bytes.append(buf, static_cast<size_t>(n));
+  }
+}
+
 // A daemon that exits at startup (here: its metrics address is taken) is reported at once, with its exit status,
 // not after the wait for its port file times out: the exited child is a zombie until reaped.
 TEST(Service, DaemonThatCannotStartIsReportedAtOnce) {
@@ -284,32 +330,11 @@ TEST(Service, RefusedUnauthenticatedHelloDoesNotEndAJobWithASecret) {
     return Sample(daemon.Metrics(), R"(sparsereduce_connected_workers\{instance_name="svc"\})") == 1;
   })) << "rank 0 did not join";
 
-  const int stranger = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(daemon.address().substr(daemon.address().rfind(':') + 1))));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(stranger, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  proto::ControlMessage hello;
-  hello.mutable_hello()->set_protocol_version(kProtocolVersion);
-  hello.mutable_hello()->set_job_id(25);
-  hello.mutable_hello()->set_rank(7);
-  hello.mutable_hello()->set_world_size(2);
-  hello.mutable_hello()->set_num_aggregators(1);
-  hello.mutable_hello()->set_slots(8);
-  hello.mutable_hello()->set_blocks_per_message(128);
-  hello.mutable_hello()->set_window(1);
-  const ByteBuffer frame = EncodeControl(hello);
-  ASSERT_EQ(write(stranger, frame.data(), frame.size()), static_cast<ssize_t>(frame.size()));
-  std::string answer;  // the refusal, then EOF: by then the daemon has decided about the job
-  char buf[4096];
-  for (;;) {
-    pollfd pfd{stranger, POLLIN, 0};
-    ASSERT_EQ(poll(&pfd, 1, 10000), 1) << "the daemon did not close the stranger's connection";
-    const ssize_t n = read(stranger, buf, sizeof buf);
-    if (n <= 0) break;
-    answer.append(buf, static_cast<size_t>(n));
-  }
+  const int stranger = ConnectRaw(daemon.address());
+  ASSERT_GE(stranger, 0);
+  ASSERT_TRUE(SendControl(stranger, RawHello(25, 7, 2, 1)));
+  // The refusal, then EOF: by then the daemon has decided about the job.
+  const std::string answer = ReadUntilClosed(stranger);
   close(stranger);
   EXPECT_NE(answer.find("rank 7 is out of range"), std::string::npos) << answer;
 
@@ -326,6 +351,26 @@ TEST(Service, RefusedUnauthenticatedHelloDoesNotEndAJobWithASecret) {
   sum1.get();
   EXPECT_EQ(a, std::vector<float>(1000, 3.0f));
   EXPECT_EQ(b, std::vector<float>(1000, 3.0f));
+}
+
+// The table from every column of the layout to its lane is A times the columns one aggregator serves: a Hello
+// that claims 2^20 aggregators makes it large for a tensor of many small blocks. It counts against
+// --max-job-memory like the rest of the collective, so the collective is refused instead of allocated (it was
+// not counted: 512 MiB here, and 32 GiB with 2^32 elements under the default limits).
+TEST(Service, ColumnTableOfManyAggregatorsCountsAgainstTheJobMemory) {
+  Daemon daemon({"--max-job-memory", std::to_string(64 << 20)});
+  const int fd = ConnectRaw(daemon.address());
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendControl(fd, RawHello(26, 0, 1, 1u << 20)));
+  proto::ControlMessage begin;
+  begin.mutable_collective_begin()->set_seq(1);
+  *begin.mutable_collective_begin()->mutable_spec() =
+      SpecToProto(CollectiveSpec{uint64_t{1} << 26, DType::kFloat32, ReduceOp::kSum, 1});
+  ASSERT_TRUE(SendControl(fd, begin));
+  const std::string answer = ReadUntilClosed(fd);
+  close(fd);
+  EXPECT_NE(answer.find("--max-job-memory"), std::string::npos) << answer;
+  EXPECT_NE(answer.find("1048576 aggregators"), std::string::npos) << answer;
 }
 
 TEST(Service, AggregatorsAndSecretFromEnvironmentAndDnsNames) {
@@ -399,8 +444,10 @@ TEST(Service, TensorLimitRefusesThatJobOnly) {
 
 // Memory of one collective of 4000 fp32 elements (16 blocks of B = 256, so 16 non-empty columns with the default
 // S and K), W = 2 and the default window of 1 (ColumnEngine::MemoryBound, docs/OPERATIONS.md "Sizing"): 2·1·16
-// held blocks of (24+1024) frame bytes plus 64 of bookkeeping, 16·(24+1024) for the RESULTs, 2·16·16 of tables.
-constexpr uint64_t kCollectiveMemoryW2 = 2ull * 16 * (24 + 1024 + 64) + 16ull * (24 + 1024) + 2ull * 16 * 16;
+// held blocks of (24+1024) frame bytes plus 64 of bookkeeping, 16·(24+1024) for the RESULTs, 2·16·16 of tables,
+// 16·8 for the column -> lane table.
+constexpr uint64_t kCollectiveMemoryW2 =
+    2ull * 16 * (24 + 1024 + 64) + 16ull * (24 + 1024) + 2ull * 16 * 16 + 16ull * 8;
 
 TEST(Service, TotalMemoryBudgetIsSharedAcrossJobs) {
   Daemon daemon({"--max-job-memory", std::to_string(kCollectiveMemoryW2), "--max-total-memory",
