@@ -6,6 +6,7 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/dispatch.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/beast/core/flat_buffer.hpp>
@@ -105,7 +106,11 @@ asio::awaitable<void> HttpEndpoint::AcceptLoop() {
     auto [ec, socket] = co_await acceptor_->async_accept(asio::make_strand(io_), asio::as_tuple(asio::use_awaitable));
     if (ec == asio::error::operation_aborted || !acceptor_->is_open()) break;
     if (ec) {
-      spdlog::warn("metrics endpoint: accept failed: {}", ec.message());
+      // Out of file descriptors the connection stays in the backlog, and accepting again at once fails at once:
+      // pause instead of spinning (as the data-plane listeners do).
+      spdlog::warn("metrics endpoint: accept failed: {}; retrying in 100 ms", ec.message());
+      asio::steady_timer pause(strand_, std::chrono::milliseconds(100));
+      co_await pause.async_wait(asio::as_tuple(asio::use_awaitable));
       continue;
     }
     auto executor = socket.get_executor();

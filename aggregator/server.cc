@@ -16,6 +16,10 @@ using asio::ip::tcp;
 
 namespace {
 
+// How long a listener pauses after a failed accept: long enough not to spin (and to log at most 10 lines a
+// second), short enough that a freed descriptor is used soon.
+constexpr std::chrono::milliseconds kAcceptRetryDelay{100};
+
 NetworkAllowlist ParseAllowlist(const std::vector<std::string>& cidrs, Status* status) {
   Result<NetworkAllowlist> list = NetworkAllowlist::Parse(cidrs);
   if (!list.ok()) {
@@ -43,6 +47,7 @@ Result<std::vector<tcp::endpoint>> Server::Listen() {
     std::unique_ptr<tcp::acceptor>& opened = *acceptor;
     bound.push_back(opened->local_endpoint());
     acceptors_.push_back(std::move(opened));
+    accept_retry_.push_back(std::make_unique<asio::steady_timer>(acceptor_strand_));
   }
   listening_ = true;
   return bound;
@@ -50,15 +55,25 @@ Result<std::vector<tcp::endpoint>> Server::Listen() {
 
 void Server::StartAccepting() {
   asio::dispatch(acceptor_strand_, [this] {
-    for (auto& acceptor : acceptors_) Accept(*acceptor);
+    for (size_t i = 0; i < acceptors_.size(); ++i) Accept(i);
   });
 }
 
-void Server::Accept(tcp::acceptor& acceptor) {
-  acceptor.async_accept(asio::make_strand(io_), [this, &acceptor](boost::system::error_code ec, tcp::socket socket) {
+void Server::Accept(size_t listener) {
+  tcp::acceptor& acceptor = *acceptors_[listener];
+  acceptor.async_accept(asio::make_strand(io_), [this, listener](boost::system::error_code ec, tcp::socket socket) {
     if (stopping_ || ec == asio::error::operation_aborted) return;
     if (ec) {
-      spdlog::warn("accept failed: {}", ec.message());
+      // Out of file descriptors (or memory), the connection stays in the backlog: accepting again at once would
+      // fail again at once, a busy loop. Pause, and let closing connections free descriptors meanwhile.
+      spdlog::warn("accept on {} failed: {}; retrying in {} ms", options_.listen[listener], ec.message(),
+                   kAcceptRetryDelay.count());
+      context_.metrics.Error(StatusCode::kResourceExhausted);
+      accept_retry_[listener]->expires_after(kAcceptRetryDelay);
+      accept_retry_[listener]->async_wait([this, listener](const boost::system::error_code& wait_ec) {
+        if (!wait_ec && !stopping_) Accept(listener);
+      });
+      return;
     } else {
       socket.set_option(tcp::no_delay(true), ec);
       if (Status st = sparsereduce::tcp::ApplyLiveness(socket, options_.liveness); !st.ok()) {
@@ -66,7 +81,7 @@ void Server::Accept(tcp::acceptor& acceptor) {
       }
       std::make_shared<Session>(std::move(socket), registry_, context_)->Start();
     }
-    Accept(acceptor);
+    Accept(listener);
   });
 }
 
@@ -75,6 +90,7 @@ void Server::CloseAcceptors() {
     boost::system::error_code ignored;
     acceptor->close(ignored);
   }
+  for (auto& timer : accept_retry_) timer->cancel();
 }
 
 void Server::Drain(std::function<void()> on_drained) {

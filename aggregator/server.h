@@ -4,6 +4,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -36,7 +37,7 @@ class Server {
   bool ready() const { return listening_ && !context_.draining; }
 
  private:
-  void Accept(boost::asio::ip::tcp::acceptor& acceptor);
+  void Accept(size_t listener);
   void CloseAcceptors();
 
   boost::asio::io_context& io_;
@@ -46,6 +47,8 @@ class Server {
   ServiceContext context_;
   JobRegistry registry_;
   std::vector<std::unique_ptr<boost::asio::ip::tcp::acceptor>> acceptors_;
+  // Per listener: the pause after a failed accept (e.g. out of file descriptors) before the next one.
+  std::vector<std::unique_ptr<boost::asio::steady_timer>> accept_retry_;
   bool stopping_ = false;
   std::atomic<bool> listening_{false};
 };
