@@ -140,13 +140,19 @@ asio::awaitable<void> Session::Handshake() {
   }
   // A connection that does not complete its handshake in time is dropped (slowloris).
   asio::steady_timer deadline(socket_.get_executor(), context_.options.handshake_timeout);
-  bool timed_out = false;
-  deadline.async_wait([this, &timed_out](const boost::system::error_code& ec) {
-    if (!ec) {
-      timed_out = true;
-      boost::system::error_code ignored;
-      socket_.close(ignored);
-    }
+  // Shared with the timer's handler, which may already be queued (with success) when the handshake ends and
+  // cancels it: it then must neither touch this coroutine's frame nor close the socket the job now reads. Both run
+  // on this connection's strand.
+  struct DeadlineState {
+    bool timed_out = false;
+    bool handshake_over = false;
+  };
+  auto state = std::make_shared<DeadlineState>();
+  deadline.async_wait([self = shared_from_this(), state](const boost::system::error_code& ec) {
+    if (ec || state->handshake_over) return;
+    state->timed_out = true;
+    boost::system::error_code ignored;
+    self->socket_.close(ignored);
   });
   Result<proto::ControlMessage> message = co_await ReadControl();
   Status st = message.ok() ? Status::Ok() : message.status();
@@ -172,8 +178,9 @@ asio::awaitable<void> Session::Handshake() {
       if (!st.ok()) st = st.WithContext(Who());
     }
   }
+  state->handshake_over = true;
   deadline.cancel();
-  if (timed_out) {
+  if (state->timed_out) {
     spdlog::warn("{}: no complete handshake within {} ms; connection dropped",
                  message.ok() && message->body_case() == proto::ControlMessage::kHello ? Who() : "peer " + peer_,
                  context_.options.handshake_timeout.count());

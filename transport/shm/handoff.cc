@@ -50,20 +50,29 @@ template <typename Closable>
 class Deadline {
  public:
   Deadline(const asio::any_io_executor& executor, std::chrono::steady_clock::time_point when, Closable& closable)
-      : timer_(executor, when) {
-    timer_.async_wait([&closable, expired = expired_](const boost::system::error_code& ec) {
-      if (ec) return;
-      *expired = true;
+      : timer_(executor, when), state_(std::make_shared<State>(State{false, &closable})) {
+    timer_.async_wait([state = state_](const boost::system::error_code& ec) {
+      // A handler already queued when the Deadline is destroyed still runs, with success: `target` tells it that
+      // the object to close may be gone. It runs on the same executor (the handshake's strand) as the destructor.
+      if (ec || state->target == nullptr) return;
+      state->expired = true;
       boost::system::error_code ignored;
-      closable.close(ignored);
+      state->target->close(ignored);
     });
   }
-  ~Deadline() { timer_.cancel(); }
-  bool expired() const { return *expired_; }
+  ~Deadline() {
+    state_->target = nullptr;
+    timer_.cancel();
+  }
+  bool expired() const { return state_->expired; }
 
  private:
+  struct State {
+    bool expired;
+    Closable* target;
+  };
   asio::steady_timer timer_;
-  std::shared_ptr<bool> expired_ = std::make_shared<bool>(false);
+  std::shared_ptr<State> state_;
 };
 
 // The handoff's sendmsg/recvmsg message: one data byte and room for the segment's descriptors (SCM_RIGHTS).
