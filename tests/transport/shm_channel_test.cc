@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
@@ -250,6 +251,35 @@ TEST(ShmHandoff, WrongTokenIsIgnoredAndTheRightOneServed) {
   EXPECT_FALSE(stranger->ok());
   EXPECT_TRUE(handoff->ok()) << handoff->ToString();
   EXPECT_TRUE(*attached);
+}
+
+// A local process that connects to the offer's socket (its name is in /proc/net/unix) and sends nothing must not
+// hold back the worker that connects after it: tokens are read concurrently. Once the worker has its segment, the
+// stranger's connection is closed too. The handoff used to read the stranger's token until the deadline.
+TEST(ShmHandoff, SilentStrangerDoesNotHoldBackTheWorker) {
+  asio::io_context io;
+  auto offer = ShmOffer::Create(io.get_executor(), 4096);
+  ASSERT_TRUE(offer.ok()) << offer.status().ToString();
+  const auto deadline = std::chrono::steady_clock::now() + 15s;
+  std::optional<Status> handoff;
+  std::optional<bool> attached, stranger_closed;
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> { handoff = co_await (*offer)->Handoff(deadline); },
+                 asio::detached);
+  asio::local::stream_protocol::socket stranger(io);
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+    co_await stranger.async_connect(
+        asio::local::stream_protocol::endpoint(std::string(1, '\0') + (*offer)->socket_name()), asio::use_awaitable);
+    auto b = co_await AttachShm(io.get_executor(), (*offer)->socket_name(), (*offer)->token(), deadline);
+    attached = b.ok();
+    char byte;
+    auto [ec, n] = co_await stranger.async_read_some(asio::buffer(&byte, 1), asio::as_tuple(asio::use_awaitable));
+    stranger_closed = ec == asio::error::eof;
+  }, asio::detached);
+  RunUntil(io, [&] { return handoff && attached && stranger_closed; });
+  EXPECT_TRUE(handoff->ok()) << handoff->ToString();
+  EXPECT_TRUE(*attached);
+  EXPECT_TRUE(*stranger_closed);
+  EXPECT_LT(std::chrono::steady_clock::now(), deadline - 10s) << "the worker waited for the stranger's deadline";
 }
 
 TEST(ShmHandoff, DeadlineAndUnreachableSocket) {

@@ -6,13 +6,18 @@
 
 #include <array>
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 #include <cerrno>
 #include <cstring>
+#include <memory>
+#include <optional>
 #include <random>
+#include <vector>
 
 #include "transport/shm/channel.h"
 
@@ -170,22 +175,59 @@ Result<std::unique_ptr<ShmOffer>> ShmOffer::Create(const asio::any_io_executor& 
                                                 std::move(created->first), std::move(created->second)));
 }
 
+namespace {
+
+// The connections of one handoff whose tokens are being read, each by its own coroutine on the handoff's strand.
+// The first with the right token becomes the winner and wakes the accept loop by cancelling its accept.
+struct TokenRace {
+  std::string token;
+  Unix::acceptor* acceptor;  // null once the handoff has ended: late readers then do nothing
+  std::optional<Unix::socket> winner;
+  std::vector<std::weak_ptr<Unix::socket>> readers;
+};
+
+asio::awaitable<void> ReadToken(std::shared_ptr<TokenRace> race, std::shared_ptr<Unix::socket> peer,
+                                std::chrono::steady_clock::time_point deadline) {
+  Deadline read_deadline(co_await asio::this_coro::executor, deadline, *peer);
+  std::string token(kTokenBytes, '\0');
+  auto [ec, n] = co_await asio::async_read(*peer, asio::buffer(token), asio::as_tuple(asio::use_awaitable));
+  // A stranger, a worker that gave up, or too late: its connection closes with this coroutine.
+  if (ec || token != race->token || race->acceptor == nullptr || race->winner) co_return;
+  race->winner.emplace(std::move(*peer));
+  race->acceptor->cancel();
+}
+
+}  // namespace
+
 asio::awaitable<Status> ShmOffer::Handoff(std::chrono::steady_clock::time_point deadline) {
   const asio::any_io_executor executor = co_await asio::this_coro::executor;
   Deadline accept_deadline(executor, deadline, acceptor_);
+  auto race = std::make_shared<TokenRace>(TokenRace{token_, &acceptor_, std::nullopt, {}});
+  struct EndRace {  // on every way out: readers still waiting for a token are closed and can no longer win
+    std::shared_ptr<TokenRace> race;
+    ~EndRace() {
+      race->acceptor = nullptr;
+      for (const std::weak_ptr<Unix::socket>& reader : race->readers) {
+        boost::system::error_code ignored;
+        if (auto socket = reader.lock()) socket->close(ignored);
+      }
+    }
+  } end_race{race};
   while (true) {
     auto [ec, peer] = co_await acceptor_.async_accept(asio::as_tuple(asio::use_awaitable));
+    if (race->winner) {
+      if (Status st = SendDescriptors(race->winner->native_handle(), fds_); !st.ok()) co_return st;
+      boost::system::error_code ignored;
+      acceptor_.close(ignored);
+      co_return Status::Ok();
+    }
     if (accept_deadline.expired()) co_return Status(StatusCode::kDeadlineExceeded, "no worker took the shm offer in time");
     if (ec == asio::error::operation_aborted) co_return Status(StatusCode::kAborted, "shm offer withdrawn");
     if (ec) co_return Status(StatusCode::kUnavailable, "accepting on the shm socket: " + ec.message());
-    std::string token(kTokenBytes, '\0');
-    Deadline read_deadline(executor, deadline, peer);
-    auto [rec, n] = co_await asio::async_read(peer, asio::buffer(token), asio::as_tuple(asio::use_awaitable));
-    if (rec || token != token_) continue;  // a stranger, or a worker that gave up: wait for the right one
-    if (Status st = SendDescriptors(peer.native_handle(), fds_); !st.ok()) co_return st;
-    boost::system::error_code ignored;
-    acceptor_.close(ignored);
-    co_return Status::Ok();
+    auto socket = std::make_shared<Unix::socket>(std::move(peer));
+    std::erase_if(race->readers, [](const std::weak_ptr<Unix::socket>& r) { return r.expired(); });
+    race->readers.push_back(socket);
+    asio::co_spawn(executor, ReadToken(race, std::move(socket), deadline), asio::detached);
   }
 }
 

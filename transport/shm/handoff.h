@@ -32,8 +32,10 @@ class ShmOffer {
   const std::string& socket_name() const { return name_; }
   const std::string& token() const { return token_; }
 
-  // Accepts connections until one presents the token, then hands it the segment. Connections with a wrong token
-  // are closed. Ends with kDeadlineExceeded at `deadline`, kAborted when cancelled.
+  // Accepts connections until one presents the token, then hands it the segment. Every connection's token is read
+  // concurrently, so one that stays silent does not hold back the worker behind it; connections with a wrong token
+  // are closed, and the others when the handoff ends. Ends with kDeadlineExceeded at `deadline`, kAborted when
+  // cancelled.
   boost::asio::awaitable<Status> Handoff(std::chrono::steady_clock::time_point deadline);
 
   // After Handoff: the aggregator's end of the connection.
