@@ -352,6 +352,17 @@ Result<codec::ErrorMemory*> Job::ErrorMemoryFor(const CollectiveSpec& spec) {
   }
   if (it != error_memories_.end()) error_memories_.erase(it);  // the key's tensor changed shape: start over
   const uint64_t bytes = blocks * spec.block_size * sizeof(float);
+  // One job's keys together stay within --max-job-memory, so that it cannot take the whole --max-total-memory from
+  // the other jobs by using many keys.
+  uint64_t held = 0;
+  for (const auto& [key, entry] : error_memories_) held += entry->reservation.bytes();
+  if (held + bytes > context_.options.max_job_memory) {
+    return Status(StatusCode::kResourceExhausted,
+                  "3LC error memory for key " + std::to_string(spec.codec.key) + " needs " + std::to_string(bytes) +
+                      " bytes but job " + std::to_string(id_) + "'s other keys already hold " + std::to_string(held) +
+                      " of its --max-job-memory of " + std::to_string(context_.options.max_job_memory) +
+                      "; use fewer keys (one per tensor) or another codec");
+  }
   if (!context_.memory.TryReserve(bytes)) {
     return Status(StatusCode::kResourceExhausted,
                   "3LC error memory for key " + std::to_string(spec.codec.key) + " needs " + std::to_string(bytes) +

@@ -500,6 +500,38 @@ TEST(Service, TensorLimitRefusesThatJobOnly) {
 constexpr uint64_t kCollectiveMemoryW2 =
     2ull * 16 * (24 + 1024 + 64) + 16ull * (24 + 1024) + 2ull * 16 * 16 + 16ull * 8;
 
+// 3LC's error memory lives as long as the job, one per key (docs/PROTOCOL.md §11.3). A job's keys together stay
+// within --max-job-memory, so that one job cannot take all of --max-total-memory by using many keys. Here each
+// key holds 16 blocks of 256 floats (16384 bytes); the limit admits the collective and three keys, not four.
+TEST(Service, ErrorMemoryOfAllKeysOfAJobStaysWithinTheJobLimit) {
+  constexpr uint64_t kErrorMemoryPerKey = 16ull * 256 * 4;
+  Daemon daemon({"--max-job-memory", std::to_string(3 * kErrorMemoryPerKey + kErrorMemoryPerKey / 2)});
+  auto [r0, r1] = JoinPair(daemon.address(), 28);
+  AllreduceOptions options;
+  options.codec = CodecOptions{};
+  options.codec->name = "3lc";
+  std::vector<float> t0(4000), t1(4000);
+  for (uint64_t key = 1; key <= 4; ++key) {
+    std::fill(t0.begin(), t0.end(), 0.5f);
+    std::fill(t1.begin(), t1.end(), -0.25f);
+    options.key = key;
+    auto second = std::async(std::launch::async, [&, options] { r1->allreduce(std::span(t1), options); });
+    try {
+      r0->allreduce(std::span(t0), options);
+      EXPECT_LE(key, 3u) << "a fourth key's error memory was admitted";
+    } catch (const Error& e) {
+      EXPECT_EQ(key, 4u) << e.what();
+      EXPECT_EQ(e.code(), "RESOURCE_EXHAUSTED") << e.what();
+      EXPECT_NE(std::string(e.what()).find("other keys already hold 49152 of its --max-job-memory"), std::string::npos)
+          << e.what();
+    }
+    try {
+      second.get();
+    } catch (const Error&) {
+    }
+  }
+}
+
 TEST(Service, TotalMemoryBudgetIsSharedAcrossJobs) {
   Daemon daemon({"--max-job-memory", std::to_string(kCollectiveMemoryW2), "--max-total-memory",
                  std::to_string(kCollectiveMemoryW2 + 1000)});
