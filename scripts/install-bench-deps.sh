@@ -4,5 +4,6 @@
 #   python3-torch   PyTorch 1.13 with the gloo backend, for bench/torch_sparse_baseline.py (run it with
 #                   /usr/bin/python3); about 1 GB with its dependencies, hence a separate script.
 #   iperf3          link checks of the namespace testbed (tools/testbed/measure_link.sh)
+#   tcpdump         packet timelines of testbed collectives (tools/bench/testbed_timeline.sh)
 set -euo pipefail
-exec bash "$(dirname "$0")/install-deps.sh" libgloo-dev python3-torch python3-numpy iperf3
+exec bash "$(dirname "$0")/install-deps.sh" libgloo-dev python3-torch python3-numpy iperf3 tcpdump

@@ -32,7 +32,7 @@ WARMUP=${WARMUP:-2}
 SIZE=${SIZE:-64M}
 GAP_MS=${GAP_MS:-12}
 MIN_BYTES=${MIN_BYTES:-2000}
-command -v tcpdump >/dev/null || { echo "testbed_timeline: tcpdump not found (apt install tcpdump)" >&2; exit 2; }
+command -v tcpdump >/dev/null || { echo "testbed_timeline: tcpdump not found (scripts/install-bench-deps.sh)" >&2; exit 2; }
 agg=$BUILD/aggregator/sparsereduce-aggregator
 perf_tool=$BUILD/tools/sparsereduce-perf
 [[ -x $agg && -x $perf_tool ]] || { echo "testbed_timeline: no sparsereduce build in $BUILD" >&2; exit 2; }
