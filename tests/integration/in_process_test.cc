@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -300,6 +301,107 @@ TEST(InProcess, GoodbyeBeforeTheJobFormedFreesThePlace) {
   close(rank1);
   close(rank0_again);
   EXPECT_TRUE((*daemon)->Stop()) << "the daemon did not exit cleanly";
+}
+
+// Reads exactly `n` bytes (false on EOF, error, or 20 s without data).
+bool ReadExactly(int fd, void* out, size_t n) {
+  auto* p = static_cast<char*>(out);
+  while (n > 0) {
+    pollfd pfd{fd, POLLIN, 0};
+    if (poll(&pfd, 1, 20000) != 1) return false;
+    const ssize_t got = read(fd, p, n);
+    if (got <= 0) return false;
+    p += got;
+    n -= static_cast<size_t>(got);
+  }
+  return true;
+}
+
+// Reads one frame; its header, or nullopt when the stream ended or is malformed.
+std::optional<FrameHeader> ReadFrame(int fd) {
+  std::array<std::byte, kFrameHeaderSize> bytes;
+  if (!ReadExactly(fd, bytes.data(), bytes.size())) return std::nullopt;
+  Result<FrameHeader> header = DecodeFrameHeader(bytes);
+  if (!header.ok()) return std::nullopt;
+  std::vector<std::byte> payload(header->payload_length);
+  if (!ReadExactly(fd, payload.data(), payload.size())) return std::nullopt;
+  return *header;
+}
+
+// The frames of a collective point into the caller's tensor until they are written, so the collective ends only
+// once every writer is done with them. An aggregator played by hand answers all 4096 blocks of a one-rank job
+// before reading any CONTRIBUTION (1 block per frame, small socket buffers): the worker used to complete the
+// future with thousands of frames still queued, so that the caller could reuse or free the tensor while the
+// library still read it. Now the future waits until the aggregator has read them all.
+TEST(InProcess, CollectiveEndsOnlyWhenItsFramesAreWritten) {
+  constexpr uint32_t kBlocks = 4096, kBlockSize = 256;
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  const int small = 4096;
+  setsockopt(listener, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);  // inherited by the accepted socket
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(listen(listener, 1), 0);
+  socklen_t len = sizeof addr;
+  getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+
+  WorkerOptions options;
+  options.aggregators = {"127.0.0.1:" + std::to_string(ntohs(addr.sin_port))};
+  options.job = 29;
+  options.world_size = 1;
+  options.slots = 1;
+  options.blocks_per_message = 1;
+  options.block_size = kBlockSize;
+  options.transport = "tcp";
+  options.tcp_send_buffer = 4096;
+  options.connect_timeout = options.join_timeout = options.collective_timeout = 20s;
+  auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  const int fd = accept(listener, nullptr, nullptr);
+  ASSERT_GE(fd, 0);
+  auto send = [fd](const ByteBuffer& frame) {
+    const std::byte* p = frame.data();
+    size_t left = frame.size();
+    while (left > 0) {
+      const ssize_t n = write(fd, p, left);
+      if (n <= 0) return false;
+      p += n;
+      left -= static_cast<size_t>(n);
+    }
+    return true;
+  };
+  ASSERT_TRUE(ReadFrame(fd));  // Hello
+  proto::ControlMessage ready;
+  ready.mutable_job_ready()->set_protocol_version(kProtocolVersion);
+  ready.mutable_job_ready()->set_transport("tcp");
+  ASSERT_TRUE(send(EncodeControl(ready)));
+  std::unique_ptr<Worker> worker = joined.get();
+
+  std::vector<float> tensor(size_t{kBlocks} * kBlockSize, 1.0f);
+  std::future<void> done = worker->allreduce_async(std::span(tensor));
+  ASSERT_TRUE(ReadFrame(fd));  // CollectiveBegin
+  ASSERT_TRUE(ReadFrame(fd));  // the announce of the one slot: one column, whose first block is 0
+  proto::ControlMessage accepted;
+  accepted.mutable_collective_accepted()->set_seq(1);
+  ASSERT_TRUE(send(EncodeControl(accepted)));
+  const std::vector<Entry> reply{{0, 0, 0}};
+  ASSERT_TRUE(send(EncodeDataFrame({FrameType::kResult, 0, 0, options.job, 1, 0}, reply, {})));
+  const std::vector<float> sum(kBlockSize, 2.0f);
+  const std::span<const std::byte> data = std::as_bytes(std::span(sum));
+  for (uint64_t b = 0; b < kBlocks; ++b) {
+    const std::vector<Entry> entry{{b, b + 1 < kBlocks ? b + 1 : kEndOfColumn, kBlockSize * 4}};
+    ASSERT_TRUE(send(EncodeDataFrame({FrameType::kResult, 0, 0, options.job, 1, 0}, entry, {&data, 1})));
+  }
+  // Every RESULT is in; the worker's frames are not: most wait in its queue.
+  EXPECT_EQ(done.wait_for(500ms), std::future_status::timeout)
+      << "the collective completed while its frames were still queued";
+  for (uint32_t b = 0; b < kBlocks; ++b) ASSERT_TRUE(ReadFrame(fd)) << "CONTRIBUTION of block " << b;
+  ASSERT_EQ(done.wait_for(20s), std::future_status::ready);
+  done.get();
+  EXPECT_EQ(tensor, std::vector<float>(tensor.size(), 2.0f));
+  worker.reset();
+  close(fd);
+  close(listener);
 }
 
 // Workers stream their blocks (docs/PROTOCOL.md §4), so the aggregator could produce RESULTs much faster than a

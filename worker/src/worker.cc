@@ -442,6 +442,12 @@ void Worker::Impl::EndResult(AggregatorLink& link) {
 
 void Worker::Impl::MaybeComplete() {
   if (!active_ || active_->accepted_count != links_.size() || !active_->collective->done()) return;
+  // Queued frames point into the caller's tensor (and the codec's buffers), so the collective ends only when every
+  // writer is done with them: an aggregator that answers blocks it has not read yet must not make the caller
+  // reuse its tensor while a write still reads it. OnWriterIdle comes back here.
+  for (auto& link : links_) {
+    if (!link->writer_idle()) return;
+  }
   Active& a = *active_;
   a.collective->Finish();
   deadline_.cancel();
@@ -505,7 +511,10 @@ void Worker::Impl::Fail(const Status& status, AggregatorLink* origin) {
   MaybeFinishFailure();
 }
 
-void Worker::Impl::OnWriterIdle(AggregatorLink&) { MaybeFinishFailure(); }
+void Worker::Impl::OnWriterIdle(AggregatorLink&) {
+  MaybeFinishFailure();
+  MaybeComplete();
+}
 
 void Worker::Impl::MaybeFinishFailure() {
   if (!failure_) return;
