@@ -23,7 +23,10 @@ namespace {
 PyObject* g_error_type = nullptr;  // sparsereduce.Error, created once at import
 
 std::chrono::milliseconds Milliseconds(double seconds, const char* name) {
-  if (!(seconds >= 0)) throw py::value_error(std::string("sparsereduce: ") + name + " must be >= 0 seconds");
+  // Finite and at most a year: beyond that the conversion to integer milliseconds would overflow.
+  if (!(seconds >= 0 && seconds <= 365.0 * 24 * 3600)) {
+    throw py::value_error(std::string("sparsereduce: ") + name + " must be from 0 to 31536000 seconds (a year)");
+  }
   return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0 + 0.5));
 }
 

@@ -47,6 +47,9 @@ def test_invalid_rank_names_the_job_and_rank(aggregator, job):
 def test_invalid_options():
     with pytest.raises(ValueError, match="connect_timeout"):
         sparsereduce.Worker("127.0.0.1:1", 1, 0, 1, connect_timeout=-1)
+    for endless in (float("inf"), float("nan"), 1e300):  # the conversion to milliseconds would overflow
+        with pytest.raises(ValueError, match="join_timeout"):
+            sparsereduce.Worker("127.0.0.1:1", 1, 0, 1, join_timeout=endless)
     with pytest.raises(TypeError):
         sparsereduce.Worker("127.0.0.1:1", 1, -1, 1)  # negative rank: not an unsigned integer
 

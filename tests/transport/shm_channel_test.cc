@@ -337,22 +337,26 @@ TEST(ShmSegment, AttachChecksSealsSizeAndHeader) {
   EXPECT_EQ(a.status().code(), StatusCode::kProtocolViolation);
   EXPECT_NE(a.status().message().find("not sealed"), std::string::npos);
 
-  for (const char* what : {"magic", "size"}) {
+  for (const char* what : {"magic", "size", "seal"}) {
     SegmentFds bad;
     bad.memory = UniqueFd(memfd_create("test", MFD_CLOEXEC | MFD_ALLOW_SEALING));
     const uint64_t size = std::string(what) == "size" ? Segment::SizeFor(4096) + 4096 : Segment::SizeFor(4096);
     ASSERT_EQ(ftruncate(bad.memory.get(), static_cast<off_t>(size)), 0);
     std::vector<char> header(64, 0);
-    if (std::string(what) == "size") {
-      // A valid header from a real segment, on a file of the wrong size.
+    if (std::string(what) != "magic") {
+      // A valid header from a real segment (on a file of the wrong size, or without F_SEAL_SEAL).
       ASSERT_EQ(pread(created->second.memory.get(), header.data(), header.size(), 0), 64);
     } else {
       std::memcpy(header.data(), "NOTMAGIC", 8);
     }
     ASSERT_EQ(pwrite(bad.memory.get(), header.data(), header.size(), 0), 64);
-    ASSERT_EQ(fcntl(bad.memory.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+    // Without F_SEAL_SEAL the segment's creator could still add F_SEAL_WRITE, and the worker's writes would fail.
+    const bool seal_seal = std::string(what) != "seal";
+    ASSERT_EQ(fcntl(bad.memory.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | (seal_seal ? F_SEAL_SEAL : 0)), 0);
     auto attached = Segment::Attach(bad);
     EXPECT_EQ(attached.status().code(), StatusCode::kProtocolViolation) << what;
+    EXPECT_EQ(attached.status().message().find("not sealed") != std::string::npos, !seal_seal)
+        << what << ": " << attached.status().ToString();
   }
 }
 

@@ -61,8 +61,8 @@ Result<std::pair<std::shared_ptr<Segment>, SegmentFds>> Segment::Create(uint64_t
 Result<std::shared_ptr<Segment>> Segment::Attach(const SegmentFds& fds) {
   const int seals = fcntl(fds.memory.get(), F_GET_SEALS);
   if (seals < 0) return Errno("reading the seals of the shm segment");
-  if ((seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW)) {
-    return ProtocolError("the shm segment is not sealed against resizing");
+  if ((seals & kSeals) != kSeals) {  // docs/PROTOCOL.md §10.3
+    return ProtocolError("the shm segment is not sealed against resizing (F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL)");
   }
   struct stat st {};
   if (fstat(fds.memory.get(), &st) != 0) return Errno("fstat of the shm segment");

@@ -496,7 +496,11 @@ void Worker::Impl::Fail(const Status& status, AggregatorLink* origin) {
   // Tell the other aggregators why this rank leaves, so they report the real cause to the other ranks, and stop
   // sending: frames in flight finish (the stream stays framed), queued ones are dropped.
   proto::ControlMessage goodbye;
-  goodbye.mutable_goodbye()->set_reason(status.message());
+  // Within a CONTROL frame's limit (64 KiB) whatever the message: it may quote an aggregator's Error at length.
+  constexpr size_t kMaxReason = 4096;
+  goodbye.mutable_goodbye()->set_reason(status.message().size() <= kMaxReason
+                                            ? status.message()
+                                            : status.message().substr(0, kMaxReason) + " [...]");
   for (auto& link : links_) {
     link->DropQueued();
     if (link.get() != origin && link->connected()) link->Send(EncodeControl(goodbye));
