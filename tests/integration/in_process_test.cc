@@ -6,9 +6,11 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <array>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -328,6 +330,37 @@ std::optional<FrameHeader> ReadFrame(int fd) {
   return *header;
 }
 
+// A loopback listener for an aggregator played by hand; `receive_buffer` > 0 sets SO_RCVBUF (inherited by the
+// accepted socket). Returns the socket and sets `port`; -1 on failure.
+int ListenOnLoopback(uint16_t* port, int receive_buffer = 0) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return -1;
+  if (receive_buffer > 0) setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof receive_buffer);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || listen(fd, 4) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    close(fd);
+    return -1;
+  }
+  *port = ntohs(addr.sin_port);
+  return fd;
+}
+
+bool WriteAll(int fd, const ByteBuffer& frame) {
+  const std::byte* p = frame.data();
+  size_t left = frame.size();
+  while (left > 0) {
+    const ssize_t n = write(fd, p, left);
+    if (n <= 0) return false;
+    p += n;
+    left -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
 // The frames of a collective point into the caller's tensor until they are written, so the collective ends only
 // once every writer is done with them. An aggregator played by hand answers all 4096 blocks of a one-rank job
 // before reading any CONTRIBUTION (1 block per frame, small socket buffers): the worker used to complete the
@@ -335,19 +368,11 @@ std::optional<FrameHeader> ReadFrame(int fd) {
 // library still read it. Now the future waits until the aggregator has read them all.
 TEST(InProcess, CollectiveEndsOnlyWhenItsFramesAreWritten) {
   constexpr uint32_t kBlocks = 4096, kBlockSize = 256;
-  const int listener = socket(AF_INET, SOCK_STREAM, 0);
-  const int small = 4096;
-  setsockopt(listener, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);  // inherited by the accepted socket
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  ASSERT_EQ(listen(listener, 1), 0);
-  socklen_t len = sizeof addr;
-  getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
-
+  uint16_t port = 0;
+  const int listener = ListenOnLoopback(&port, /*receive_buffer=*/4096);
+  ASSERT_GE(listener, 0);
   WorkerOptions options;
-  options.aggregators = {"127.0.0.1:" + std::to_string(ntohs(addr.sin_port))};
+  options.aggregators = {"127.0.0.1:" + std::to_string(port)};
   options.job = 29;
   options.world_size = 1;
   options.slots = 1;
@@ -359,17 +384,7 @@ TEST(InProcess, CollectiveEndsOnlyWhenItsFramesAreWritten) {
   auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
   const int fd = accept(listener, nullptr, nullptr);
   ASSERT_GE(fd, 0);
-  auto send = [fd](const ByteBuffer& frame) {
-    const std::byte* p = frame.data();
-    size_t left = frame.size();
-    while (left > 0) {
-      const ssize_t n = write(fd, p, left);
-      if (n <= 0) return false;
-      p += n;
-      left -= static_cast<size_t>(n);
-    }
-    return true;
-  };
+  auto send = [fd](const ByteBuffer& frame) { return WriteAll(fd, frame); };
   ASSERT_TRUE(ReadFrame(fd));  // Hello
   proto::ControlMessage ready;
   ready.mutable_job_ready()->set_protocol_version(kProtocolVersion);
@@ -399,6 +414,94 @@ TEST(InProcess, CollectiveEndsOnlyWhenItsFramesAreWritten) {
   ASSERT_EQ(done.wait_for(20s), std::future_status::ready);
   done.get();
   EXPECT_EQ(tensor, std::vector<float>(tensor.size(), 2.0f));
+  worker.reset();
+  close(fd);
+  close(listener);
+}
+
+// Taking a shared-memory offer ends with the join deadline: an aggregator that offers late and then never hands
+// the segment over used to hold the Worker's constructor until the offer's own timeout (the connect timeout),
+// up to 30 s past the join deadline. Here the offer comes 0.5 s before the join deadline (connect 3 s + join 1 s).
+TEST(InProcess, ALateSharedMemoryOfferEndsWithTheJoinDeadline) {
+  uint16_t port = 0;
+  const int listener = ListenOnLoopback(&port);
+  ASSERT_GE(listener, 0);
+  const std::string name = "sparsereduce-test/" + std::to_string(getpid());
+  const int shm_listener = socket(AF_UNIX, SOCK_STREAM, 0);  // takes the token, answers nothing
+  sockaddr_un unix_addr{};
+  unix_addr.sun_family = AF_UNIX;
+  std::memcpy(unix_addr.sun_path + 1, name.data(), name.size());
+  const auto unix_len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  ASSERT_EQ(bind(shm_listener, reinterpret_cast<sockaddr*>(&unix_addr), unix_len), 0);
+  ASSERT_EQ(listen(shm_listener, 4), 0);
+
+  WorkerOptions options;
+  options.aggregators = {"127.0.0.1:" + std::to_string(port)};
+  options.job = 30;
+  options.world_size = 1;
+  options.transport = "shm";
+  options.connect_timeout = 3s;
+  options.join_timeout = 1s;
+  const auto start = std::chrono::steady_clock::now();
+  auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  const int fd = accept(listener, nullptr, nullptr);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(ReadFrame(fd));  // Hello
+  std::this_thread::sleep_until(start + 3500ms);  // the scenario: an offer 0.5 s before the join deadline
+  proto::ControlMessage offer;
+  offer.mutable_transport_offer()->set_kind("shm");
+  offer.mutable_transport_offer()->set_shm_socket(name);
+  offer.mutable_transport_offer()->set_token(std::string(16, 't'));
+  ASSERT_TRUE(WriteAll(fd, EncodeControl(offer)));
+  try {
+    joined.get();
+    ADD_FAILURE() << "joined without a JobReady";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "DEADLINE_EXCEEDED") << e.what();
+  }
+  const auto took = std::chrono::steady_clock::now() - start;
+  EXPECT_LT(took, 5500ms) << "the constructor returned "
+                          << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                          << " ms after the start; the join deadline was at 4000 ms";
+  close(fd);
+  close(shm_listener);
+  close(listener);
+}
+
+// A transport offer belongs to the handshake (docs/PROTOCOL.md §10.1): one after JobReady is a protocol violation,
+// and the Worker fails naming it instead of stalling its reads on a handoff mid-job.
+TEST(InProcess, ATransportOfferAfterJobReadyFailsTheWorker) {
+  uint16_t port = 0;
+  const int listener = ListenOnLoopback(&port);
+  ASSERT_GE(listener, 0);
+  WorkerOptions options;
+  options.aggregators = {"127.0.0.1:" + std::to_string(port)};
+  options.job = 31;
+  options.world_size = 1;
+  options.transport = "auto";  // one that would take a shared-memory offer during the handshake
+  options.connect_timeout = options.join_timeout = options.collective_timeout = 10s;
+  auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  const int fd = accept(listener, nullptr, nullptr);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(ReadFrame(fd));  // Hello
+  proto::ControlMessage ready;
+  ready.mutable_job_ready()->set_protocol_version(kProtocolVersion);
+  ready.mutable_job_ready()->set_transport("tcp");
+  proto::ControlMessage offer;
+  offer.mutable_transport_offer()->set_kind("shm");
+  offer.mutable_transport_offer()->set_shm_socket("sparsereduce/late");
+  offer.mutable_transport_offer()->set_token(std::string(16, 't'));
+  ASSERT_TRUE(WriteAll(fd, EncodeControl(ready)));
+  std::unique_ptr<Worker> worker = joined.get();
+  ASSERT_TRUE(WriteAll(fd, EncodeControl(offer)));
+  std::vector<float> tensor(1024, 1.0f);
+  try {
+    worker->allreduce(std::span(tensor));
+    ADD_FAILURE() << "the collective ran after a transport offer mid-job";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "PROTOCOL_VIOLATION") << e.what();
+    EXPECT_NE(std::string(e.what()).find("TransportOffer after JobReady"), std::string::npos) << e.what();
+  }
   worker.reset();
   close(fd);
   close(listener);

@@ -117,8 +117,8 @@ asio::awaitable<Status> AggregatorLink::Connect(std::chrono::steady_clock::time_
 }
 
 asio::awaitable<Status> AggregatorLink::TakeOffer(const proto::TransportOffer& offer) {
-  if (std::string_view(channel_->kind()) != "tcp" || !channel_->idle()) {
-    co_return ProtocolError("TransportOffer after the connection moved, or with TCP writes pending");
+  if (job_ready_ || std::string_view(channel_->kind()) != "tcp" || !channel_->idle()) {
+    co_return ProtocolError("TransportOffer after JobReady, after the connection moved, or with TCP writes pending");
   }
   if (offer.kind() == "shm" && (options_.transport == "auto" || options_.transport == "shm")) {
     co_return co_await TakeShmOffer(offer);
@@ -135,8 +135,9 @@ void AggregatorLink::Decline(const std::string& reason) {
 }
 
 asio::awaitable<Status> AggregatorLink::TakeShmOffer(const proto::TransportOffer& offer) {
-  Result<shm::ShmAttachment> attached = co_await shm::AttachShm(
-      io_.get_executor(), offer.shm_socket(), offer.token(), std::chrono::steady_clock::now() + options_.setup_timeout);
+  const auto deadline = std::min(std::chrono::steady_clock::now() + options_.setup_timeout, join_deadline_);
+  Result<shm::ShmAttachment> attached =
+      co_await shm::AttachShm(io_.get_executor(), offer.shm_socket(), offer.token(), deadline);
   if (!attached.ok()) {
     // Unreachable socket: another host (or network namespace). Anything else is a broken handoff.
     if (attached.status().code() == StatusCode::kUnavailable && options_.transport == "auto") {
@@ -177,7 +178,9 @@ asio::awaitable<Status> AggregatorLink::TakeRdmaOffer(const proto::TransportOffe
 #endif
 }
 
-asio::awaitable<void> AggregatorLink::Run(proto::Hello hello, std::chrono::steady_clock::time_point deadline) {
+asio::awaitable<void> AggregatorLink::Run(proto::Hello hello, std::chrono::steady_clock::time_point deadline,
+                                          std::chrono::steady_clock::time_point join_deadline) {
+  join_deadline_ = join_deadline;
   if (Status st = co_await Connect(deadline); !st.ok()) {
     if (!closing_) handler_.OnFailure(*this, st);
     co_return;
@@ -237,6 +240,7 @@ asio::awaitable<void> AggregatorLink::Run(proto::Hello hello, std::chrono::stead
       }
       continue;
     }
+    if (control->body_case() == proto::ControlMessage::kJobReady) job_ready_ = true;
     handler_.OnControl(*this, *control);
     if (closing_) co_return;
   }

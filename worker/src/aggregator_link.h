@@ -56,8 +56,10 @@ class AggregatorLink {
   void set_rdma(std::shared_ptr<rdma::RdmaDevice> device) { rdma_device_ = std::move(device); }
 #endif
 
-  // Connects (retrying until `deadline`), sends `hello`, then reads until the connection ends.
-  boost::asio::awaitable<void> Run(proto::Hello hello, std::chrono::steady_clock::time_point deadline);
+  // Connects (retrying until `deadline`), sends `hello`, then reads until the connection ends. Taking a transport
+  // offer ends by `join_deadline` at the latest, so that it cannot hold up a join that has failed.
+  boost::asio::awaitable<void> Run(proto::Hello hello, std::chrono::steady_clock::time_point deadline,
+                                   std::chrono::steady_clock::time_point join_deadline);
 
   // Frames are sent only once connected (Run has sent Hello).
   void Send(ByteBuffer frame) {
@@ -115,6 +117,8 @@ class AggregatorLink {
   tcp::Socket socket_;  // while connecting; then it moves into channel_
   std::unique_ptr<transport::Channel> channel_;
   bool connected_ = false;
+  std::chrono::steady_clock::time_point join_deadline_{};
+  bool job_ready_ = false;  // JobReady came: the handshake, and with it any transport offer, is over (§10.1)
   bool closing_ = false;
   bool reading_result_data_ = false;
   std::vector<std::byte> result_table_;                 // ReadResult's, kept across frames

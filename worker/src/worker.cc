@@ -189,7 +189,8 @@ Worker::Impl::Impl(WorkerOptions options)
       if (!options_.secret.empty()) hello.set_auth_nonce(auth_nonces_[link->index()]);
       if (options_.transport == "auto" || options_.transport == "shm") hello.add_transports("shm");
       if (options_.transport == "rdma") hello.add_transports("rdma");
-      asio::co_spawn(io_, link->Run(hello, connect_deadline), asio::detached);
+      asio::co_spawn(io_, link->Run(hello, connect_deadline, connect_deadline + options_.join_timeout),
+                     asio::detached);
     }
     deadline_.expires_at(connect_deadline + options_.join_timeout);
     deadline_.async_wait([this](const boost::system::error_code& ec) {
