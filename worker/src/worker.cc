@@ -393,7 +393,8 @@ void Worker::Impl::OnControl(AggregatorLink& link, const proto::ControlMessage& 
       if (!active_ || message.collective_accepted().seq() != active_->collective->seq() ||
           active_->accepted[link.index()]) {
         return Fail(ProtocolError(link.Name() + " accepted collective " +
-                                  std::to_string(message.collective_accepted().seq()) + " unexpectedly"));
+                                  std::to_string(message.collective_accepted().seq()) + " unexpectedly"),
+                    &link);
       }
       active_->accepted[link.index()] = true;
       ++active_->accepted_count;
@@ -404,7 +405,9 @@ void Worker::Impl::OnControl(AggregatorLink& link, const proto::ControlMessage& 
       return Fail(Status(FromProtoCode(e.code()), link.Name() + ": " + e.message()), &link);
     }
     default:
-      return Fail(ProtocolError(link.Name() + " sent an unexpected control message"));
+      return Fail(ProtocolError(link.Name() + " sent an unexpected control message (field " +
+                                std::to_string(static_cast<int>(message.body_case())) + ")"),
+                  &link);
   }
 }
 
