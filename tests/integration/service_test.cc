@@ -243,12 +243,22 @@ TEST(Service, MetricsAndProbesDescribeWhatHappened) {
   const tools::SyntheticSpec spec{10000, 256, 0.3, tools::Overlap::kRandom, 2, 99};
   for (const auto& e : RunJob(daemon.address(), 1, spec)) EXPECT_EQ(e, "");
 
-  const std::string m = daemon.Metrics();
+  // The workers may hold their last RESULT before the daemon's job strand has counted the collective (it sends
+  // the RESULT, then counts; over shared memory the worker reads it at once): wait until the counts are complete.
   const std::string instance = R"(instance_name="svc")";
+  const uint64_t blocks = (spec.elements + 255) / 256;
+  auto aggregated_and_skipped = [&](const std::string& metrics) {
+    return Sample(metrics, "sparsereduce_blocks_aggregated_total\\{" + instance + "\\}") +
+           Sample(metrics, "sparsereduce_blocks_skipped_total\\{" + instance + "\\}");
+  };
+  std::string m;
+  EXPECT_TRUE(Eventually([&] {
+    m = daemon.Metrics();
+    return aggregated_and_skipped(m) == static_cast<double>(blocks);
+  })) << m;
   EXPECT_EQ(Sample(m, "sparsereduce_collectives_total\\{" + instance + ",outcome=\"completed\"\\}"), 1) << m;
   EXPECT_EQ(Sample(m, "sparsereduce_collective_duration_seconds_count\\{" + instance + "\\}"), 1);
   // One aggregator owns all 40 blocks: the union's blocks were aggregated, the others skipped.
-  const uint64_t blocks = (spec.elements + 255) / 256;
   const double aggregated = Sample(m, "sparsereduce_blocks_aggregated_total\\{" + instance + "\\}");
   const double skipped = Sample(m, "sparsereduce_blocks_skipped_total\\{" + instance + "\\}");
   uint64_t union_blocks = 0;
