@@ -516,7 +516,9 @@ constexpr uint64_t kCollectiveMemoryW2 =
 TEST(Service, ErrorMemoryOfAllKeysOfAJobStaysWithinTheJobLimit) {
   constexpr uint64_t kErrorMemoryPerKey = 16ull * 256 * 4;
   Daemon daemon({"--max-job-memory", std::to_string(3 * kErrorMemoryPerKey + kErrorMemoryPerKey / 2)});
-  auto [r0, r1] = JoinPair(daemon.address(), 28);
+  auto workers = JoinPair(daemon.address(), 28);  // not a structured binding: the lambda below captures it
+  std::unique_ptr<Worker>& r0 = workers.first;
+  std::unique_ptr<Worker>& r1 = workers.second;
   AllreduceOptions options;
   options.codec = CodecOptions{};
   options.codec->name = "3lc";
