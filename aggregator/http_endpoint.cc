@@ -106,10 +106,10 @@ asio::awaitable<void> HttpEndpoint::AcceptLoop() {
     auto [ec, socket] = co_await acceptor_->async_accept(asio::make_strand(io_), asio::as_tuple(asio::use_awaitable));
     if (ec == asio::error::operation_aborted || !acceptor_->is_open()) break;
     if (ec) {
-      // Out of file descriptors the connection stays in the backlog, and accepting again at once fails at once:
-      // pause instead of spinning (as the data-plane listeners do).
-      spdlog::warn("metrics endpoint: accept failed: {}; retrying in 100 ms", ec.message());
-      asio::steady_timer pause(strand_, std::chrono::milliseconds(100));
+      // Pause instead of spinning (sparsereduce::tcp::kAcceptRetryDelay), as the data-plane listeners do.
+      spdlog::warn("metrics endpoint: accept failed: {}; retrying in {} ms", ec.message(),
+                   sparsereduce::tcp::kAcceptRetryDelay.count());
+      asio::steady_timer pause(strand_, sparsereduce::tcp::kAcceptRetryDelay);
       co_await pause.async_wait(asio::as_tuple(asio::use_awaitable));
       continue;
     }

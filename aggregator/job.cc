@@ -396,7 +396,7 @@ Result<uint64_t> Job::Admit(const CollectiveSpec& spec) {
                       std::to_string(shape_.world_size) + " ranks x window " + std::to_string(shape_.window) +
                       " frames per slot over " + std::to_string(columns) + " columns of " +
                       std::to_string(spec.block_size * element_size) + "-byte blocks, plus RESULTs and tables over " +
-                      std::to_string(std::min(layout.num_columns(), layout.num_blocks())) + " columns of " +
+                      std::to_string(layout.num_places()) + " columns of " +
                       std::to_string(shape_.num_aggregators) + " aggregators), " +
                       "above its --max-job-memory of " + std::to_string(limits.max_job_memory) +
                       "; use fewer slots, blocks per message or a smaller window");

@@ -16,10 +16,6 @@ using asio::ip::tcp;
 
 namespace {
 
-// How long a listener pauses after a failed accept: long enough not to spin (and to log at most 10 lines a
-// second), short enough that a freed descriptor is used soon.
-constexpr std::chrono::milliseconds kAcceptRetryDelay{100};
-
 NetworkAllowlist ParseAllowlist(const std::vector<std::string>& cidrs, Status* status) {
   Result<NetworkAllowlist> list = NetworkAllowlist::Parse(cidrs);
   if (!list.ok()) {
@@ -64,23 +60,22 @@ void Server::Accept(size_t listener) {
   acceptor.async_accept(asio::make_strand(io_), [this, listener](boost::system::error_code ec, tcp::socket socket) {
     if (stopping_ || ec == asio::error::operation_aborted) return;
     if (ec) {
-      // Out of file descriptors (or memory), the connection stays in the backlog: accepting again at once would
-      // fail again at once, a busy loop. Pause, and let closing connections free descriptors meanwhile.
+      // Pause (sparsereduce::tcp::kAcceptRetryDelay), and let closing connections free descriptors meanwhile.
+      const auto delay = sparsereduce::tcp::kAcceptRetryDelay;
       spdlog::warn("accept on {} failed: {}; retrying in {} ms", options_.listen[listener], ec.message(),
-                   kAcceptRetryDelay.count());
+                   delay.count());
       context_.metrics.Error(StatusCode::kResourceExhausted);
-      accept_retry_[listener]->expires_after(kAcceptRetryDelay);
+      accept_retry_[listener]->expires_after(delay);
       accept_retry_[listener]->async_wait([this, listener](const boost::system::error_code& wait_ec) {
         if (!wait_ec && !stopping_) Accept(listener);
       });
       return;
-    } else {
-      socket.set_option(tcp::no_delay(true), ec);
-      if (Status st = sparsereduce::tcp::ApplyLiveness(socket, options_.liveness); !st.ok()) {
-        spdlog::warn("accepted connection: {}", st.ToString());
-      }
-      std::make_shared<Session>(std::move(socket), registry_, context_)->Start();
     }
+    socket.set_option(tcp::no_delay(true), ec);
+    if (Status st = sparsereduce::tcp::ApplyLiveness(socket, options_.liveness); !st.ok()) {
+      spdlog::warn("accepted connection: {}", st.ToString());
+    }
+    std::make_shared<Session>(std::move(socket), registry_, context_)->Start();
     Accept(listener);
   });
 }

@@ -19,6 +19,7 @@
 #include "aggregator/service_context.h"
 #include "protocol/auth.h"
 #include "protocol/control.h"
+#include "transport/deadline.h"
 #include "transport/tcp/channel.h"
 
 namespace sparsereduce::aggregator {
@@ -139,21 +140,9 @@ asio::awaitable<void> Session::Handshake() {
     co_return;
   }
   // A connection that does not complete its handshake in time is dropped (slowloris).
-  asio::steady_timer deadline(socket_.get_executor(), context_.options.handshake_timeout);
-  // Shared with the timer's handler, which may already be queued (with success) when the handshake ends and
-  // cancels it: it then must neither touch this coroutine's frame nor close the socket the job now reads. Both run
-  // on this connection's strand.
-  struct DeadlineState {
-    bool timed_out = false;
-    bool handshake_over = false;
-  };
-  auto state = std::make_shared<DeadlineState>();
-  deadline.async_wait([self = shared_from_this(), state](const boost::system::error_code& ec) {
-    if (ec || state->handshake_over) return;
-    state->timed_out = true;
-    boost::system::error_code ignored;
-    self->socket_.close(ignored);
-  });
+  // On this connection's strand; once cancelled it leaves the socket alone, which the job's strand reads next.
+  transport::Deadline deadline(socket_.get_executor(),
+                               std::chrono::steady_clock::now() + context_.options.handshake_timeout, socket_);
   Result<proto::ControlMessage> message = co_await ReadControl();
   Status st = message.ok() ? Status::Ok() : message.status();
   if (st.ok() && message->body_case() != proto::ControlMessage::kHello) {
@@ -178,9 +167,8 @@ asio::awaitable<void> Session::Handshake() {
       if (!st.ok()) st = st.WithContext(Who());
     }
   }
-  state->handshake_over = true;
-  deadline.cancel();
-  if (state->timed_out) {
+  deadline.Cancel();
+  if (deadline.expired()) {
     spdlog::warn("{}: no complete handshake within {} ms; connection dropped",
                  message.ok() && message->body_case() == proto::ControlMessage::kHello ? Who() : "peer " + peer_,
                  context_.options.handshake_timeout.count());

@@ -53,7 +53,7 @@ uint64_t ColumnEngine::MemoryBound(const JobShape& shape, uint64_t columns, uint
                                    const ColumnLayout& layout) {
   const uint64_t entry = kEntrySize + Pad8(block_bytes);
   const uint64_t W = shape.world_size;
-  const uint64_t places = std::min(layout.num_columns(), layout.num_blocks()) * sizeof(ColumnLayout::Place);
+  const uint64_t places = layout.num_places() * sizeof(ColumnLayout::Place);
   return W * shape.window * columns * (entry + kHeldBlockOverhead) + columns * entry + W * columns * 16 + places;
 }
 

@@ -104,7 +104,7 @@ uint32_t ColumnLayout::NonEmptyLanes(uint32_t aggregator, uint32_t slot) const {
 }
 
 std::vector<ColumnLayout::Place> ColumnLayout::PlacesOf(uint32_t aggregator) const {
-  std::vector<Place> places(std::min(num_columns_, num_blocks_));
+  std::vector<Place> places(num_places());
   for (uint32_t s = 0; s < shape_.slots; ++s) {
     const uint32_t lanes = NonEmptyLanes(aggregator, s);
     for (uint32_t lane = 0; lane < lanes; ++lane) places[Column(aggregator, s, lane)] = Place{s, lane};

@@ -88,6 +88,8 @@ class ColumnLayout {
     uint32_t lane = 0;
   };
   std::vector<Place> PlacesOf(uint32_t aggregator) const;
+  // Entries of PlacesOf: every column that holds a block, whichever aggregator serves it.
+  uint64_t num_places() const { return std::min(num_columns_, num_blocks_); }
   // Blocks in the columns of `aggregator` (what it aggregates when every block is nonzero).
   uint64_t BlocksOf(uint32_t aggregator) const;
   // Lanes 0..n-1 of a slot hold non-empty columns (columns grow with the lane, so they form a prefix).

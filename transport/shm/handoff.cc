@@ -19,6 +19,7 @@
 #include <random>
 #include <vector>
 
+#include "transport/deadline.h"
 #include "transport/shm/channel.h"
 
 namespace sparsereduce::shm {
@@ -49,36 +50,6 @@ std::string Hex(const std::string& bytes) {
 }
 
 Unix::endpoint AbstractEndpoint(const std::string& name) { return Unix::endpoint(std::string(1, '\0') + name); }
-
-// Closes `closable` at `deadline` unless cancelled first: bounds any wait on it.
-template <typename Closable>
-class Deadline {
- public:
-  Deadline(const asio::any_io_executor& executor, std::chrono::steady_clock::time_point when, Closable& closable)
-      : timer_(executor, when), state_(std::make_shared<State>(State{false, &closable})) {
-    timer_.async_wait([state = state_](const boost::system::error_code& ec) {
-      // A handler already queued when the Deadline is destroyed still runs, with success: `target` tells it that
-      // the object to close may be gone. It runs on the same executor (the handshake's strand) as the destructor.
-      if (ec || state->target == nullptr) return;
-      state->expired = true;
-      boost::system::error_code ignored;
-      state->target->close(ignored);
-    });
-  }
-  ~Deadline() {
-    state_->target = nullptr;
-    timer_.cancel();
-  }
-  bool expired() const { return state_->expired; }
-
- private:
-  struct State {
-    bool expired;
-    Closable* target;
-  };
-  asio::steady_timer timer_;
-  std::shared_ptr<State> state_;
-};
 
 // The handoff's sendmsg/recvmsg message: one data byte and room for the segment's descriptors (SCM_RIGHTS).
 // Not copyable: msg points into the object itself.
@@ -188,7 +159,7 @@ struct TokenRace {
 
 asio::awaitable<void> ReadToken(std::shared_ptr<TokenRace> race, std::shared_ptr<Unix::socket> peer,
                                 std::chrono::steady_clock::time_point deadline) {
-  Deadline read_deadline(co_await asio::this_coro::executor, deadline, *peer);
+  transport::Deadline read_deadline(co_await asio::this_coro::executor, deadline, *peer);
   std::string token(kTokenBytes, '\0');
   auto [ec, n] = co_await asio::async_read(*peer, asio::buffer(token), asio::as_tuple(asio::use_awaitable));
   // A stranger, a worker that gave up, or too late: its connection closes with this coroutine.
@@ -201,7 +172,7 @@ asio::awaitable<void> ReadToken(std::shared_ptr<TokenRace> race, std::shared_ptr
 
 asio::awaitable<Status> ShmOffer::Handoff(std::chrono::steady_clock::time_point deadline) {
   const asio::any_io_executor executor = co_await asio::this_coro::executor;
-  Deadline accept_deadline(executor, deadline, acceptor_);
+  transport::Deadline accept_deadline(executor, deadline, acceptor_);
   auto race = std::make_shared<TokenRace>(TokenRace{token_, &acceptor_, std::nullopt, {}});
   struct EndRace {  // on every way out: readers still waiting for a token are closed and can no longer win
     std::shared_ptr<TokenRace> race;
@@ -249,7 +220,7 @@ asio::awaitable<Result<ShmAttachment>> AttachShm(const asio::any_io_executor& ex
   if (token.size() != kTokenBytes) co_return ProtocolError("shm offer token of " + std::to_string(token.size()) + " bytes");
   if (socket_name.empty() || socket_name.size() > 100) co_return ProtocolError("shm offer with a bad socket name");
   Unix::socket socket(executor);
-  Deadline bound(executor, deadline, socket);
+  transport::Deadline bound(executor, deadline, socket);
   auto [ec] = co_await socket.async_connect(AbstractEndpoint(socket_name), asio::as_tuple(asio::use_awaitable));
   if (ec) {
     co_return Status(StatusCode::kUnavailable, "the aggregator's shared-memory socket @" + socket_name +
