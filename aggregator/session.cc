@@ -144,10 +144,9 @@ asio::awaitable<void> Session::Handshake() {
   transport::Deadline deadline(socket_.get_executor(),
                                std::chrono::steady_clock::now() + context_.options.handshake_timeout, socket_);
   Result<proto::ControlMessage> message = co_await ReadControl();
+  const bool got_hello = message.ok() && message->body_case() == proto::ControlMessage::kHello;
   Status st = message.ok() ? Status::Ok() : message.status();
-  if (st.ok() && message->body_case() != proto::ControlMessage::kHello) {
-    st = ProtocolError("first message must be Hello");
-  }
+  if (st.ok() && !got_hello) st = ProtocolError("first message must be Hello");
   if (st.ok()) {
     hello_ = message->hello();
     st = ValidateHello(hello_, context_.options);
@@ -170,7 +169,7 @@ asio::awaitable<void> Session::Handshake() {
   deadline.Cancel();
   if (deadline.expired()) {
     spdlog::warn("{}: no complete handshake within {} ms; connection dropped",
-                 message.ok() && message->body_case() == proto::ControlMessage::kHello ? Who() : "peer " + peer_,
+                 got_hello ? Who() : "peer " + peer_,
                  context_.options.handshake_timeout.count());
     context_.metrics.Error(StatusCode::kDeadlineExceeded);
     co_return;

@@ -1,15 +1,11 @@
 // Workers in this process against a real daemon process: several Worker objects (two jobs, two ranks each), a
 // tiny TCP send buffer, small shared-memory rings, the send-buffer variable checked, and a hand-driven rank that
 // leaves with a reason.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
-#include <array>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -23,6 +19,7 @@
 #include "protocol/frame_format.h"
 #include "protocol/layout.h"
 #include "sparsereduce/worker.h"
+#include "tests/integration/raw_peer.h"
 #include "tools/common/local_cluster.h"
 #include "tools/common/synthetic_tensor.h"
 
@@ -42,20 +39,6 @@ std::string ReduceAndCheck(Worker& worker, const tools::SyntheticSpec& spec, uin
   }
   const auto ref = tools::ReferenceSumFloat(spec);
   return std::memcmp(t.data(), ref.data(), t.size() * sizeof(float)) == 0 ? "" : "wrong result";
-}
-
-// A raw TCP connection to a local daemon's "127.0.0.1:PORT", for tests that play a peer by hand; -1 on failure.
-// A `receive_buffer` > 0 sets SO_RCVBUF first (a peer that reads slowly).
-int ConnectTo(const std::string& address, int receive_buffer = 0) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd >= 0 && receive_buffer > 0) setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof receive_buffer);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1))));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return fd;
-  if (fd >= 0) close(fd);
-  return -1;
 }
 
 TEST(InProcess, TwoJobsInOneProcess) {
@@ -194,13 +177,8 @@ TEST(InProcess, RankThatLeftBetweenCollectivesIsReportedWithItsReason) {
   auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
   ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
   const std::string address = (*daemon)->AddressList();
-  const int fd = ConnectTo(address);
+  const int fd = ConnectToLoopback(address);
   ASSERT_GE(fd, 0) << "cannot connect to " << address;
-  auto send_control = [fd](const proto::ControlMessage& message) {
-    const ByteBuffer frame = EncodeControl(message);
-    ASSERT_EQ(write(fd, frame.data(), frame.size()), static_cast<ssize_t>(frame.size()));
-  };
-
   WorkerOptions options;
   options.aggregators = {address};
   options.job = 21;
@@ -208,28 +186,14 @@ TEST(InProcess, RankThatLeftBetweenCollectivesIsReportedWithItsReason) {
   options.world_size = 2;
   options.connect_timeout = options.join_timeout = options.collective_timeout = 10s;
   auto rank0 = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
-  proto::ControlMessage hello;
-  hello.mutable_hello()->set_protocol_version(kProtocolVersion);
-  hello.mutable_hello()->set_job_id(options.job);
-  hello.mutable_hello()->set_rank(1);
-  hello.mutable_hello()->set_world_size(2);
-  hello.mutable_hello()->set_num_aggregators(1);
-  hello.mutable_hello()->set_slots(options.slots);
-  hello.mutable_hello()->set_blocks_per_message(options.blocks_per_message);
-  hello.mutable_hello()->set_window(options.window);
-  send_control(hello);
+  ASSERT_TRUE(SendControl(fd, RawHello(options.job, 1, 2, 1, options)));
   std::unique_ptr<Worker> worker = rank0.get();  // returns once the job is formed, i.e. both Hellos were taken
 
   proto::ControlMessage goodbye;
   goodbye.mutable_goodbye()->set_reason("aggregator 7 (10.0.0.7:5000): connection closed by peer");
-  send_control(goodbye);
+  ASSERT_TRUE(SendControl(fd, goodbye));
   // The daemon closes the connection once it has taken the Goodbye: read (JobReady, then EOF) until then.
-  char buf[4096];
-  for (;;) {
-    pollfd pfd{fd, POLLIN, 0};
-    ASSERT_EQ(poll(&pfd, 1, 10000), 1) << "the daemon did not close rank 1's connection after its Goodbye";
-    if (read(fd, buf, sizeof buf) <= 0) break;
-  }
+  ASSERT_TRUE(ReadUntilClosed(fd)) << "the daemon did not close rank 1's connection after its Goodbye";
   close(fd);
 
   std::vector<float> tensor(4096, 1.0f);
@@ -260,105 +224,31 @@ TEST(InProcess, GoodbyeBeforeTheJobFormedFreesThePlace) {
   options.rank = 2;
   options.world_size = 3;
   options.connect_timeout = options.join_timeout = options.collective_timeout = 10s;
-  auto hello_of = [&](uint32_t rank) {
-    proto::ControlMessage hello;
-    hello.mutable_hello()->set_protocol_version(kProtocolVersion);
-    hello.mutable_hello()->set_job_id(options.job);
-    hello.mutable_hello()->set_rank(rank);
-    hello.mutable_hello()->set_world_size(options.world_size);
-    hello.mutable_hello()->set_num_aggregators(1);
-    hello.mutable_hello()->set_slots(options.slots);
-    hello.mutable_hello()->set_blocks_per_message(options.blocks_per_message);
-    hello.mutable_hello()->set_window(options.window);
-    return EncodeControl(hello);
-  };
-  auto send = [](int fd, const ByteBuffer& frame) {
-    return write(fd, frame.data(), frame.size()) == static_cast<ssize_t>(frame.size());
-  };
-  const int rank0 = ConnectTo(address), rank1 = ConnectTo(address);
+  auto hello_of = [&](uint32_t rank) { return RawHello(options.job, rank, options.world_size, 1, options); };
+  const int rank0 = ConnectToLoopback(address), rank1 = ConnectToLoopback(address);
   ASSERT_GE(rank0, 0);
   ASSERT_GE(rank1, 0);
-  ASSERT_TRUE(send(rank0, hello_of(0)));
-  ASSERT_TRUE(send(rank1, hello_of(1)));
+  ASSERT_TRUE(SendControl(rank0, hello_of(0)));
+  ASSERT_TRUE(SendControl(rank1, hello_of(1)));
   proto::ControlMessage goodbye;
   goodbye.mutable_goodbye()->set_reason("another aggregator refused the job");
-  ASSERT_TRUE(send(rank0, EncodeControl(goodbye)));
-  char buf[4096];
-  for (;;) {  // the daemon closes rank 0's connection once it has taken the Goodbye
-    pollfd pfd{rank0, POLLIN, 0};
-    ASSERT_EQ(poll(&pfd, 1, 10000), 1) << "the daemon did not close rank 0's connection after its Goodbye";
-    if (read(rank0, buf, sizeof buf) <= 0) break;
-  }
+  ASSERT_TRUE(SendControl(rank0, goodbye));
+  // The daemon closes rank 0's connection once it has taken the Goodbye.
+  ASSERT_TRUE(ReadUntilClosed(rank0)) << "the daemon did not close rank 0's connection after its Goodbye";
   close(rank0);
 
   // Rank 2 joins: two of three places are taken, so the job must not form yet.
   auto rank2 = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
   EXPECT_EQ(rank2.wait_for(500ms), std::future_status::timeout) << "the job formed without rank 0";
-  const int rank0_again = ConnectTo(address);
+  const int rank0_again = ConnectToLoopback(address);
   ASSERT_GE(rank0_again, 0);
-  ASSERT_TRUE(send(rank0_again, hello_of(0)));
+  ASSERT_TRUE(SendControl(rank0_again, hello_of(0)));
   std::unique_ptr<Worker> worker;
   ASSERT_NO_THROW(worker = rank2.get());  // formed with the new rank 0
   worker.reset();
   close(rank1);
   close(rank0_again);
   EXPECT_TRUE((*daemon)->Stop()) << "the daemon did not exit cleanly";
-}
-
-// Reads exactly `n` bytes (false on EOF, error, or 20 s without data).
-bool ReadExactly(int fd, void* out, size_t n) {
-  auto* p = static_cast<char*>(out);
-  while (n > 0) {
-    pollfd pfd{fd, POLLIN, 0};
-    if (poll(&pfd, 1, 20000) != 1) return false;
-    const ssize_t got = read(fd, p, n);
-    if (got <= 0) return false;
-    p += got;
-    n -= static_cast<size_t>(got);
-  }
-  return true;
-}
-
-// Reads one frame; its header, or nullopt when the stream ended or is malformed.
-std::optional<FrameHeader> ReadFrame(int fd) {
-  std::array<std::byte, kFrameHeaderSize> bytes;
-  if (!ReadExactly(fd, bytes.data(), bytes.size())) return std::nullopt;
-  Result<FrameHeader> header = DecodeFrameHeader(bytes);
-  if (!header.ok()) return std::nullopt;
-  std::vector<std::byte> payload(header->payload_length);
-  if (!ReadExactly(fd, payload.data(), payload.size())) return std::nullopt;
-  return *header;
-}
-
-// A loopback listener for an aggregator played by hand; `receive_buffer` > 0 sets SO_RCVBUF (inherited by the
-// accepted socket). Returns the socket and sets `port`; -1 on failure.
-int ListenOnLoopback(uint16_t* port, int receive_buffer = 0) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return -1;
-  if (receive_buffer > 0) setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &receive_buffer, sizeof receive_buffer);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || listen(fd, 4) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    close(fd);
-    return -1;
-  }
-  *port = ntohs(addr.sin_port);
-  return fd;
-}
-
-bool WriteAll(int fd, const ByteBuffer& frame) {
-  const std::byte* p = frame.data();
-  size_t left = frame.size();
-  while (left > 0) {
-    const ssize_t n = write(fd, p, left);
-    if (n <= 0) return false;
-    p += n;
-    left -= static_cast<size_t>(n);
-  }
-  return true;
 }
 
 // The frames of a collective point into the caller's tensor until they are written, so the collective ends only
@@ -384,7 +274,7 @@ TEST(InProcess, CollectiveEndsOnlyWhenItsFramesAreWritten) {
   auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
   const int fd = accept(listener, nullptr, nullptr);
   ASSERT_GE(fd, 0);
-  auto send = [fd](const ByteBuffer& frame) { return WriteAll(fd, frame); };
+  auto send = [fd](const ByteBuffer& frame) { return WriteAll(fd, std::span(frame.data(), frame.size())); };
   ASSERT_TRUE(ReadFrame(fd));  // Hello
   proto::ControlMessage ready;
   ready.mutable_job_ready()->set_protocol_version(kProtocolVersion);
@@ -453,7 +343,7 @@ TEST(InProcess, ALateSharedMemoryOfferEndsWithTheJoinDeadline) {
   offer.mutable_transport_offer()->set_kind("shm");
   offer.mutable_transport_offer()->set_shm_socket(name);
   offer.mutable_transport_offer()->set_token(std::string(16, 't'));
-  ASSERT_TRUE(WriteAll(fd, EncodeControl(offer)));
+  ASSERT_TRUE(SendControl(fd, offer));
   try {
     joined.get();
     ADD_FAILURE() << "joined without a JobReady";
@@ -492,9 +382,9 @@ TEST(InProcess, ATransportOfferAfterJobReadyFailsTheWorker) {
   offer.mutable_transport_offer()->set_kind("shm");
   offer.mutable_transport_offer()->set_shm_socket("sparsereduce/late");
   offer.mutable_transport_offer()->set_token(std::string(16, 't'));
-  ASSERT_TRUE(WriteAll(fd, EncodeControl(ready)));
+  ASSERT_TRUE(SendControl(fd, ready));
   std::unique_ptr<Worker> worker = joined.get();
-  ASSERT_TRUE(WriteAll(fd, EncodeControl(offer)));
+  ASSERT_TRUE(SendControl(fd, offer));
   std::vector<float> tensor(1024, 1.0f);
   try {
     worker->allreduce(std::span(tensor));
@@ -517,11 +407,9 @@ TEST(InProcess, AMemberThatDoesNotReadHoldsTheOthersBack) {
   auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1, {"--stall-timeout-ms", "2000"});
   ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
   const std::string address = (*daemon)->AddressList();
-  const int fd = ConnectTo(address, /*receive_buffer=*/4096);
+  const int fd = ConnectToLoopback(address, /*receive_buffer=*/4096);
   ASSERT_GE(fd, 0) << "cannot connect to " << address;
-  auto send_frame = [fd](const ByteBuffer& frame) {
-    ASSERT_EQ(write(fd, frame.data(), frame.size()), static_cast<ssize_t>(frame.size()));
-  };
+  auto send_frame = [fd](const ByteBuffer& frame) { ASSERT_TRUE(WriteAll(fd, std::span(frame.data(), frame.size()))); };
 
   WorkerOptions options;
   options.aggregators = {address};
@@ -532,16 +420,7 @@ TEST(InProcess, AMemberThatDoesNotReadHoldsTheOthersBack) {
   options.blocks_per_message = 16;
   options.connect_timeout = options.join_timeout = options.collective_timeout = 20s;
   auto rank0 = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
-  proto::ControlMessage hello;
-  hello.mutable_hello()->set_protocol_version(kProtocolVersion);
-  hello.mutable_hello()->set_job_id(options.job);
-  hello.mutable_hello()->set_rank(1);
-  hello.mutable_hello()->set_world_size(2);
-  hello.mutable_hello()->set_num_aggregators(1);
-  hello.mutable_hello()->set_slots(options.slots);
-  hello.mutable_hello()->set_blocks_per_message(options.blocks_per_message);
-  hello.mutable_hello()->set_window(options.window);
-  send_frame(EncodeControl(hello));
+  ASSERT_TRUE(SendControl(fd, RawHello(options.job, 1, 2, 1, options)));
   std::unique_ptr<Worker> worker = rank0.get();
 
   // Rank 1: the same collective, nothing to contribute in any column, and it never reads.
@@ -549,7 +428,7 @@ TEST(InProcess, AMemberThatDoesNotReadHoldsTheOthersBack) {
   proto::ControlMessage begin;
   begin.mutable_collective_begin()->set_seq(1);
   *begin.mutable_collective_begin()->mutable_spec() = SpecToProto(spec);
-  send_frame(EncodeControl(begin));
+  ASSERT_TRUE(SendControl(fd, begin));
   const JobShape shape{2, 1, options.slots, options.blocks_per_message, options.window};
   const ColumnLayout layout(shape, spec.element_count, spec.block_size, 4);
   for (uint32_t s = 0; s < options.slots; ++s) {
@@ -577,40 +456,20 @@ TEST(InProcess, OlderProtocolVersionIsRefusedByName) {
   auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
   ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
   const std::string address = (*daemon)->AddressList();
-  const int fd = ConnectTo(address);
+  const int fd = ConnectToLoopback(address);
   ASSERT_GE(fd, 0) << "cannot connect to " << address;
-  proto::ControlMessage hello;
+  proto::ControlMessage hello = RawHello(22, 0, 1, 1);
   hello.mutable_hello()->set_protocol_version(2);
-  hello.mutable_hello()->set_job_id(22);
-  hello.mutable_hello()->set_world_size(1);
-  hello.mutable_hello()->set_num_aggregators(1);
-  hello.mutable_hello()->set_slots(1);
-  hello.mutable_hello()->set_blocks_per_message(1);
-  hello.mutable_hello()->set_window(1);
   ByteBuffer frame = EncodeControl(hello);
   frame.data()[4] = std::byte{2};  // the frame header's version byte, as a version-2 (0.2.x) worker writes it
-  ASSERT_EQ(write(fd, frame.data(), frame.size()), static_cast<ssize_t>(frame.size()));
+  ASSERT_TRUE(WriteAll(fd, std::span(frame.data(), frame.size())));
 
   // Read the answer (one frame); the daemon then waits for this side to close (§5), which the test does.
-  std::vector<std::byte> reply;
-  std::optional<FrameHeader> header;
-  char buf[4096];
-  while (!header || reply.size() < kFrameHeaderSize + uint64_t{header->payload_length}) {
-    pollfd pfd{fd, POLLIN, 0};
-    ASSERT_EQ(poll(&pfd, 1, 10000), 1) << "the daemon did not answer";
-    const ssize_t n = read(fd, buf, sizeof buf);
-    ASSERT_GT(n, 0) << "the daemon closed after " << reply.size() << " bytes, before a whole frame";
-    reply.insert(reply.end(), reinterpret_cast<std::byte*>(buf), reinterpret_cast<std::byte*>(buf) + n);
-    if (!header && reply.size() >= kFrameHeaderSize) {
-      Result<FrameHeader> decoded = DecodeFrameHeader(std::span(reply).first(kFrameHeaderSize));
-      ASSERT_TRUE(decoded.ok()) << decoded.status().ToString();
-      header = *decoded;
-    }
-  }
+  const std::optional<RawFrame> reply = ReadFrame(fd);
   close(fd);
-  ASSERT_EQ(header->type, FrameType::kControl);
-  Result<proto::ControlMessage> error =
-      DecodeControl(std::span(reply).subspan(kFrameHeaderSize, header->payload_length));
+  ASSERT_TRUE(reply) << "the daemon did not answer with a frame this version reads";
+  ASSERT_EQ(reply->header.type, FrameType::kControl);
+  Result<proto::ControlMessage> error = DecodeControl(reply->payload);
   ASSERT_TRUE(error.ok()) << error.status().ToString();
   ASSERT_TRUE(error->has_error());
   EXPECT_EQ(error->error().code(), proto::VERSION_MISMATCH);

@@ -1,10 +1,6 @@
 // Multi-process tests: the real sparsereduce-aggregator binary and real worker processes on 127.0.0.1.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +8,7 @@
 #include <regex>
 #include <sstream>
 
+#include "tests/integration/raw_peer.h"
 #include "tools/common/subprocess.h"
 
 namespace sparsereduce::testing {
@@ -238,61 +235,29 @@ TEST(MultiProcess, JoinMistakesFailWaitingRanksFast) {
 // Garbage on one connection drops that connection only; a job on the same daemon completes.
 TEST(MultiProcess, GarbageClientDoesNotDisturbOtherJobs) {
   Aggregator aggregator;
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(aggregator.port());
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const int fd = ConnectToLoopback(aggregator.port());
+  ASSERT_GE(fd, 0);
   // Exactly one header's worth, so the daemon has read everything when it closes (no RST).
   const char garbage[40] = "GET / HTTP/1.1\r\nHost: example\r\n\r\n";
   ASSERT_EQ(write(fd, garbage, sizeof garbage), static_cast<ssize_t>(sizeof garbage));
   auto workers = StartJob(aggregator.address(), 11, 2, {"--elements", "40000", "--collectives", "3"});
   ExpectAllOk(Finish(workers), 3);
   // The daemon answered the garbage with an Error frame and closed: reading reaches EOF.
-  char buf[4096];
-  ssize_t n;
-  size_t total = 0;
-  while ((n = read(fd, buf, sizeof buf)) > 0) total += static_cast<size_t>(n);
-  EXPECT_EQ(n, 0);
-  EXPECT_GT(total, 40u) << "expected an Error frame before the close";
+  const std::optional<std::string> answer = ReadUntilClosed(fd);
   close(fd);
-}
-
-int ConnectTo(uint16_t port) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  return fd;
-}
-
-// Reads until EOF or `timeout`; returns the bytes read, or -1 on timeout.
-ssize_t ReadUntilClosed(int fd, std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  ssize_t total = 0;
-  char buf[4096];
-  while (true) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) return -1;
-    pollfd pfd{fd, POLLIN, 0};
-    if (poll(&pfd, 1, static_cast<int>(left.count())) <= 0) return -1;
-    const ssize_t n = read(fd, buf, sizeof buf);
-    if (n <= 0) return total;
-    total += n;
-  }
+  ASSERT_TRUE(answer) << "the daemon did not close the garbage connection";
+  EXPECT_GT(answer->size(), 40u) << "expected an Error frame before the close";
 }
 
 // A connection that never says Hello is dropped after the handshake timeout (2 s here), while a job completes.
 TEST(MultiProcess, SlowlorisIsDropped) {
   Aggregator aggregator;
-  const int fd = ConnectTo(aggregator.port());
+  const int fd = ConnectToLoopback(aggregator.port());
+  ASSERT_GE(fd, 0);
   auto workers = StartJob(aggregator.address(), 13, 2, {"--elements", "20000", "--collectives", "2"});
   ExpectAllOk(Finish(workers), 2);
   const auto start = std::chrono::steady_clock::now();
-  EXPECT_EQ(ReadUntilClosed(fd, 10s), 0) << "the daemon should close a silent connection";
+  EXPECT_EQ(ReadUntilClosed(fd, 10s), "") << "the daemon should close a silent connection without a word";
   EXPECT_LT(std::chrono::steady_clock::now() - start, 4s);
   close(fd);
 }
@@ -300,11 +265,14 @@ TEST(MultiProcess, SlowlorisIsDropped) {
 // A header announcing a 4 GiB payload is refused at once (nothing is allocated or awaited).
 TEST(MultiProcess, OversizedLengthPrefixIsRefused) {
   Aggregator aggregator;
-  const int fd = ConnectTo(aggregator.port());
+  const int fd = ConnectToLoopback(aggregator.port());
+  ASSERT_GE(fd, 0);
   unsigned char header[40] = {'S', 'R', 'D', 'F', 1, 1, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF};  // CONTROL, 4 GiB
   ASSERT_EQ(write(fd, header, sizeof header), static_cast<ssize_t>(sizeof header));
-  EXPECT_GT(ReadUntilClosed(fd, 5s), 40) << "expected an Error frame, then the close";
+  const std::optional<std::string> answer = ReadUntilClosed(fd, 5s);
   close(fd);
+  ASSERT_TRUE(answer) << "the daemon did not close the connection within 5 s";
+  EXPECT_GT(answer->size(), 40u) << "expected an Error frame, then the close";
 }
 
 TEST(MultiProcess, WorkerFailsWhenNoAggregatorListens) {

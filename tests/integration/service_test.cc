@@ -1,8 +1,6 @@
 // The aggregator as a service, against the real daemon process with Workers in this process: metrics and probes,
 // job authentication, allowed networks, limits, SIGTERM drain and systemd notifications.
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -26,6 +24,7 @@
 #include "protocol/control.h"
 #include "protocol/frame_format.h"
 #include "sparsereduce/worker.h"
+#include "tests/integration/raw_peer.h"
 #include "tools/common/subprocess.h"
 #include "tools/common/synthetic_tensor.h"
 
@@ -168,52 +167,6 @@ std::pair<std::string, std::string> JoinError(const std::string& address, uint64
   }
 }
 
-// A peer played by hand: a raw TCP connection to the daemon's "127.0.0.1:PORT" (-1 on failure), its Hello, a
-// CONTROL frame sent whole, and everything it reads until the daemon closes (bounded: 10 s without data fails).
-int ConnectRaw(const std::string& address) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(std::stoi(address.substr(address.rfind(':') + 1))));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (fd >= 0 && connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) return fd;
-  if (fd >= 0) close(fd);
-  return -1;
-}
-
-proto::ControlMessage RawHello(uint64_t job, uint32_t rank, uint32_t world_size, uint32_t num_aggregators) {
-  proto::ControlMessage hello;
-  hello.mutable_hello()->set_protocol_version(kProtocolVersion);
-  hello.mutable_hello()->set_job_id(job);
-  hello.mutable_hello()->set_rank(rank);
-  hello.mutable_hello()->set_world_size(world_size);
-  hello.mutable_hello()->set_num_aggregators(num_aggregators);
-  hello.mutable_hello()->set_slots(8);
-  hello.mutable_hello()->set_blocks_per_message(128);
-  hello.mutable_hello()->set_window(1);
-  return hello;
-}
-
-bool SendControl(int fd, const proto::ControlMessage& message) {
-  const ByteBuffer frame = EncodeControl(message);
-  return write(fd, frame.data(), frame.size()) == static_cast<ssize_t>(frame.size());
-}
-
-std::string ReadUntilClosed(int fd) {
-  std::string bytes;
-  char buf[4096];
-  for (;;) {
-    pollfd pfd{fd, POLLIN, 0};
-    if (poll(&pfd, 1, 10000) != 1) {
-      ADD_FAILURE() << "the daemon neither sent anything nor closed the connection within 10 s";
-      return bytes;
-    }
-    const ssize_t n = read(fd, buf, sizeof buf);
-    if (n <= 0) return bytes;
-    bytes.append(buf, static_cast<size_t>(n));
-  }
-}
-
 // A daemon that exits at startup (here: its metrics address is taken) is reported at once, with its exit status,
 // not after the wait for its port file times out: the exited child is a zombie until reaped.
 TEST(Service, DaemonThatCannotStartIsReportedAtOnce) {
@@ -343,13 +296,14 @@ TEST(Service, RefusedUnauthenticatedHelloDoesNotEndAJobWithASecret) {
     return Sample(daemon.Metrics(), R"(sparsereduce_connected_workers\{instance_name="svc"\})") == 1;
   })) << "rank 0 did not join";
 
-  const int stranger = ConnectRaw(daemon.address());
+  const int stranger = ConnectToLoopback(daemon.address());
   ASSERT_GE(stranger, 0);
   ASSERT_TRUE(SendControl(stranger, RawHello(25, 7, 2, 1)));
   // The refusal, then EOF: by then the daemon has decided about the job.
-  const std::string answer = ReadUntilClosed(stranger);
+  const std::optional<std::string> answer = ReadUntilClosed(stranger);
   close(stranger);
-  EXPECT_NE(answer.find("rank 7 is out of range"), std::string::npos) << answer;
+  ASSERT_TRUE(answer) << "the daemon did not close the stranger's connection within 10 s";
+  EXPECT_NE(answer->find("rank 7 is out of range"), std::string::npos) << *answer;
 
   std::unique_ptr<Worker> worker1, worker0;
   ASSERT_NO_THROW(worker1 = std::make_unique<Worker>(Options(daemon.address(), 25, 1, 2, "s3cret")));
@@ -372,7 +326,7 @@ TEST(Service, RefusedUnauthenticatedHelloDoesNotEndAJobWithASecret) {
 // not counted: 512 MiB here, and 32 GiB with 2^32 elements under the default limits).
 TEST(Service, ColumnTableOfManyAggregatorsCountsAgainstTheJobMemory) {
   Daemon daemon({"--max-job-memory", std::to_string(64 << 20)});
-  const int fd = ConnectRaw(daemon.address());
+  const int fd = ConnectToLoopback(daemon.address());
   ASSERT_GE(fd, 0);
   ASSERT_TRUE(SendControl(fd, RawHello(26, 0, 1, 1u << 20)));
   proto::ControlMessage begin;
@@ -380,10 +334,11 @@ TEST(Service, ColumnTableOfManyAggregatorsCountsAgainstTheJobMemory) {
   *begin.mutable_collective_begin()->mutable_spec() =
       SpecToProto(CollectiveSpec{uint64_t{1} << 26, DType::kFloat32, ReduceOp::kSum, 1});
   ASSERT_TRUE(SendControl(fd, begin));
-  const std::string answer = ReadUntilClosed(fd);
+  const std::optional<std::string> answer = ReadUntilClosed(fd);
   close(fd);
-  EXPECT_NE(answer.find("--max-job-memory"), std::string::npos) << answer;
-  EXPECT_NE(answer.find("1048576 aggregators"), std::string::npos) << answer;
+  ASSERT_TRUE(answer) << "the daemon did not close the connection within 10 s";
+  EXPECT_NE(answer->find("--max-job-memory"), std::string::npos) << *answer;
+  EXPECT_NE(answer->find("1048576 aggregators"), std::string::npos) << *answer;
 }
 
 // CPU seconds (user + system) a process has used so far, from /proc/PID/stat; -1 if unreadable.
@@ -412,7 +367,7 @@ TEST(Service, OutOfDescriptorsTheListenersPauseInsteadOfSpinning) {
   ASSERT_FALSE(daemon.address().empty());
   std::vector<int> idle;  // connections that never say Hello: each holds a descriptor until the handshake timeout
   for (int i = 0; i < 64; ++i) {
-    const int fd = ConnectRaw(daemon.address());
+    const int fd = ConnectToLoopback(daemon.address());
     ASSERT_GE(fd, 0);
     idle.push_back(fd);
   }
