@@ -25,6 +25,23 @@ def first(doc):
     return doc["results"][0] if doc and doc.get("results") else None
 
 
+def link_bound_bytes(r, layout, doc):
+    """Bytes the busiest direction of one host's link must carry per collective.
+
+    Separate layout: the worker's own upload or download. Colocated: the host's link also carries its aggregator's
+    traffic with the other hosts' workers, while the worker's traffic with its own aggregator stays on the host.
+    The layout deals runs of columns to the aggregators in turn, so a worker's contributions and results are spread
+    evenly over them: up = (A-1)/A x sent + (W-1)/A x received, down the other way round.
+    """
+    sent, received = r["bytes_sent"], r["bytes_received"]
+    if layout != "colocated":
+        return max(sent, received)
+    workers, aggregators = doc["world_size"], doc["aggregators"]
+    up = (aggregators - 1) / aggregators * sent + (workers - 1) / aggregators * received
+    down = (aggregators - 1) / aggregators * received + (workers - 1) / aggregators * sent
+    return max(up, down)
+
+
 def sweep(out, layout, rate):
     gloo = first(load(os.path.join(out, f"{layout}.gloo.ring.json")))
     lines = []
@@ -33,7 +50,8 @@ def sweep(out, layout, rate):
         for name in sorted(os.listdir(out)):
             m = re.fullmatch(rf"{layout}\.{overlap}\.([0-9.]+)\.json", name)
             if m:
-                rows.append((float(m.group(1)), first(load(os.path.join(out, name)))))
+                doc = load(os.path.join(out, name))
+                rows.append((float(m.group(1)), first(doc), doc))
         if not rows:
             continue
         if not lines:
@@ -43,12 +61,12 @@ def sweep(out, layout, rate):
         lines.append("| density | union | time (ms) | speed-up vs Gloo ring | sent/recv per worker (MiB) "
                      "| link bound (ms) | % of bound |")
         lines.append("|---|---|---|---|---|---|---|")
-        for density, r in sorted(rows, reverse=True):
+        for density, r, doc in sorted(rows, key=lambda row: row[0], reverse=True):
             if r is None:
                 lines.append(f"| {density:g} | failed | | | | | |")
                 continue
             t = r["time_us_median"] / 1e3
-            bound = max(r["bytes_sent"], r["bytes_received"]) * 8 / rate * 1e3 if rate else None
+            bound = link_bound_bytes(r, layout, doc) * 8 / rate * 1e3 if rate else None
             speedup = f"{gloo['time_us_median'] / r['time_us_median']:.2f}x" if gloo else "-"
             lines.append(
                 f"| {density * 100:g} % | {r['union_density'] * 100:.1f} % | {t:.1f} | {speedup} | "
