@@ -6,6 +6,8 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <array>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
@@ -396,6 +398,68 @@ TEST(InProcess, ATransportOfferAfterJobReadyFailsTheWorker) {
   worker.reset();
   close(fd);
   close(listener);
+}
+
+// A worker that fails tells its other aggregators why in a Goodbye, and the reason may quote an aggregator's Error
+// at length. The reason is cut at 4 KiB so that the Goodbye stays a valid CONTROL frame (at most 64 KiB): a
+// 60 KiB Error used to make it longer, and the other aggregator saw a malformed frame instead of the reason.
+TEST(InProcess, ALongErrorReachesTheOtherAggregatorCutInAGoodbye) {
+  std::array<uint16_t, 2> ports{};
+  std::array<int, 2> listeners{ListenOnLoopback(&ports[0]), ListenOnLoopback(&ports[1])};
+  ASSERT_GE(listeners[0], 0);
+  ASSERT_GE(listeners[1], 0);
+  WorkerOptions options;
+  options.aggregators = {"127.0.0.1:" + std::to_string(ports[0]), "127.0.0.1:" + std::to_string(ports[1])};
+  options.job = 32;
+  options.world_size = 1;
+  options.transport = "tcp";
+  options.connect_timeout = options.join_timeout = options.collective_timeout = 10s;
+  auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  std::array<int, 2> fds{};
+  for (size_t a = 0; a < 2; ++a) {
+    fds[a] = accept(listeners[a], nullptr, nullptr);
+    ASSERT_GE(fds[a], 0);
+    ASSERT_TRUE(ReadFrame(fds[a]));  // Hello
+    proto::ControlMessage ready;
+    ready.mutable_job_ready()->set_protocol_version(kProtocolVersion);
+    ready.mutable_job_ready()->set_transport("tcp");
+    ASSERT_TRUE(SendControl(fds[a], ready));
+  }
+  std::unique_ptr<Worker> worker = joined.get();
+
+  std::vector<float> tensor(1u << 16, 1.0f);  // 256 blocks: both aggregators serve some
+  std::future<void> done = worker->allreduce_async(std::span(tensor));
+  ASSERT_TRUE(ReadFrame(fds[0]));  // CollectiveBegin
+  proto::ControlMessage error;
+  error.mutable_error()->set_code(proto::RESOURCE_EXHAUSTED);
+  error.mutable_error()->set_message("out of memory: " + std::string(60'000, 'x'));
+  error.mutable_error()->set_seq(1);
+  ASSERT_TRUE(SendControl(fds[0], error));
+  try {
+    done.get();
+    ADD_FAILURE() << "the collective succeeded although aggregator 0 refused it";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "RESOURCE_EXHAUSTED") << std::string(e.what()).substr(0, 200);
+  }
+
+  // Aggregator 1 reads the CollectiveBegin, perhaps some CONTRIBUTIONs, then the Goodbye.
+  std::optional<proto::ControlMessage> goodbye;
+  while (!goodbye) {
+    std::optional<RawFrame> frame = ReadFrame(fds[1]);
+    ASSERT_TRUE(frame) << "aggregator 1 got no Goodbye, or a frame it could not read";
+    if (frame->header.type != FrameType::kControl) continue;
+    EXPECT_LE(frame->payload.size(), kMaxControlPayload) << "a CONTROL frame over the protocol's limit";
+    Result<proto::ControlMessage> message = DecodeControl(frame->payload);
+    ASSERT_TRUE(message.ok()) << message.status().ToString();
+    if (message->has_goodbye()) goodbye = *message;
+  }
+  const std::string& reason = goodbye->goodbye().reason();
+  EXPECT_LE(reason.size(), 4096u + 6u);
+  EXPECT_NE(reason.find("out of memory: xxx"), std::string::npos) << reason.substr(0, 200);
+  EXPECT_TRUE(reason.ends_with(" [...]")) << reason.substr(reason.size() - std::min<size_t>(reason.size(), 40));
+  worker.reset();
+  for (int fd : fds) close(fd);
+  for (int listener : listeners) close(listener);
 }
 
 // Workers stream their blocks (docs/PROTOCOL.md §4), so the aggregator could produce RESULTs much faster than a
