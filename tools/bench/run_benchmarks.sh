@@ -95,6 +95,7 @@ sweep() {
   {
     testbed_up "$NAME" "$n" --rate "$RATE" >/dev/null
     gloo_run "$tag.gloo.ring" ring "$SIZE" "$SIZE" $workers
+    gloo_run "$tag.gloo.bcube" bcube "$SIZE" "$SIZE" $workers
     start_aggregators $aggs
     for overlap in random full; do
       for d in $DENSITIES; do sparse_run "$tag.$overlap.$d" "$d" "$overlap" "$SIZE" "$SIZE" $workers; done

@@ -44,6 +44,7 @@ def link_bound_bytes(r, layout, doc):
 
 def sweep(out, layout, rate):
     gloo = first(load(os.path.join(out, f"{layout}.gloo.ring.json")))
+    bcube = first(load(os.path.join(out, f"{layout}.gloo.bcube.json")))
     lines = []
     for overlap in ("random", "full"):
         rows = []
@@ -56,7 +57,8 @@ def sweep(out, layout, rate):
             continue
         if not lines:
             g = f"{gloo['time_us_median'] / 1e3:.1f} ms" if gloo else "not measured"
-            lines.append(f"Gloo ring, same hosts, same run: **{g}**\n")
+            b = f"; Gloo bcube: {bcube['time_us_median'] / 1e3:.1f} ms" if bcube else ""
+            lines.append(f"Gloo ring, same hosts, same run: **{g}**{b}\n")
         lines.append(f"overlap **{overlap}**\n")
         lines.append("| density | union | time (ms) | speed-up vs Gloo ring | sent/recv per worker (MiB) "
                      "| link bound (ms) | % of bound |")
