@@ -1,6 +1,8 @@
 #include "codec/codec_spec.h"
 
+#include <charconv>
 #include <cmath>
+#include <system_error>
 
 namespace sparsereduce {
 
@@ -25,16 +27,50 @@ Result<Codec> ParseCodec(const std::string& name) {
   return InvalidArgument("unknown codec '" + name + "' (none, fp16, bf16, 3lc, diana, topk, adaptive)");
 }
 
+namespace {
+
+// The shortest text that reads back as the same float: two specs that differ print differently.
+std::string Shortest(float value) {
+  char buf[32];
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, value);
+  return ec == std::errc() ? std::string(buf, end) : std::to_string(value);
+}
+
+}  // namespace
+
 std::string CodecSpec::ToString() const {
   std::string s = CodecName(codec);
   if (codec == Codec::kNone) return s;
   s += "(key=" + std::to_string(key);
   if (codec == Codec::kThreeLC) {
-    s += " s=" + std::to_string(sparsity) + (result_fp32 ? " fp32-results" : "") + (tensor_scale ? " tensor-scale" : "");
+    s += " s=" + Shortest(sparsity) + (result_fp32 ? " fp32-results" : "") + (tensor_scale ? " tensor-scale" : "");
   }
-  if (codec == Codec::kTopK || codec == Codec::kAdaptive) s += " fraction=" + std::to_string(fraction);
-  if (codec == Codec::kDiana) s += " alpha=" + std::to_string(alpha) + (diana_l2 ? " l2" : " linf");
+  if (codec == Codec::kTopK) s += " fraction=" + Shortest(fraction);
+  if (codec == Codec::kDiana) s += " alpha=" + Shortest(alpha) + (diana_l2 ? " l2" : " linf");
   return s + ")";
+}
+
+CodecSpec WithoutUnusedFields(const CodecSpec& c) {
+  CodecSpec out;
+  out.codec = c.codec;
+  out.key = c.codec == Codec::kNone ? 0 : c.key;  // no codec, no state to name (and SpecToProto writes none)
+  switch (c.codec) {
+    case Codec::kThreeLC:
+      out.sparsity = c.sparsity;
+      out.result_fp32 = c.result_fp32;
+      out.tensor_scale = c.tensor_scale;
+      break;
+    case Codec::kTopK: out.fraction = c.fraction; break;
+    case Codec::kDiana:
+      out.alpha = c.alpha;
+      out.diana_l2 = c.diana_l2;
+      break;
+    case Codec::kNone:
+    case Codec::kFloat16:
+    case Codec::kBFloat16:
+    case Codec::kAdaptive: break;  // adaptive picks its own k: `fraction` is not used
+  }
+  return out;
 }
 
 Status ValidateCodec(const CodecSpec& c) {

@@ -44,6 +44,10 @@ Result<Codec> ParseCodec(const std::string& name);
 
 Status ValidateCodec(const CodecSpec& codec);
 
+// `codec` with the fields its codec does not use at their defaults, so that two specs compare (and print) equal
+// when they mean the same: a peer that sends proto3 defaults, or a user's option for another codec, changes nothing.
+CodecSpec WithoutUnusedFields(const CodecSpec& codec);
+
 codec::WireFormat UploadFormat(const CodecSpec& codec);
 codec::WireFormat DownloadFormat(const CodecSpec& codec);
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -196,18 +197,33 @@ class ThreeLcEncoder final : public TensorEncoder {
     std::vector<float>& error = state_.staged;  // the key's error changes only in Finish
     error.resize(tensor.size());
     const Blocks blocks = Split(tensor.size(), block_size_);
-    const float tensor_scale =
-        spec_.tensor_scale ? MaxAbsWithError(tensor.data(), state_.error.data(), tensor.size()) * spec_.sparsity : 0;
+    const float* x = tensor.data();
+    const float* old_error = state_.error.data();
+    float tensor_max = spec_.tensor_scale ? MaxAbsWithError(x, old_error, tensor.size()) : 0;
+    const bool all_finite = std::isfinite(tensor_max);
+    if (!all_finite) {
+      // Some block is not finite: it goes out as such, and the others share the largest finite block's scale.
+      tensor_max = 0;
+      for (uint64_t b = 0; b < blocks.count; ++b) {
+        const float m = MaxAbsWithError(x + blocks.Begin(b), old_error + blocks.Begin(b), blocks.Length(b));
+        if (std::isfinite(m)) tensor_max = std::max(tensor_max, m);
+      }
+    }
     std::vector<int8_t> q(block_size_);
     store_.Reset(state_.wire, blocks.count, MaxTernaryBytes(block_size_));
     uint64_t count = 0;
     for (uint64_t b = 0; b < blocks.count; ++b) {
       const uint32_t n = blocks.Length(b);
       const uint64_t at = blocks.Begin(b);
-      const float scale = spec_.tensor_scale
-                              ? tensor_scale
-                              : MaxAbsWithError(tensor.data() + at, state_.error.data() + at, n) * spec_.sparsity;
-      send[b] = QuantizeWithError(tensor.data() + at, state_.error.data() + at, error.data() + at, n, scale, q.data());
+      float scale;
+      if (!spec_.tensor_scale) {
+        scale = ScaleOf(MaxAbsWithError(x + at, old_error + at, n), spec_.sparsity);
+      } else if (all_finite || std::isfinite(MaxAbsWithError(x + at, old_error + at, n))) {
+        scale = ScaleOf(tensor_max, spec_.sparsity);
+      } else {
+        scale = ScaleOf(std::numeric_limits<float>::infinity(), spec_.sparsity);  // not finite
+      }
+      send[b] = QuantizeWithError(x + at, old_error + at, error.data() + at, n, scale, q.data());
       if (!send[b]) continue;
       ++count;
       std::byte* out = store_.Begin(b);
@@ -261,9 +277,18 @@ class DianaEncoder final : public TensorEncoder {
       const float* x = tensor.data() + blocks.Begin(b);
       const float* h = h_own + blocks.Begin(b);
       Subtract(x, h, n, delta.data());
-      const float norm = spec_.diana_l2 ? Norm2(delta.data(), n) : NormInf(delta.data(), n);
-      uniform.Fill(draws.data(), n);
-      const bool any = QuantizeStochastic(delta.data(), draws.data(), norm, n, q.data());
+      float norm = spec_.diana_l2 ? Norm2(delta.data(), n) : NormInf(delta.data(), n);
+      uniform.Fill(draws.data(), n);  // also for a block not finite: the draws of later blocks stay the same
+      bool any;
+      if (std::isfinite(norm)) {
+        any = QuantizeStochastic(delta.data(), draws.data(), norm, n, q.data());
+      } else {
+        // x holds an Inf or a NaN: the block goes out not finite (every element decodes to NaN, docs/PROTOCOL.md
+        // §11.2) and leaves h_i as it was (Finish).
+        norm = std::numeric_limits<float>::quiet_NaN();
+        std::fill_n(q.data(), n, int8_t{1});
+        any = true;
+      }
       send[b] = any;
       if (!any) continue;
       ++count;
@@ -277,16 +302,17 @@ class DianaEncoder final : public TensorEncoder {
     // Every worker runs the same fp32 operations on the same S and h: the replicas stay bitwise equal.
     const float w = static_cast<float>(world_size_);
     float* h = state_.h_mean.data();
+    // A sum that is not finite (some rank's block was, or the sum overflowed) reaches the result but not h.
     for (size_t j = 0; j < tensor.size(); ++j) {
       const float s = tensor[j];
       tensor[j] = w * h[j] + s;
-      h[j] += alpha_ * (s / w);
+      h[j] += std::isfinite(s) ? alpha_ * (s / w) : 0.0f;
     }
-    // h_i += α·Q(Δ): Q(Δ) of each block sent is its wire block, norm · q_j exactly.
+    // h_i += α·Q(Δ): Q(Δ) of each block sent is its wire block, norm · q_j exactly (none for a block not finite).
     const Blocks blocks = Split(tensor.size(), block_size_);
     std::vector<float> sent(block_size_);
     for (uint64_t b = 0; b < blocks.count; ++b) {
-      if (store_.Block(b).empty()) continue;
+      if (store_.Block(b).empty() || std::isnan(TernaryScale(store_.Block(b)))) continue;
       const uint32_t n = blocks.Length(b);
       (void)DecodeTernary(store_.Block(b), n, sent.data(), false);
       float* h_i = state_.h_own.data() + blocks.Begin(b);
@@ -327,7 +353,9 @@ class TopKEncoder final : public TensorEncoder {
         total[at + j] = t;
         s += double{t} * t;
       }
-      norm2[b] = s;
+      // A block that is not finite (NaN included) ranks first and is always sent (below): its Inf or NaN reaches
+      // the result, where a loss scaler sees it, and does not stay in the residual.
+      norm2[b] = std::isfinite(s) ? s : HUGE_VAL;
     }
     std::vector<uint64_t> order(blocks.count);
     std::iota(order.begin(), order.end(), 0);
@@ -354,6 +382,12 @@ class TopKEncoder final : public TensorEncoder {
         ++count;
       }
     }
+    for (uint64_t b = 0; b < blocks.count; ++b) {  // blocks not finite beyond the k
+      if (norm2[b] == HUGE_VAL && !send[b]) {
+        send[b] = 1;
+        ++count;
+      }
+    }
     blocks_ = blocks;
     sent_.assign(send.begin(), send.begin() + static_cast<std::ptrdiff_t>(blocks.count));
     return count;
@@ -376,14 +410,16 @@ class TopKEncoder final : public TensorEncoder {
   // k maximizing expected descent per unit of time: descent ∝ ‖S_k(T)‖² / ‖T‖² (the fraction of the squared norm
   // in the k largest blocks), time C(k) = a + b · bytes(k) from the key's fitted cost model.
   uint64_t ChooseK(const std::vector<double>& norm2, const std::vector<uint64_t>& sorted, uint64_t k_max) const {
+    // Blocks that are not finite are sent whatever k is: they count as nothing here.
+    const auto finite = [](double v) { return v == HUGE_VAL ? 0.0 : v; };
     double total = 0;
-    for (double v : norm2) total += v;
+    for (double v : norm2) total += finite(v);
     if (total <= 0) return 1;
     const double bytes_per_block = 24.0 + 4.0 * block_size_;  // entry + fp32 data
     double prefix = 0, best = -1;
     uint64_t best_k = 1;
     for (uint64_t k = 1; k <= k_max; ++k) {
-      prefix += norm2[sorted[k - 1]];
+      prefix += finite(norm2[sorted[k - 1]]);
       const double value = (prefix / total) / (state_.cost.a() + state_.cost.b() * bytes_per_block * k);
       if (value > best) {
         best = value;

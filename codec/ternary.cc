@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <string>
 
@@ -104,7 +105,23 @@ size_t EncodeTernary(const int8_t* q, size_t n, float scale, std::byte* out) {
   return 4 + CollapseZeroRuns(packed, groups);
 }
 
-// The padding of a partial last group must be zero: one encoding per block.
+float TernaryScale(std::span<const std::byte> in) {
+  float scale;
+  std::memcpy(&scale, in.data(), 4);
+  return scale;
+}
+
+// A scale is a magnitude: finite and not negative, or NaN for a block that is not finite. An infinite scale would
+// make every zero q_j decode to 0 and the others to ±Inf, neither the sender's value nor the marker.
+static Status CheckScale(std::span<const std::byte> in) {
+  if (in.size() < 4) return ProtocolError("ternary block shorter than its scale");
+  const float scale = TernaryScale(in);
+  if (std::isnan(scale) || (std::isfinite(scale) && scale >= 0.0f)) return Status::Ok();
+  return ProtocolError("ternary block with scale " + std::to_string(scale) + " (must be finite and not negative, or NaN)");
+}
+
+// The padding of a partial last group must be zero (runs of zero groups may be split in more than one way: a
+// receiver takes any of them).
 static Status CheckPadding(std::span<const std::byte> in, size_t n) {
   if (n % 5 == 0) return Status::Ok();
   const uint8_t b = static_cast<uint8_t>(in[in.size() - 1]);
@@ -116,9 +133,8 @@ static Status CheckPadding(std::span<const std::byte> in, size_t n) {
 }
 
 Status DecodeTernary(std::span<const std::byte> in, size_t n, float* out, bool accumulate) {
-  if (in.size() < 4) return ProtocolError("ternary block shorter than its scale");
-  float scale;
-  std::memcpy(&scale, in.data(), 4);
+  if (Status st = CheckScale(in); !st.ok()) return st;
+  const float scale = TernaryScale(in);
   const float levels[3] = {-scale, 0.0f, scale};
   const size_t full = n / 5;
   Status st = ForEachGroup(in, TernaryGroups(n), [&](size_t g, const int8_t* q) {
@@ -136,21 +152,20 @@ Status DecodeTernary(std::span<const std::byte> in, size_t n, float* out, bool a
 }
 
 Status CheckTernary(std::span<const std::byte> in, size_t n) {
-  if (in.size() < 4) return ProtocolError("ternary block shorter than its scale");
+  if (Status st = CheckScale(in); !st.ok()) return st;
   Status st = ForEachGroup(in, TernaryGroups(n), [](size_t, const int8_t*) {});
   return st.ok() ? CheckPadding(in, n) : st;
 }
 
 Result<float> DecodeTrits(std::span<const std::byte> in, size_t n, int8_t* q) {
-  if (in.size() < 4) return ProtocolError("ternary block shorter than its scale");
-  float scale;
-  std::memcpy(&scale, in.data(), 4);
+  if (Status st = CheckScale(in); !st.ok()) return st;
   const size_t full = n / 5;
   Status st = ForEachGroup(in, TernaryGroups(n), [&](size_t g, const int8_t* values) {
     std::memcpy(q + 5 * g, values, g < full ? 5 : n % 5);
   });
+  if (st.ok()) st = CheckPadding(in, n);
   if (!st.ok()) return st;
-  return scale;
+  return TernaryScale(in);
 }
 
 }  // namespace sparsereduce::codec

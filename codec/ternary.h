@@ -28,8 +28,12 @@ inline size_t MaxTernaryBytes(size_t n) { return 4 + TernaryGroups(n); }
 // written.
 size_t EncodeTernary(const int8_t* q, size_t n, float scale, std::byte* out);
 
-// Decodes a block of n values: out[j] = scale · q_j, or out[j] += scale · q_j with `accumulate`. Fails on a wrong
-// number of groups, a padding value that is not zero, or trailing bytes.
+// The scale of an encoded block (at least 4 bytes). NaN marks a block that is not finite (docs/PROTOCOL.md §11.2).
+float TernaryScale(std::span<const std::byte> in);
+
+// Decodes a block of n values: out[j] = scale · q_j, or out[j] += scale · q_j with `accumulate`. Fails on a scale
+// that is negative or infinite (NaN is allowed: a block that is not finite), a wrong number of groups, a padding
+// value that is not zero, or trailing bytes.
 Status DecodeTernary(std::span<const std::byte> in, size_t n, float* out, bool accumulate);
 
 // Checks a block of n values as DecodeTernary does, without writing anything.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "codec/clones.h"
 
@@ -28,7 +29,19 @@ bool QuantizeWithError(const float* x, float* error, size_t n, float scale, int8
   return QuantizeWithError(x, error, error, n, scale, q);
 }
 
+float ScaleOf(float max_abs, float sparsity) {
+  const float scale = max_abs * sparsity;
+  return std::isfinite(scale) ? scale : std::numeric_limits<float>::quiet_NaN();
+}
+
 SPARSEREDUCE_CLONES bool QuantizeWithError(const float* x, const float* error_in, float* error_out, size_t n, float scale, int8_t* q) {
+  if (std::isnan(scale)) {
+    for (size_t j = 0; j < n; ++j) {
+      if (error_out != error_in) error_out[j] = error_in[j];
+      q[j] = 1;
+    }
+    return true;
+  }
   if (!(scale > 0.0f)) {
     // Nothing to send: the whole of x joins the error.
     for (size_t j = 0; j < n; ++j) {

@@ -10,11 +10,17 @@
 
 namespace sparsereduce::codec {
 
-// max_j |x_j + error_j|.
+// max_j |x_j + error_j| (NaN if some x_j + error_j is NaN).
 float MaxAbsWithError(const float* x, const float* error, size_t n);
 
+// The scale M = max_abs · sparsity, or NaN when that is not finite: the block holds an Inf or a NaN (a step whose
+// gradients overflowed, as under AMP loss scaling), or M overflows. A block of scale NaN is sent "not finite":
+// every q_j = +1, so every element decodes to NaN and the receiver sees the overflow (docs/PROTOCOL.md §11.2).
+float ScaleOf(float max_abs, float sparsity);
+
 // Quantizes T = x + error with scale M (> 0; M = 0 gives all zeros) into q = round(T / M), and leaves the new
-// error T − M·q in `error`. Returns whether some q_j is nonzero.
+// error T − M·q in `error`. Returns whether some q_j is nonzero. With M = NaN (ScaleOf) the block is not finite:
+// q is all +1 and the error stays as it was, so one overflowing step does not poison the error for good.
 bool QuantizeWithError(const float* x, float* error, size_t n, float scale, int8_t* q);
 // The same, reading the error from `error_in` and writing the new one to `error_out` (which may be the same).
 bool QuantizeWithError(const float* x, const float* error_in, float* error_out, size_t n, float scale, int8_t* q);

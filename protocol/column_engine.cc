@@ -440,7 +440,8 @@ uint32_t ColumnEngine::EncodeResult(uint64_t block, float* sum, uint32_t n, std:
   if (download_ != codec::WireFormat::kTernary) return codec::EncodeFloats(download_, sum, n, out);
   // 3LC on the result: per-block scale, error feedback per block of this aggregator for the collective's key.
   float* error = error_memory_->Block(layout_.LocalBlock(block));
-  const float scale = codec::MaxAbsWithError(sum, error, n) * spec_.codec.sparsity;
+  // A sum that is not finite (a contribution was, or it overflowed) goes out as such and leaves E_b unchanged.
+  const float scale = codec::ScaleOf(codec::MaxAbsWithError(sum, error, n), spec_.codec.sparsity);
   codec::QuantizeWithError(sum, error, n, scale, trit_scratch_.data());
   return static_cast<uint32_t>(codec::EncodeTernary(trit_scratch_.data(), n, scale, out));
 }

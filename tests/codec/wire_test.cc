@@ -10,6 +10,7 @@
 
 #include "codec/half.h"
 #include "codec/ternary.h"
+#include "codec/three_lc.h"
 #include "codec/wire.h"
 
 namespace sparsereduce::codec {
@@ -141,6 +142,54 @@ TEST(Ternary, MalformedBlocksAreRefused) {
   }
 }
 
+// A scale is finite and not negative, or NaN: a block that is not finite, whose every element then decodes to NaN.
+// Anything else (±Inf, negative) is refused on receipt by CheckTernary and DecodeTernary alike, and by DecodeTrits,
+// which also checks the padding now.
+TEST(Ternary, ScalesMustBeMagnitudesOrNaN) {
+  const std::vector<int8_t> q = {1, 0, -1, 1, 0, 0, 1};
+  std::vector<float> out(q.size());
+  std::vector<int8_t> trits(q.size());
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float scale : {0.0f, 1.0f, 1e-45f, 3e38f, -0.0f}) {
+    const std::vector<std::byte> block = Encode(q, scale);
+    EXPECT_TRUE(CheckTernary(block, q.size()).ok()) << scale;
+    EXPECT_TRUE(DecodeTernary(block, q.size(), out.data(), false).ok()) << scale;
+    EXPECT_TRUE(DecodeTrits(block, q.size(), trits.data()).ok()) << scale;
+  }
+  for (float scale : {inf, -inf, -1.0f, -1e-45f}) {
+    const std::vector<std::byte> block = Encode(q, scale);
+    EXPECT_FALSE(CheckTernary(block, q.size()).ok()) << scale;
+    EXPECT_FALSE(DecodeTernary(block, q.size(), out.data(), false).ok()) << scale;
+    EXPECT_FALSE(DecodeTrits(block, q.size(), trits.data()).ok()) << scale;
+  }
+  const std::vector<std::byte> not_finite = Encode(std::vector<int8_t>(q.size(), 1), std::nanf(""));
+  ASSERT_TRUE(DecodeTernary(not_finite, q.size(), out.data(), false).ok());
+  for (float v : out) EXPECT_TRUE(std::isnan(v));
+  EXPECT_TRUE(std::isnan(TernaryScale(not_finite)));
+  // DecodeTrits refuses a padding that is not zero, as the other decoders do.
+  std::vector<std::byte> padded = Encode({1}, 1.0f);
+  padded[4] = std::byte{242};
+  EXPECT_FALSE(DecodeTrits(padded, 1, trits.data()).ok());
+}
+
+// 3LC's scale of a block that is not finite (an Inf or a NaN in x + E, or M overflowing) is NaN; quantizing with it
+// sends every value as +1 and leaves the error as it was.
+TEST(ThreeLc, ABlockThatIsNotFiniteKeepsItsError) {
+  const float inf = std::numeric_limits<float>::infinity();
+  EXPECT_TRUE(std::isnan(ScaleOf(inf, 1.0f)));
+  EXPECT_TRUE(std::isnan(ScaleOf(std::nanf(""), 1.0f)));
+  EXPECT_TRUE(std::isnan(ScaleOf(3e38f, 1.9f)));  // overflows
+  EXPECT_EQ(ScaleOf(2.0f, 1.5f), 3.0f);
+  std::vector<float> x = {1.0f, inf, -2.0f, 0.0f};
+  std::vector<float> error = {0.5f, 0.25f, -0.125f, 0.0f};
+  const std::vector<float> before = error;
+  std::vector<int8_t> q(x.size());
+  const float scale = ScaleOf(MaxAbsWithError(x.data(), error.data(), x.size()), 1.0f);
+  EXPECT_TRUE(QuantizeWithError(x.data(), error.data(), x.size(), scale, q.data()));
+  EXPECT_EQ(error, before);
+  EXPECT_EQ(q, std::vector<int8_t>(x.size(), 1));
+}
+
 uint32_t Bits(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
@@ -212,13 +261,7 @@ TEST(Wire, LengthsAreCheckedBeforeDecoding) {
   }
 }
 
-}  // namespace
-}  // namespace sparsereduce::codec
 
-#include "codec/three_lc.h"
-
-namespace sparsereduce::codec {
-namespace {
 
 // 3LC's error feedback loses nothing, bit for bit: sent + new error = x + old error. (With |T| <= M, Sterbenz's
 // lemma makes T − M exact when T >= M/2, so the float arithmetic keeps the identity.)

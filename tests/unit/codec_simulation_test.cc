@@ -3,8 +3,10 @@
 // bit-exact results on every worker, state that advances only on success, and the codecs' own invariants.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -353,6 +355,64 @@ TEST(CostModel, FitsLineAndPicksKByCost) {
   EXPECT_EQ(cheap, 200u);
   EXPECT_LT(dear, 20u);
   EXPECT_GE(dear, 1u);
+}
+
+// One step whose gradients overflow (an Inf, then a NaN, as an AMP loss scaler produces) reaches every rank's
+// result as not finite, so the scaler sees it, and leaves no trace in the codec state: the steps after it are
+// finite again. 3LC used to turn such a block's error into NaN for good (its scale Inf made Inf·0 = NaN), which
+// zeroed the block, or with tensor_scale the whole tensor, in every later step; top-k and adaptive kept a NaN
+// block in the residual and never sent it again; DIANA dropped it silently and then, once a NaN reached h, the
+// replicas of h were NaN for good.
+TEST(CodecSimulation, AStepThatIsNotFiniteLeavesTheStateFinite) {
+  std::vector<std::pair<std::string, CodecSpec>> codecs;
+  for (int mode = 0; mode < 4; ++mode) {
+    CodecSpec c{Codec::kThreeLC, 4, 1.5f, (mode & 1) != 0};
+    c.tensor_scale = (mode & 2) != 0;
+    codecs.emplace_back("3lc mode " + std::to_string(mode), c);
+  }
+  codecs.emplace_back("diana", CodecSpec{Codec::kDiana, 4, 1.0f, false, 0.01f, 0.0f, false});
+  codecs.emplace_back("diana l2", CodecSpec{Codec::kDiana, 4, 1.0f, false, 0.01f, 0.0f, true});
+  codecs.emplace_back("topk", CodecSpec{Codec::kTopK, 4, 1.0f, false, 0.1f});
+  codecs.emplace_back("adaptive", CodecSpec{Codec::kAdaptive, 4});
+  const uint64_t n = 1000;
+  const uint32_t B = 64;
+  auto all_finite = [](const std::vector<float>& v) {
+    return std::all_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+  };
+  for (const auto& [name, codec] : codecs) {
+    for (const Shape& s : {kShapes[1], kShapes[3]}) {
+      const JobShape shape{s.W, s.A, s.S, s.K};
+      const CollectiveSpec spec = SpecWith(n, B, codec);
+      CodecStates states;
+      for (int step = 0; step < 5; ++step) {
+        auto inputs = MakeInputs(s.W, n, B, 1.0, step * 3 + s.W);
+        if (step == 1) inputs[0][70] = std::numeric_limits<float>::infinity();     // block 1
+        if (step == 2) inputs[s.W - 1][300] = std::numeric_limits<float>::quiet_NaN();  // block 4
+        Tensors tensors = AsBytes(inputs);
+        SimulationOutcome out = Simulate(shape, spec, tensors, step + 1, ~uint64_t{0}, &states);
+        const std::string what = name + ", W " + std::to_string(s.W) + ", step " + std::to_string(step);
+        ASSERT_TRUE(out.status.ok()) << what << ": " << out.status.ToString();
+        for (uint32_t r = 0; r < s.W; ++r) {
+          const std::vector<float> result = AsFloats(tensors[r]);
+          if (step == 1 || step == 2) {
+            const uint64_t bad = step == 1 ? 70 : 300;
+            EXPECT_FALSE(std::isfinite(result[bad])) << what << ", rank " << r << ": the overflow did not arrive";
+          } else {
+            EXPECT_TRUE(all_finite(result)) << what << ", rank " << r;
+          }
+          const codec::KeyState& state = states.workers[r];
+          EXPECT_TRUE(all_finite(state.error) && all_finite(state.h_own) && all_finite(state.h_mean))
+              << what << ", rank " << r << ": the worker's codec state is not finite";
+        }
+        for (size_t a = 0; a < states.aggregators.size(); ++a) {
+          if (!states.aggregators[a]) continue;
+          codec::ErrorMemory& memory = *states.aggregators[a];
+          const std::vector<float> values(memory.Block(0), memory.Block(0) + memory.blocks() * memory.block_size());
+          EXPECT_TRUE(all_finite(values)) << what << ": aggregator " << a << "'s error memory is not finite";
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
