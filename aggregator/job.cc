@@ -342,11 +342,16 @@ void Job::OnCollectiveBegin(uint32_t rank, const proto::CollectiveBegin& begin) 
 }
 
 Result<codec::ErrorMemory*> Job::ErrorMemoryFor(const CollectiveSpec& spec) {
-  if (spec.codec.codec != Codec::kThreeLC || spec.codec.result_fp32) return nullptr;
+  auto it = error_memories_.find(spec.codec.key);
+  if (spec.codec.codec != Codec::kThreeLC || spec.codec.result_fp32) {
+    // The key now carries something else; the workers start its error over when it is 3LC again (a new codec or
+    // size gives a fresh state, codec/tensor_codec.cc), and so does this memory.
+    if (it != error_memories_.end()) error_memories_.erase(it);
+    return nullptr;
+  }
   const ColumnLayout layout(shape_, spec.element_count, spec.block_size, FindDType(spec.dtype)->size);
   const uint64_t blocks = layout.BlocksOf(aggregator_index_);
-  auto it = error_memories_.find(spec.codec.key);
-  if (it != error_memories_.end() && it->second->memory.blocks() == blocks &&
+  if (it != error_memories_.end() && it->second->elements == spec.element_count &&
       it->second->memory.block_size() == spec.block_size) {
     return &it->second->memory;
   }
@@ -369,7 +374,7 @@ Result<codec::ErrorMemory*> Job::ErrorMemoryFor(const CollectiveSpec& spec) {
                       " bytes but the aggregator's jobs already hold " + std::to_string(context_.memory.reserved()) +
                       " of its --max-total-memory of " + std::to_string(context_.memory.limit()));
   }
-  auto entry = std::make_unique<KeyedErrorMemory>(blocks, spec.block_size, context_.memory, bytes);
+  auto entry = std::make_unique<KeyedErrorMemory>(spec.element_count, blocks, spec.block_size, context_.memory, bytes);
   codec::ErrorMemory* memory = &entry->memory;
   error_memories_[spec.codec.key] = std::move(entry);
   return memory;

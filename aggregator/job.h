@@ -116,8 +116,9 @@ class Job : public std::enable_shared_from_this<Job> {
   // 3LC's error feedback on the results this aggregator sends, per collective key, for the job's lifetime; each
   // holds its share of --max-total-memory while it exists.
   struct KeyedErrorMemory {
-    KeyedErrorMemory(uint64_t blocks, uint32_t block_size, MemoryBudget& budget, uint64_t bytes)
-        : memory(blocks, block_size), reservation(budget, bytes) {}
+    KeyedErrorMemory(uint64_t elements, uint64_t blocks, uint32_t block_size, MemoryBudget& budget, uint64_t bytes)
+        : elements(elements), memory(blocks, block_size), reservation(budget, bytes) {}
+    uint64_t elements;  // of the tensor it was made for: another size starts over, as the workers' error does
     codec::ErrorMemory memory;
     MemoryReservation reservation;
   };

@@ -111,6 +111,59 @@ std::vector<std::string> ReduceOnThreads(const std::string& address, uint64_t jo
   return failures;
 }
 
+// 3LC's error memory on the aggregator belongs to a key's tensor: when the key's tensor changes size it starts over,
+// as the workers' does. The aggregator used to keep it whenever its own share of blocks kept its count (here 1000
+// and 900 elements, 4 blocks each), and added the old tensor's error to the new one's sums: the second collective
+// then differed from the same collective on a fresh job.
+TEST(InProcess, ThreeLcErrorMemoryStartsOverWhenTheKeysTensorChangesSize) {
+  auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+  AllreduceOptions three_lc;
+  three_lc.key = 7;
+  three_lc.codec = CodecOptions{};
+  three_lc.codec->name = "3lc";
+  three_lc.codec->sparsity = 1.5f;  // M = 1.5 · max|T|: most values quantize to 0 and stay in the error
+  auto input = [](uint32_t rank, size_t n) {
+    std::vector<float> t(n);
+    for (size_t j = 0; j < n; ++j) t[j] = static_cast<float>((j * 7 + rank * 3 + n) % 11) - 5.0f;
+    return t;
+  };
+  // Runs `sizes` as consecutive collectives of one 2-rank job; rank 0's last result.
+  auto run = [&](uint64_t job, const std::vector<size_t>& sizes) {
+    std::vector<float> last;
+    std::string failure;
+    auto rank = [&](uint32_t r) {
+      WorkerOptions options;
+      options.aggregators = {(*daemon)->AddressList()};
+      options.job = job;
+      options.rank = r;
+      options.world_size = 2;
+      options.connect_timeout = options.join_timeout = options.collective_timeout = 10s;
+      Worker worker(options);
+      for (size_t n : sizes) {
+        std::vector<float> t = input(r, n);
+        worker.allreduce(std::span(t), three_lc);
+        if (r == 0) last = t;
+      }
+    };
+    auto other = std::async(std::launch::async, rank, 1);
+    try {
+      rank(0);
+      other.get();
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+    EXPECT_EQ(failure, "");
+    return last;
+  };
+  const std::vector<float> after_resize = run(40, {1000, 900});
+  const std::vector<float> fresh = run(41, {900});
+  ASSERT_EQ(after_resize.size(), 900u);
+  EXPECT_EQ(std::memcmp(after_resize.data(), fresh.data(), 900 * sizeof(float)), 0)
+      << "the aggregator added the 1000-element tensor's error to the 900-element one's sums";
+  EXPECT_TRUE((*daemon)->Stop());
+}
+
 // A send buffer far below one frame (128 KiB) makes every frame go out in many partial writes; the sums stay exact.
 TEST(InProcess, SmallTcpSendBufferStillSumsExactly) {
   auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
