@@ -62,6 +62,9 @@ Result<CollectiveSpec> SpecFromProto(const proto::CollectiveSpec& p) {
     spec.codec.alpha = c.alpha();
     spec.codec.diana_l2 = c.diana_l2();
     spec.codec.tensor_scale = c.tensor_scale();
+    if (Status st = ValidateCodec(spec.codec); st.code() == StatusCode::kUnsupported) return st;  // unknown codec
+    // Only the fields the codec uses are checked and compared between ranks (proto3 sends the others as 0).
+    spec.codec = WithoutUnusedFields(spec.codec);
     if (Status st = ValidateCodec(spec.codec); !st.ok()) return st;
   }
   return spec;

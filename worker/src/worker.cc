@@ -235,6 +235,7 @@ std::future<void> Worker::Impl::Submit(std::span<std::byte> tensor, uint64_t cou
   const CodecOptions& c = options.codec ? *options.codec : options_.codec;
   request.spec.codec = CodecSpecFor(c, options.key);
   if (Status st = ValidateCodec(request.spec.codec); !st.ok()) throw MakeError(st.WithContext("codec " + c.name));
+  request.spec.codec = WithoutUnusedFields(request.spec.codec);
   // int32 sums are always exact: no codec, and none of its options (a 3LC-only option would fail validation).
   if (dtype == DType::kInt32) request.spec.codec = CodecSpec{Codec::kNone, options.key};
   std::future<void> future = request.promise.get_future();
