@@ -23,7 +23,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${BUILD_DIR:-$root/build-fuzz}
 cxx=${FUZZ_CXX:-clang++}
 jobs=${JOBS:-$(nproc 2>/dev/null || echo 2)}
-fuzzers=${FUZZERS:-frame_decoder_fuzzer control_message_fuzzer column_engine_fuzzer worker_collective_fuzzer}
+fuzzers=${FUZZERS:-frame_decoder_fuzzer control_message_fuzzer column_engine_fuzzer worker_collective_fuzzer wire_block_fuzzer}
 read -r -a extra_args <<<"${FUZZ_ARGS:-}"
 
 if ! command -v "$cxx" >/dev/null 2>&1; then
