@@ -95,7 +95,8 @@ struct WorkerOptions {
   bool restore_on_failure = true;
   // Connecting keeps retrying (the aggregator may not be up yet) until this passes.
   std::chrono::milliseconds connect_timeout{30'000};
-  // After connecting: how long to wait for the other ranks to join.
+  // How long, beyond connect_timeout, to wait for the other ranks to join: the job must have formed within
+  // connect_timeout + join_timeout of the constructor's start, since other ranks may still be retrying to connect.
   std::chrono::milliseconds join_timeout{60'000};
   // One allreduce, from its start on the I/O thread to its last result.
   std::chrono::milliseconds collective_timeout{60'000};
