@@ -113,11 +113,18 @@ float TernaryScale(std::span<const std::byte> in) {
 
 // A scale is a magnitude: finite and not negative, or NaN for a block that is not finite. An infinite scale would
 // make every zero q_j decode to 0 and the others to ±Inf, neither the sender's value nor the marker.
-static Status CheckScale(std::span<const std::byte> in) {
+[[gnu::cold, gnu::noinline]] static Status BadScale(std::span<const std::byte> in) {
   if (in.size() < 4) return ProtocolError("ternary block shorter than its scale");
-  const float scale = TernaryScale(in);
-  if (std::isnan(scale) || (std::isfinite(scale) && scale >= 0.0f)) return Status::Ok();
-  return ProtocolError("ternary block with scale " + std::to_string(scale) + " (must be finite and not negative, or NaN)");
+  return ProtocolError("ternary block with scale " + std::to_string(TernaryScale(in)) +
+                       " (must be finite and not negative, or NaN)");
+}
+
+static Status CheckScale(std::span<const std::byte> in) {
+  if (in.size() >= 4) {
+    const float scale = TernaryScale(in);
+    if (std::isnan(scale) || (std::isfinite(scale) && scale >= 0.0f)) [[likely]] return Status::Ok();
+  }
+  return BadScale(in);
 }
 
 // The padding of a partial last group must be zero (runs of zero groups may be split in more than one way: a
