@@ -249,18 +249,20 @@ asio::awaitable<Status> Session::WriteControl(const proto::ControlMessage& messa
 }
 
 asio::awaitable<Status> Session::OfferTransport(std::chrono::steady_clock::time_point deadline) {
-  auto both = [&](const std::string& kind) {
+  // `capability`: what the worker lists in Hello for the transport the aggregator's option names `kind`.
+  auto both = [&](const std::string& kind, const std::string& capability) {
     const auto& offered = context_.options.transports;
-    return std::find(hello_.transports().begin(), hello_.transports().end(), kind) != hello_.transports().end() &&
+    return std::find(hello_.transports().begin(), hello_.transports().end(), capability) !=
+               hello_.transports().end() &&
            std::find(offered.begin(), offered.end(), kind) != offered.end();
   };
   // Shared memory first: it is only taken by a worker on this host, for which it is the faster path.
-  if (both("shm")) {
+  if (both("shm", shm::kShmCapability)) {
     Status st = co_await OfferShm(deadline);
     if (!st.ok() || shm_) co_return st;
   }
 #if SPARSEREDUCE_HAVE_RDMA
-  if (both("rdma") && context_.rdma) co_return co_await OfferRdma(deadline);
+  if (both("rdma", "rdma") && context_.rdma) co_return co_await OfferRdma(deadline);
 #endif
   co_return Status::Ok();
 }

@@ -2,6 +2,8 @@
 // tiny TCP send buffer, small shared-memory rings, the send-buffer variable checked, and a hand-driven rank that
 // leaves with a reason.
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -539,6 +541,39 @@ TEST(InProcess, OlderProtocolVersionIsRefusedByName) {
   EXPECT_EQ(error->error().code(), proto::VERSION_MISMATCH);
   EXPECT_NE(error->error().message().find("version 2"), std::string::npos) << error->error().message();
   // No Stop(): a drain waits out the rejected connection's 5 s close grace; the destructor kills the daemon.
+}
+
+// One control frame, decoded; nullopt when none arrives (the connection ended or stalled) or it does not decode.
+std::optional<proto::ControlMessage> ReadControlFrame(int fd) {
+  const std::optional<RawFrame> frame = ReadFrame(fd);
+  if (!frame || frame->header.type != FrameType::kControl) return std::nullopt;
+  Result<proto::ControlMessage> message = DecodeControl(frame->payload);
+  if (!message.ok()) return std::nullopt;
+  return std::move(*message);
+}
+
+// A Hello of a one-rank job listing one transport: "shm2" as a Worker of this build does, "shm" as one of the
+// previous build (which expected eventfd wake-ups).
+proto::ControlMessage ShmHello(uint64_t job, const std::string& capability) {
+  proto::ControlMessage hello = RawHello(job, 0, 1, 1);
+  hello.mutable_hello()->clear_transports();
+  hello.mutable_hello()->add_transports(capability);
+  return hello;
+}
+
+// docs/PROTOCOL.md §10.1: a worker of the previous build lists "shm" and would refuse socket-pair wake-ups, so the
+// daemon offers it nothing and it stays on TCP. Fails on the old code, which offered it eventfds.
+TEST(InProcess, AWorkerOfThePreviousBuildIsNotOfferedSharedMemory) {
+  auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+  const int fd = ConnectToLoopback((*daemon)->AddressList());
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendControl(fd, ShmHello(40, "shm")));
+  const std::optional<proto::ControlMessage> reply = ReadControlFrame(fd);
+  close(fd);
+  ASSERT_TRUE(reply) << "no answer to the Hello";
+  ASSERT_TRUE(reply->has_job_ready()) << reply->ShortDebugString();
+  EXPECT_EQ(reply->job_ready().transport(), "tcp");
 }
 
 }  // namespace

@@ -20,6 +20,8 @@
 #include <atomic>
 #include <cstring>
 #include <deque>
+#include <functional>
+#include <future>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -229,6 +231,168 @@ TEST(ShmChannel, HostileTailFailsTheSendingSide) {
   EXPECT_EQ(error->code(), StatusCode::kProtocolViolation);
 }
 
+// --- A hostile worker and the daemon's thread -------------------------------------------------------------------
+
+// The real handoff, with copies (dups) of the descriptors the worker received: a dup shares the open file
+// description, as the worker's own copy does, so the test can do with them whatever a hostile worker could.
+struct RawPair {
+  std::unique_ptr<transport::Channel> aggregator, worker;  // `worker` only if asked for
+  std::shared_ptr<Segment> segment;                        // the worker's mapping
+  std::array<UniqueFd, 5> fds;                             // memfd, then the wake-ups in SegmentFds order
+  std::optional<tcp::socket> worker_tcp;                   // the TCP end of a worker played by hand
+  int wakeup(Direction d, bool space) const { return fds[1 + 2 * static_cast<int>(d) + (space ? 1 : 0)].get(); }
+};
+
+RawPair ConnectRaw(asio::io_context& io, uint64_t capacity, bool make_worker_channel) {
+  auto offer = ShmOffer::Create(io.get_executor(), capacity);
+  EXPECT_TRUE(offer.ok()) << offer.status().ToString();
+  bool handed = false, attached_done = false;
+  std::optional<ShmAttachment> attachment;
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+    Status st = co_await (*offer)->Handoff(std::chrono::steady_clock::now() + 10s);
+    EXPECT_TRUE(st.ok()) << st.ToString();
+    handed = true;
+  }, asio::detached);
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+    auto a = co_await AttachShm(io.get_executor(), (*offer)->socket_name(), (*offer)->token(),
+                                std::chrono::steady_clock::now() + 10s);
+    EXPECT_TRUE(a.ok()) << a.status().ToString();
+    if (a.ok()) attachment = std::move(*a);
+    attached_done = true;
+  }, asio::detached);
+  RunUntil(io, [&] { return handed && attached_done; });
+  auto [a_socket, w_socket] = TcpPair(io);
+  RawPair pair;
+  pair.segment = attachment->segment;
+  pair.fds[0] = UniqueFd(dup(attachment->fds.memory.get()));
+  for (int i = 0; i < 4; ++i) pair.fds[1 + i] = UniqueFd(dup(attachment->fds.events[i].get()));
+  pair.aggregator = (*offer)->MakeChannel(std::move(a_socket), io.get_executor());
+  if (make_worker_channel) {
+    pair.worker = attachment->MakeChannel(std::move(w_socket), io.get_executor());
+  } else {
+    pair.worker_tcp.emplace(std::move(w_socket));  // the attachment's own descriptors close on return
+  }
+  return pair;
+}
+
+void ClearNonBlock(int fd) { ASSERT_EQ(fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK), 0); }
+
+// Runs `io` on a thread of its own, as the daemon does, until `done` holds or 3 s of running have passed. False if
+// that thread did not come back within 10 s: it is stuck in a system call, which `release` then ends so that the
+// test can finish.
+bool DaemonThreadReturns(asio::io_context& io, const std::atomic<bool>& done, const std::function<void()>& release) {
+  std::promise<void> returned;
+  std::future<void> future = returned.get_future();
+  std::thread daemon([&] {
+    for (int i = 0; i < 300 && !done; ++i) io.restart(), io.run_for(10ms);
+    returned.set_value();
+  });
+  const bool came_back = future.wait_for(10s) == std::future_status::ready;
+  if (!came_back) release();
+  daemon.join();
+  return came_back;
+}
+
+// The review's finding H1a: with eventfds, the worker shared the daemon's open file description and could clear its
+// O_NONBLOCK; the daemon's wait for data, cancelled when the worker's TCP connection ended, then read(2) an empty
+// counter and blocked its thread for good. Each side now has its own socket end, and reads with MSG_DONTWAIT.
+TEST(ShmHostileWorker, ClearingNonBlockOnItsWakeupsDoesNotBlockTheDaemon) {
+  asio::io_context io;
+  RawPair pair = ConnectRaw(io, 4096, /*make_worker_channel=*/true);
+  std::atomic<bool> read_returned{false};
+  std::optional<Status> read;
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+    Result<FrameHeader> header = co_await pair.aggregator->ReadHeader();  // sleeps: the ring is empty
+    read = header.status();
+    read_returned = true;
+  }, asio::detached);
+  RunUntil(io, [&] { return pair.segment->control(Direction::kToAggregator).consumer_waiting.load() == 1; });
+  for (int i = 1; i < 5; ++i) ClearNonBlock(pair.fds[i].get());
+  pair.worker->Abort();  // the worker's TCP end closes: the daemon cancels its wait
+  const int data = pair.wakeup(Direction::kToAggregator, /*space=*/false);
+  const bool came_back = DaemonThreadReturns(io, read_returned, [&] {
+    const uint64_t one = 1;
+    ASSERT_EQ(write(data, &one, sizeof one), 8);
+  });
+  EXPECT_TRUE(came_back) << "a worker blocked the daemon's thread in a read of its wake-up descriptor";
+  ASSERT_TRUE(read_returned);
+  EXPECT_EQ(read->code(), StatusCode::kUnavailable) << read->ToString();
+}
+
+// The review's finding H1b: the worker filled the eventfd the daemon signals after consuming (counter
+// 0xfffffffffffffffe), cleared O_NONBLOCK and set producer_waiting; the daemon's next write(2) blocked. Now the
+// worker can only leave its end unread: the daemon's sends then find the buffer full (EAGAIN) and go on. The worker
+// here is played by hand: it writes 5000 header-only frames into a 4 KiB ring with producer_waiting always set and
+// never reads its wake-ups, far more than a socket buffer holds.
+TEST(ShmHostileWorker, FillingTheWakeupTheDaemonSignalsDoesNotBlockIt) {
+  asio::io_context io;
+  RawPair pair = ConnectRaw(io, 4096, /*make_worker_channel=*/false);
+  const int space = pair.wakeup(Direction::kToAggregator, /*space=*/true);
+  const int data = pair.wakeup(Direction::kToAggregator, /*space=*/false);
+  const uint64_t almost = 0xfffffffffffffffeull;  // an eventfd's largest counter; on a socket, 8 stray bytes
+  ASSERT_EQ(write(space, &almost, sizeof almost), 8);
+  ClearNonBlock(space);
+  RingControl& ring = pair.segment->control(Direction::kToAggregator);
+  std::byte* memory = pair.segment->data(Direction::kToAggregator);
+  const uint64_t capacity = pair.segment->ring().capacity();
+  constexpr int kFrames = 5000;
+  std::array<std::byte, kFrameHeaderSize> header;
+  EncodeFrameHeader(FrameHeader{FrameType::kContribution, 0, 0, 7, 1, 0}, header.data());
+  std::atomic<bool> stop{false};
+  std::thread hostile([&] {
+    ring.producer_waiting.store(1);
+    uint64_t head = 0;
+    for (int frame = 0; frame < kFrames && !stop;) {
+      if (head + kFrameHeaderSize - ring.tail.load() > capacity) continue;  // wait for room, never sleeping
+      for (size_t i = 0; i < kFrameHeaderSize; ++i) memory[(head + i) & (capacity - 1)] = header[i];
+      head += kFrameHeaderSize;
+      ++frame;
+      ring.head.store(head);
+      if (ring.consumer_waiting.load()) {
+        const uint64_t one = 1;
+        (void)!write(data, &one, sizeof one);
+      }
+    }
+  });
+  std::atomic<bool> all_read{false};
+  int frames = 0;
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+    while (frames < kFrames) {
+      Result<FrameHeader> h = co_await pair.aggregator->ReadHeader();
+      if (!h.ok()) break;
+      ++frames;
+    }
+    all_read = frames == kFrames;
+  }, asio::detached);
+  const bool came_back = DaemonThreadReturns(io, all_read, [&] {
+    uint64_t count;
+    ASSERT_EQ(read(space, &count, sizeof count), 8);
+  });
+  stop = true;
+  hostile.join();
+  EXPECT_TRUE(came_back) << "a worker blocked the daemon's thread in a write of its wake-up descriptor";
+  EXPECT_EQ(frames, kFrames);
+}
+
+// A worker that closes its wake-up socket ends leaves the daemon's ends readable for good (end of file): the daemon
+// takes that as the peer leaving, as when its TCP connection ends, instead of waking (and spinning) forever.
+TEST(ShmHostileWorker, ClosingItsWakeupsEndsTheConnectionInsteadOfSpinning) {
+  asio::io_context io;
+  RawPair pair = ConnectRaw(io, 4096, /*make_worker_channel=*/false);
+  bool done = false;
+  std::optional<Status> read;
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+    Result<FrameHeader> header = co_await pair.aggregator->ReadHeader();
+    read = header.status();
+    done = true;
+  }, asio::detached);
+  RunUntil(io, [&] { return pair.segment->control(Direction::kToAggregator).consumer_waiting.load() == 1; });
+  for (int i = 1; i < 5; ++i) pair.fds[i].reset();  // the worker's TCP connection stays open
+  RunUntil(io, done, 5s);
+  ASSERT_TRUE(done) << "the daemon still waits for a worker that closed its wake-ups";
+  EXPECT_EQ(read->code(), StatusCode::kUnavailable) << read->ToString();
+}
+
 TEST(ShmHandoff, WrongTokenIsIgnoredAndTheRightOneServed) {
   asio::io_context io;
   auto offer = ShmOffer::Create(io.get_executor(), 4096);
@@ -328,7 +492,7 @@ TEST(ShmHandoff, UnreachableFromAnotherNetworkNamespace) {
 TEST(ShmSegment, AttachChecksSealsSizeAndHeader) {
   auto created = Segment::Create(4096);
   ASSERT_TRUE(created.ok()) << created.status().ToString();
-  EXPECT_TRUE(Segment::Attach(created->second).ok());
+  EXPECT_TRUE(Segment::Attach(created->fds).ok());
 
   SegmentFds unsealed;
   unsealed.memory = UniqueFd(memfd_create("test", MFD_CLOEXEC | MFD_ALLOW_SEALING));
@@ -345,7 +509,7 @@ TEST(ShmSegment, AttachChecksSealsSizeAndHeader) {
     std::vector<char> header(64, 0);
     if (std::string(what) != "magic") {
       // A valid header from a real segment (on a file of the wrong size, or without F_SEAL_SEAL).
-      ASSERT_EQ(pread(created->second.memory.get(), header.data(), header.size(), 0), 64);
+      ASSERT_EQ(pread(created->fds.memory.get(), header.data(), header.size(), 0), 64);
     } else {
       std::memcpy(header.data(), "NOTMAGIC", 8);
     }

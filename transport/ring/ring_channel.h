@@ -1,10 +1,11 @@
 // transport::Channel over two one-sided byte rings (byte_ring.h): frames are copied into the ring the peer reads
 // and out of the ring this side reads. How bytes reach the peer and how a sleeping side is woken belongs to the
-// backend: shared memory (memcpy into the peer-visible ring, eventfds; transport/shm) or RDMA (a registered staging
-// ring written to the peer's ring with RDMA_WRITE_WITH_IMM, completion events; transport/rdma). Everything else is
-// here, once: reading frames, the ordered send queue, flow control by ring space, end of stream and failure, and
-// watching the TCP connection the channel was negotiated on, which stays open beside it: the kernel closes it when
-// the peer process dies, and the channel then ends once it has read everything the peer wrote.
+// backend: shared memory (memcpy into the peer-visible ring, socket-pair wake-ups; transport/shm) or RDMA (a
+// registered staging ring written to the peer's ring with RDMA_WRITE_WITH_IMM, completion events; transport/rdma).
+// Everything else is here, once: reading frames, the ordered send queue, flow control by ring space, end of stream
+// and failure, and watching the TCP connection the channel was negotiated on, which stays open beside it: the
+// kernel closes it when the peer process dies, and the channel then ends once it has read everything the peer
+// wrote.
 #pragma once
 
 #include <boost/asio/any_io_executor.hpp>

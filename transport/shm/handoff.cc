@@ -1,6 +1,7 @@
 #include "transport/shm/handoff.h"
 
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -29,7 +30,7 @@ using Unix = asio::local::stream_protocol;
 
 namespace {
 
-constexpr size_t kFdCount = 5;  // memfd, then the four eventfds in SegmentFds order
+constexpr size_t kFdCount = 5;  // memfd, then the worker's ends of the four socket pairs in SegmentFds order
 constexpr char kHandoffByte = 'S';
 
 std::string RandomBytes(size_t n) {
@@ -69,10 +70,10 @@ struct HandoffMessage {
   msghdr msg{};
 };
 
-// Sends one byte with the segment's descriptors attached (SCM_RIGHTS).
-Status SendDescriptors(int socket, const SegmentFds& fds) {
-  std::array<int, kFdCount> numbers = {fds.memory.get(), fds.events[0].get(), fds.events[1].get(),
-                                       fds.events[2].get(), fds.events[3].get()};
+// Sends one byte with the memfd and the worker's socket ends attached (SCM_RIGHTS).
+Status SendDescriptors(int socket, const UniqueFd& memory, const std::array<UniqueFd, 4>& events) {
+  std::array<int, kFdCount> numbers = {memory.get(), events[0].get(), events[1].get(), events[2].get(),
+                                       events[3].get()};
   HandoffMessage handoff(kHandoffByte);
   msghdr& msg = handoff.msg;
   cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
@@ -83,6 +84,21 @@ Status SendDescriptors(int socket, const SegmentFds& fds) {
   // One byte into an empty Unix socket buffer: it does not block.
   if (sendmsg(socket, &msg, MSG_NOSIGNAL) != 1) {
     return Status(StatusCode::kUnavailable, std::string("sending the shm descriptors: ") + std::strerror(errno));
+  }
+  return Status::Ok();
+}
+
+// A wake-up descriptor must be a Unix stream socket: this side only ever sends and receives on it with
+// MSG_DONTWAIT, which no flag on a shared file description can turn into a blocking call (docs/PROTOCOL.md §10.1).
+Status CheckWakeupSocket(int fd) {
+  struct stat st {};
+  int type = 0, domain = 0;
+  socklen_t type_len = sizeof type, domain_len = sizeof domain;
+  if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode) ||
+      getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &type_len) != 0 ||
+      getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &domain_len) != 0 || type != SOCK_STREAM ||
+      domain != AF_UNIX) {
+    return ProtocolError("the shm handoff carried a wake-up descriptor that is not a Unix stream socket");
   }
   return Status::Ok();
 }
@@ -120,12 +136,7 @@ Result<SegmentFds> ReceiveDescriptors(int socket, bool* again) {
   fds.memory = std::move(received[0]);
   for (size_t i = 0; i < 4; ++i) fds.events[i] = std::move(received[i + 1]);
   for (const UniqueFd& e : fds.events) {
-    std::array<char, 64> link{};
-    const std::string path = "/proc/self/fd/" + std::to_string(e.get());
-    const ssize_t len = readlink(path.c_str(), link.data(), link.size() - 1);
-    if (len <= 0 || std::string(link.data(), static_cast<size_t>(len)) != "anon_inode:[eventfd]") {
-      return ProtocolError("the shm handoff carried a descriptor that is not an eventfd");
-    }
+    if (Status st = CheckWakeupSocket(e.get()); !st.ok()) return st;
   }
   return fds;
 }
@@ -143,7 +154,8 @@ Result<std::unique_ptr<ShmOffer>> ShmOffer::Create(const asio::any_io_executor& 
   if (!ec) acceptor.listen(4, ec);
   if (ec) return Status(StatusCode::kUnavailable, "listening on the shm socket @" + name + ": " + ec.message());
   return std::unique_ptr<ShmOffer>(new ShmOffer(std::move(acceptor), name, RandomBytes(kTokenBytes),
-                                                std::move(created->first), std::move(created->second)));
+                                                std::move(created->segment), std::move(created->fds),
+                                                std::move(created->peer_events)));
 }
 
 namespace {
@@ -187,7 +199,8 @@ asio::awaitable<Status> ShmOffer::Handoff(std::chrono::steady_clock::time_point 
   while (true) {
     auto [ec, peer] = co_await acceptor_.async_accept(asio::as_tuple(asio::use_awaitable));
     if (race->winner) {
-      if (Status st = SendDescriptors(race->winner->native_handle(), fds_); !st.ok()) co_return st;
+      if (Status st = SendDescriptors(race->winner->native_handle(), fds_.memory, peer_events_); !st.ok()) co_return st;
+      peer_events_ = {};  // the worker's now: this side keeps only its own ends
       boost::system::error_code ignored;
       acceptor_.close(ignored);
       co_return Status::Ok();

@@ -20,6 +20,10 @@
 namespace sparsereduce::shm {
 
 inline constexpr size_t kTokenBytes = 16;
+// What a worker lists in Hello.transports to be offered shared memory as this build hands it over (socket-pair
+// wake-ups, docs/PROTOCOL.md §10.1). A worker of an earlier build lists "shm" and expects eventfds, which it would
+// refuse to get as sockets: the aggregator does not offer it shared memory, and it stays on TCP.
+inline constexpr char kShmCapability[] = "shm2";
 
 // The aggregator's side.
 class ShmOffer {
@@ -44,18 +48,20 @@ class ShmOffer {
 
  private:
   ShmOffer(boost::asio::local::stream_protocol::acceptor acceptor, std::string name, std::string token,
-           std::shared_ptr<Segment> segment, SegmentFds fds)
+           std::shared_ptr<Segment> segment, SegmentFds fds, std::array<UniqueFd, 4> peer_events)
       : acceptor_(std::move(acceptor)),
         name_(std::move(name)),
         token_(std::move(token)),
         segment_(std::move(segment)),
-        fds_(std::move(fds)) {}
+        fds_(std::move(fds)),
+        peer_events_(std::move(peer_events)) {}
 
   boost::asio::local::stream_protocol::acceptor acceptor_;
   std::string name_;
   std::string token_;
   std::shared_ptr<Segment> segment_;
-  SegmentFds fds_;
+  SegmentFds fds_;                       // this side's
+  std::array<UniqueFd, 4> peer_events_;  // the worker's socket ends, until handed over
 };
 
 // The worker's side: the segment received from an aggregator.
@@ -67,7 +73,8 @@ struct ShmAttachment {
                                                   const boost::asio::any_io_executor& executor);
 };
 
-// Connects to the offered socket, presents the token and maps the segment it receives. kUnavailable when the socket
+// Connects to the offered socket, presents the token and maps the segment it receives; refuses wake-up descriptors
+// that are not Unix stream sockets. kUnavailable when the socket
 // cannot be reached (the aggregator is on another host).
 boost::asio::awaitable<Result<ShmAttachment>> AttachShm(const boost::asio::any_io_executor& executor,
                                                         const std::string& socket_name, const std::string& token,
