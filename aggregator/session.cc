@@ -272,6 +272,12 @@ std::string Session::Who() const {
 }
 
 asio::awaitable<Status> Session::OfferShm(std::chrono::steady_clock::time_point deadline) {
+  if (const shm::PendingOffers& pending = shm::PendingOffers::Process(); pending.full()) {
+    spdlog::warn("{}: not offering shared memory, staying on TCP: {} earlier offers still wait for their workers to "
+                 "receive the descriptors",
+                 Who(), pending.count());
+    co_return Status::Ok();
+  }
   Result<std::unique_ptr<shm::ShmOffer>> offer = shm::ShmOffer::Create(executor_, context_.options.ring_bytes);
   if (!offer.ok()) {
     spdlog::warn("{}: cannot offer shared memory, staying on TCP: {}", Who(), offer.status().ToString());
@@ -290,6 +296,18 @@ asio::awaitable<Status> Session::OfferShm(std::chrono::steady_clock::time_point 
       co_await ((*offer)->Handoff(deadline) || ReadControl());
   if (outcome.index() == 0) {
     const Status& st = std::get<0>(outcome);
+    if (st.code() == StatusCode::kResourceExhausted) {
+      // Not the worker's fault: withdrawing the offer closes its Unix connection, and it answers on TCP with a
+      // TransportDecline and stays there.
+      spdlog::warn("{}: shared-memory offer withdrawn, staying on TCP: {}", Who(), st.message());
+      offer->reset();
+      Result<proto::ControlMessage> reply = co_await ReadControl();
+      if (!reply.ok()) co_return reply.status();
+      if (reply->body_case() != proto::ControlMessage::kTransportDecline) {
+        co_return ProtocolError("expected TransportDecline after the shm offer was withdrawn");
+      }
+      co_return Status::Ok();
+    }
     if (!st.ok()) co_return st.WithContext("shared-memory handoff");
     shm_ = std::move(*offer);
     spdlog::debug("{}: connection moved to shared memory", Who());

@@ -3,7 +3,12 @@
 // frames cut short, is in channel_test.cc). Every test runs its io_context for a bounded time.
 #include <fcntl.h>
 #include <sched.h>
+#include <linux/capability.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -391,6 +396,165 @@ TEST(ShmHostileWorker, ClosingItsWakeupsEndsTheConnectionInsteadOfSpinning) {
   RunUntil(io, done, 5s);
   ASSERT_TRUE(done) << "the daemon still waits for a worker that closed its wake-ups";
   EXPECT_EQ(read->code(), StatusCode::kUnavailable) << read->ToString();
+}
+
+// Root's CAP_SYS_RESOURCE and CAP_SYS_ADMIN lift the kernel's limit on descriptors in flight; the daemon usually
+// runs without them, and so does the test while this lives (this thread's effective set; restored after).
+class WithoutLimitOverrides {
+ public:
+  WithoutLimitOverrides() {
+    if (syscall(SYS_capget, &header_, saved_) != 0) return;
+    __user_cap_data_struct dropped[2] = {saved_[0], saved_[1]};
+    dropped[0].effective &= ~((1u << CAP_SYS_RESOURCE) | (1u << CAP_SYS_ADMIN));
+    restore_ = syscall(SYS_capset, &header_, dropped) == 0;
+  }
+  ~WithoutLimitOverrides() {
+    if (restore_) syscall(SYS_capset, &header_, saved_);
+  }
+  WithoutLimitOverrides(const WithoutLimitOverrides&) = delete;
+  WithoutLimitOverrides& operator=(const WithoutLimitOverrides&) = delete;
+
+ private:
+  __user_cap_header_struct header_{_LINUX_CAPABILITY_VERSION_3, 0};
+  __user_cap_data_struct saved_[2] = {};
+  bool restore_ = false;
+};
+
+// A peer that presents the token and then never receives: what a hoarding process does with offers.
+UniqueFd Hoard(const ShmOffer& offer) {
+  UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string& name = offer.socket_name();
+  std::memcpy(addr.sun_path + 1, name.data(), name.size());
+  const auto length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  EXPECT_EQ(connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), length), 0) << std::strerror(errno);
+  EXPECT_EQ(write(fd.get(), offer.token().data(), kTokenBytes), static_cast<ssize_t>(kTokenBytes));
+  return fd;
+}
+
+// The review's finding M1: descriptors sent and never received stay in flight, charged to the daemon's user, and
+// beyond its RLIMIT_NOFILE every sendmsg with descriptors failed (ETOOMANYREFS: after 41 offers with a soft limit
+// of 200), which the daemon took for a worker that closed during its handshake. Now offers whose descriptors were
+// not received are capped (PendingOffers, 32 by default: 160 descriptors) and later ones refused before anything
+// is sent; none fails for the limit. Fails on the old code: offers 42 to 45 end with kUnavailable ("sending the shm
+// descriptors: Too many references").
+TEST(ShmHandoff, HoardedOffersStayBelowTheLimitOnDescriptorsInFlight) {
+  rlimit old{};
+  ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &old), 0);
+  rlimit low = old;
+  low.rlim_cur = std::min<rlim_t>(200, old.rlim_cur);
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &low), 0);
+  struct Restore {
+    rlimit limit;
+    ~Restore() { setrlimit(RLIMIT_NOFILE, &limit); }
+  } restore{old};
+  WithoutLimitOverrides unprivileged;
+  asio::io_context io;
+  std::vector<UniqueFd> hoarders;
+  std::vector<std::string> failures;
+  int handed = 0, refused = 0;
+  for (int i = 0; i < 45; ++i) {
+    auto offer = ShmOffer::Create(io.get_executor(), 4096);
+    ASSERT_TRUE(offer.ok()) << offer.status().ToString();
+    std::optional<Status> result;
+    asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+      result = co_await (*offer)->Handoff(std::chrono::steady_clock::now() + 100ms);
+    }, asio::detached);
+    hoarders.push_back(Hoard(**offer));
+    RunUntil(io, [&] { return result.has_value(); });
+    if (result->ok() || result->code() == StatusCode::kDeadlineExceeded) {
+      ++handed;  // the descriptors went out (and, now, were never acknowledged)
+    } else if (result->code() == StatusCode::kResourceExhausted) {
+      ++refused;
+    } else {
+      failures.push_back("offer " + std::to_string(i + 1) + ": " + result->ToString());
+    }
+  }
+  EXPECT_TRUE(failures.empty()) << failures.size() << " failed, the first " << failures.front();
+  EXPECT_LE(handed, PendingOffers::kDefaultCap);
+  EXPECT_EQ(handed + refused, 45);
+}
+
+// The cap, its places taken by unreceived descriptors and freed once they are gone: received and acknowledged, or
+// dropped with the socket of a peer that closes. A peer that writes the acknowledgement without receiving gains
+// nothing.
+TEST(ShmHandoff, PendingOffersAreCappedAndFreedWhenTheDescriptorsAreGone) {
+  PendingOffers pending(2);  // outlives the io_context, as the daemon's does
+  asio::io_context io;
+  auto handoff = [&](ShmOffer& offer, std::chrono::milliseconds timeout) {
+    auto result = std::make_shared<std::optional<Status>>();
+    asio::co_spawn(io, [&offer, result, timeout]() -> asio::awaitable<void> {
+      *result = co_await offer.Handoff(std::chrono::steady_clock::now() + timeout);
+    }, asio::detached);
+    return result;
+  };
+  std::vector<std::unique_ptr<ShmOffer>> offers;
+  std::vector<UniqueFd> hoarders;
+  for (int i = 0; i < 2; ++i) {
+    auto offer = ShmOffer::Create(io.get_executor(), 4096, pending);
+    ASSERT_TRUE(offer.ok()) << offer.status().ToString();
+    auto result = handoff(**offer, 50ms);
+    hoarders.push_back(Hoard(**offer));
+    RunUntil(io, [&] { return result->has_value(); });
+    EXPECT_EQ((*result)->code(), StatusCode::kDeadlineExceeded) << (*result)->ToString();
+    offers.push_back(std::move(*offer));
+  }
+  EXPECT_EQ(pending.count(), 2);
+  EXPECT_TRUE(pending.full());
+
+  // Full: a third offer sends nothing, and a worker waiting on it learns so when the offer is withdrawn.
+  {
+    auto offer = ShmOffer::Create(io.get_executor(), 4096, pending);
+    ASSERT_TRUE(offer.ok());
+    auto result = handoff(**offer, 5000ms);
+    std::optional<Result<ShmAttachment>> attached;
+    asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+      attached = co_await AttachShm(io.get_executor(), (*offer)->socket_name(), (*offer)->token(),
+                                    std::chrono::steady_clock::now() + 5s);
+    }, asio::detached);
+    RunUntil(io, [&] { return result->has_value(); });
+    EXPECT_EQ((*result)->code(), StatusCode::kResourceExhausted) << (*result)->ToString();
+    offer->reset();  // withdrawn, as the session does
+    RunUntil(io, [&] { return attached.has_value(); });
+    EXPECT_EQ(attached->status().code(), StatusCode::kUnavailable) << attached->status().ToString();
+  }
+
+  // A hoarder leaves: the kernel drops what it never received, and its place is free again.
+  hoarders[0].reset();
+  RunUntil(io, [&] { return pending.count() == 1; }, 5s);
+
+  // A real worker takes the place and gives it back when it acknowledges.
+  {
+    auto offer = ShmOffer::Create(io.get_executor(), 4096, pending);
+    ASSERT_TRUE(offer.ok());
+    auto result = handoff(**offer, 5000ms);
+    std::optional<Result<ShmAttachment>> attached;
+    asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+      attached = co_await AttachShm(io.get_executor(), (*offer)->socket_name(), (*offer)->token(),
+                                    std::chrono::steady_clock::now() + 5s);
+    }, asio::detached);
+    RunUntil(io, [&] { return result->has_value() && attached.has_value(); });
+    EXPECT_TRUE((*result)->ok()) << (*result)->ToString();
+    EXPECT_TRUE(attached->ok()) << attached->status().ToString();
+    EXPECT_EQ(pending.count(), 1);
+  }
+
+  // An acknowledgement written without receiving the descriptors is refused, and the place stays taken.
+  {
+    auto offer = ShmOffer::Create(io.get_executor(), 4096, pending);
+    ASSERT_TRUE(offer.ok());
+    auto result = handoff(**offer, 5000ms);
+    UniqueFd liar = Hoard(**offer);
+    ASSERT_EQ(write(liar.get(), "A", 1), 1);
+    RunUntil(io, [&] { return result->has_value(); });
+    EXPECT_EQ((*result)->code(), StatusCode::kProtocolViolation) << (*result)->ToString();
+    EXPECT_NE((*result)->message().find("without receiving"), std::string::npos) << (*result)->ToString();
+    EXPECT_EQ(pending.count(), 2);
+    liar.reset();
+    hoarders.clear();
+    RunUntil(io, [&] { return pending.count() == 0; }, 5s);
+  }
 }
 
 TEST(ShmHandoff, WrongTokenIsIgnoredAndTheRightOneServed) {
