@@ -398,6 +398,71 @@ TEST(ShmHostileWorker, ClosingItsWakeupsEndsTheConnectionInsteadOfSpinning) {
   EXPECT_EQ(read->code(), StatusCode::kUnavailable) << read->ToString();
 }
 
+// The review's finding L1: a reader never suspended while its ring had data, so a worker that kept its ring full
+// held the executor: a 1 ms timer on it, standing for the other connections and jobs the thread serves, ran 231
+// times in 3 s. Here the worker feeds header-only frames, as to a session that drains (reads and drops) what a
+// worker sends after it failed. The reader now lets other handlers run after each ring's worth of bytes.
+TEST(ShmHostileWorker, AFullRingDoesNotStarveTheExecutor) {
+  asio::io_context io;
+  RawPair pair = ConnectRaw(io, 65536, /*make_worker_channel=*/false);
+  RingControl& ring = pair.segment->control(Direction::kToAggregator);
+  std::byte* memory = pair.segment->data(Direction::kToAggregator);
+  const uint64_t capacity = pair.segment->ring().capacity();
+  const int data = pair.wakeup(Direction::kToAggregator, /*space=*/false);
+  std::array<std::byte, kFrameHeaderSize> header;
+  EncodeFrameHeader(FrameHeader{FrameType::kContribution, 0, 0, 7, 1, 0}, header.data());
+  std::atomic<bool> stop{false};
+  std::thread hostile([&] {  // refills the ring as fast as the reader empties it
+    uint64_t head = 0;
+    while (!stop) {
+      const uint64_t to = ring.tail.load() + capacity;
+      for (uint64_t p = head; p < to; ++p) memory[p & (capacity - 1)] = header[p % kFrameHeaderSize];
+      head = to;
+      ring.head.store(head);
+      if (ring.consumer_waiting.load()) {
+        const uint64_t one = 1;
+        (void)!write(data, &one, sizeof one);
+      }
+    }
+  });
+  uint64_t frames = 0;
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+    while (true) {
+      Result<FrameHeader> h = co_await pair.aggregator->ReadHeader();
+      if (!h.ok()) co_return;
+      ++frames;
+    }
+  }, asio::detached);
+  asio::steady_timer ticker(io);
+  uint64_t ticks = 0;
+  std::function<void()> tick = [&] {
+    ticker.expires_after(1ms);
+    ticker.async_wait([&](const boost::system::error_code& ec) {
+      if (ec) return;
+      ++ticks;
+      tick();
+    });
+  };
+  tick();
+  const auto start = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - start < 2s) io.restart(), io.run_for(10ms);
+  const auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+  stop = true;
+  hostile.join();
+  pair.aggregator->Abort();
+  ticker.cancel();
+  io.restart();
+  io.run_for(100ms);
+  RecordProperty("ticks", std::to_string(ticks));
+  RecordProperty("elapsed_ms", std::to_string(elapsed.count()));
+  RecordProperty("frames", std::to_string(frames));
+  // A tick needs 1 ms and a turn of the executor: a quarter of the ticks a free thread would run is far above what
+  // a starved one runs, and far below what this one does (it runs most of them).
+  EXPECT_GE(ticks, static_cast<uint64_t>(elapsed.count()) / 4)
+      << ticks << " ticks of 1 ms in " << elapsed.count() << " ms while " << frames << " frames were drained";
+  EXPECT_GT(frames, 0u);
+}
+
 // Root's CAP_SYS_RESOURCE and CAP_SYS_ADMIN lift the kernel's limit on descriptors in flight; the daemon usually
 // runs without them, and so does the test while this lives (this thread's effective set; restored after).
 class WithoutLimitOverrides {
