@@ -401,7 +401,8 @@ TEST(ShmHostileWorker, ClosingItsWakeupsEndsTheConnectionInsteadOfSpinning) {
 // The review's finding L1: a reader never suspended while its ring had data, so a worker that kept its ring full
 // held the executor: a 1 ms timer on it, standing for the other connections and jobs the thread serves, ran 231
 // times in 3 s. Here the worker feeds header-only frames, as to a session that drains (reads and drops) what a
-// worker sends after it failed. The reader now lets other handlers run after each ring's worth of bytes.
+// worker sends after it failed. The reader now lets other handlers run after each ring's worth of bytes or 256
+// reads.
 TEST(ShmHostileWorker, AFullRingDoesNotStarveTheExecutor) {
   asio::io_context io;
   RawPair pair = ConnectRaw(io, 65536, /*make_worker_channel=*/false);
@@ -456,9 +457,10 @@ TEST(ShmHostileWorker, AFullRingDoesNotStarveTheExecutor) {
   RecordProperty("ticks", std::to_string(ticks));
   RecordProperty("elapsed_ms", std::to_string(elapsed.count()));
   RecordProperty("frames", std::to_string(frames));
-  // A tick needs 1 ms and a turn of the executor: a quarter of the ticks a free thread would run is far above what
-  // a starved one runs, and far below what this one does (it runs most of them).
-  EXPECT_GE(ticks, static_cast<uint64_t>(elapsed.count()) / 4)
+  // A tick needs 1 ms and a turn of the executor: a tenth of the ticks a free thread would run is above what a
+  // starved one runs (at most 5 % in a release build) and well below what this one does (most of them, also in a
+  // sanitizer build).
+  EXPECT_GE(ticks, static_cast<uint64_t>(elapsed.count()) / 10)
       << ticks << " ticks of 1 ms in " << elapsed.count() << " ms while " << frames << " frames were drained";
   EXPECT_GT(frames, 0u);
 }

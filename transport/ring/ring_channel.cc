@@ -146,9 +146,10 @@ void RingChannel::PublishConsumed() {
 }
 
 bool RingChannel::YieldDue(uint64_t bytes) {
-  read_without_yield_ += bytes + kReadCost;
-  if (read_without_yield_ < ring_.capacity()) return false;
+  read_without_yield_ += bytes;
+  if (++reads_without_yield_ < kReadsPerYield && read_without_yield_ < ring_.capacity()) return false;
   read_without_yield_ = 0;
+  reads_without_yield_ = 0;
   return true;
 }
 

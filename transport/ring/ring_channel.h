@@ -126,11 +126,12 @@ class RingChannel : public Channel {
   // writing).
   uint64_t HeldBack();
   uint64_t MaxHeldBack() const { return ring_.capacity() / 4 * 3; }
-  // Counts `bytes` read without suspending; true once a ring's worth has been (a read also counts kReadCost, so
-  // that header-only frames add up too): the reader then lets the executor run other handlers before going on. A
-  // peer that keeps its ring full would otherwise hold the thread, which serves other connections and jobs.
+  // Counts a read of `bytes` done without suspending; true once a ring's worth of bytes or kReadsPerYield reads
+  // (header-only frames: many reads, few bytes) have been: the reader then lets the executor run other handlers
+  // before going on. A peer that keeps its ring full would otherwise hold the thread, which serves other
+  // connections and jobs. A post per 256 reads costs nothing measurable.
   bool YieldDue(uint64_t bytes);
-  static constexpr uint64_t kReadCost = 64;
+  static constexpr uint32_t kReadsPerYield = 256;
   // Checks the peer's head against what this side has read and what loans still hold (docs/PROTOCOL.md §10.2).
   Status CheckReceived(uint64_t head);
   // What the peer has made visible, checked; a failed check fails the channel.
@@ -147,7 +148,8 @@ class RingChannel : public Channel {
   boost::asio::ip::tcp::socket liveness_;
   boost::asio::any_io_executor executor_;
   uint64_t rx_tail_ = 0;
-  uint64_t read_without_yield_ = 0;  // YieldDue
+  uint64_t read_without_yield_ = 0;   // YieldDue: bytes
+  uint32_t reads_without_yield_ = 0;  // and reads
   uint64_t tx_head_ = 0;
   std::shared_ptr<const void> lend_memory_owner_;  // set by a backend that can lend (EnableLending)
   std::shared_ptr<Lender> lender_;  // once it can and a recall handler is set
