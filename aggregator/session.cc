@@ -249,18 +249,20 @@ asio::awaitable<Status> Session::WriteControl(const proto::ControlMessage& messa
 }
 
 asio::awaitable<Status> Session::OfferTransport(std::chrono::steady_clock::time_point deadline) {
-  auto both = [&](const std::string& kind) {
+  // `capability`: what the worker lists in Hello for the transport the aggregator's option names `kind`.
+  auto both = [&](const std::string& kind, const std::string& capability) {
     const auto& offered = context_.options.transports;
-    return std::find(hello_.transports().begin(), hello_.transports().end(), kind) != hello_.transports().end() &&
+    return std::find(hello_.transports().begin(), hello_.transports().end(), capability) !=
+               hello_.transports().end() &&
            std::find(offered.begin(), offered.end(), kind) != offered.end();
   };
   // Shared memory first: it is only taken by a worker on this host, for which it is the faster path.
-  if (both("shm")) {
+  if (both("shm", shm::kShmCapability)) {
     Status st = co_await OfferShm(deadline);
     if (!st.ok() || shm_) co_return st;
   }
 #if SPARSEREDUCE_HAVE_RDMA
-  if (both("rdma") && context_.rdma) co_return co_await OfferRdma(deadline);
+  if (both("rdma", "rdma") && context_.rdma) co_return co_await OfferRdma(deadline);
 #endif
   co_return Status::Ok();
 }
@@ -270,6 +272,12 @@ std::string Session::Who() const {
 }
 
 asio::awaitable<Status> Session::OfferShm(std::chrono::steady_clock::time_point deadline) {
+  if (const shm::PendingOffers& pending = shm::PendingOffers::Process(); pending.full()) {
+    spdlog::warn("{}: not offering shared memory, staying on TCP: {} earlier offers still wait for their workers to "
+                 "receive the descriptors",
+                 Who(), pending.count());
+    co_return Status::Ok();
+  }
   Result<std::unique_ptr<shm::ShmOffer>> offer = shm::ShmOffer::Create(executor_, context_.options.ring_bytes);
   if (!offer.ok()) {
     spdlog::warn("{}: cannot offer shared memory, staying on TCP: {}", Who(), offer.status().ToString());
@@ -288,6 +296,18 @@ asio::awaitable<Status> Session::OfferShm(std::chrono::steady_clock::time_point 
       co_await ((*offer)->Handoff(deadline) || ReadControl());
   if (outcome.index() == 0) {
     const Status& st = std::get<0>(outcome);
+    if (st.code() == StatusCode::kResourceExhausted) {
+      // Not the worker's fault: withdrawing the offer closes its Unix connection, and it answers on TCP with a
+      // TransportDecline and stays there.
+      spdlog::warn("{}: shared-memory offer withdrawn, staying on TCP: {}", Who(), st.message());
+      offer->reset();
+      Result<proto::ControlMessage> reply = co_await ReadControl();
+      if (!reply.ok()) co_return reply.status();
+      if (reply->body_case() != proto::ControlMessage::kTransportDecline) {
+        co_return ProtocolError("expected TransportDecline after the shm offer was withdrawn");
+      }
+      co_return Status::Ok();
+    }
     if (!st.ok()) co_return st.WithContext("shared-memory handoff");
     shm_ = std::move(*offer);
     spdlog::debug("{}: connection moved to shared memory", Who());

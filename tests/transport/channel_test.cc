@@ -4,6 +4,7 @@
 // DropQueued keeps the stream framed. Then what is particular to TCP's read-ahead reader and gathering writer.
 // Every test runs its io_context for a bounded time.
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
@@ -11,6 +12,7 @@
 #include <boost/asio/write.hpp>
 
 #include "channel_test_util.h"
+#include "transport/descriptor.h"
 #include "transport/tcp/channel.h"
 
 namespace sparsereduce::testing {
@@ -414,6 +416,34 @@ TEST(TcpChannel, WriteErrorIsReportedOnceAndLater) {
   EXPECT_EQ(errors, 1);
   EXPECT_FALSE(error_inside_send) << "the error handler ran inside Send";
   EXPECT_TRUE(channel.idle());
+}
+
+// The review's finding L2: RdmaChannel built its event descriptor as stream_descriptor(executor, dup(fd)), which
+// throws (inside a detached coroutine: the connection vanished without a word) when dup fails or epoll refuses the
+// descriptor. AssignDuplicate reports both as a Status naming the operation. (The RDMA channel needs a device to
+// construct, so its helper is tested here.)
+TEST(AssignDuplicate, FailuresAreReportedNamingTheOperation) {
+  asio::io_context io;
+  asio::posix::stream_descriptor descriptor(io);
+  Status bad = transport::AssignDuplicate(descriptor, -1, "the test channel");
+  EXPECT_EQ(bad.code(), StatusCode::kUnavailable);
+  EXPECT_NE(bad.message().find("dup of the test channel"), std::string::npos) << bad.ToString();
+  EXPECT_FALSE(descriptor.is_open());
+
+  int sockets[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sockets), 0);
+  EXPECT_TRUE(transport::AssignDuplicate(descriptor, sockets[0], "the test channel").ok());
+  EXPECT_TRUE(descriptor.is_open());
+  EXPECT_NE(descriptor.native_handle(), sockets[0]);  // a duplicate: the owner's descriptor stays its own
+  // Refused by the event loop's side (here: already open; epoll's own refusals take the same path).
+  const int watched = descriptor.native_handle();
+  Status refused = transport::AssignDuplicate(descriptor, sockets[1], "the test channel");
+  EXPECT_EQ(refused.code(), StatusCode::kUnavailable);
+  EXPECT_NE(refused.message().find("watching the test channel on the event loop"), std::string::npos)
+      << refused.ToString();
+  EXPECT_EQ(descriptor.native_handle(), watched);
+  close(sockets[0]);
+  close(sockets[1]);
 }
 
 }  // namespace

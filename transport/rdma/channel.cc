@@ -11,6 +11,8 @@
 #include <cstring>
 #include <random>
 
+#include "transport/descriptor.h"
+
 namespace sparsereduce::rdma {
 
 namespace asio = boost::asio;
@@ -172,8 +174,12 @@ RdmaChannel::RdmaChannel(std::unique_ptr<RdmaConnection> connection, asio::ip::t
                          asio::any_io_executor executor)
     : RingChannel(connection->capacity_, std::move(liveness), executor),
       connection_(std::move(connection)),
-      events_(executor, ::dup(connection_->events_->fd)),
+      events_(executor),
       data_signal_(executor) {
+  if (Status st = transport::AssignDuplicate(events_, connection_->events_->fd, "the RDMA completion channel");
+      !st.ok()) {
+    Fail(st);  // reads fail with it, and the owner reports it naming the connection; Arm's waits end at once
+  }
   StartLiveness();
 }
 

@@ -3,6 +3,7 @@
 #include <array>
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <cstring>
 
 namespace sparsereduce::transport {
@@ -144,6 +145,14 @@ void RingChannel::PublishConsumed() {
   }
 }
 
+bool RingChannel::YieldDue(uint64_t bytes) {
+  read_without_yield_ += bytes;
+  if (++reads_without_yield_ < kReadsPerYield && read_without_yield_ < ring_.capacity()) return false;
+  read_without_yield_ = 0;
+  reads_without_yield_ = 0;
+  return true;
+}
+
 uint64_t RingChannel::HeldBack() { return lender_ ? lender_->HeldBack(rx_tail_) : 0; }
 
 Status RingChannel::CheckReceived(uint64_t head) {
@@ -199,6 +208,7 @@ asio::awaitable<Status> RingChannel::ReadScattered(std::span<const asio::mutable
       rx_tail_ += n;
       done += n;
       PublishConsumed();
+      if (YieldDue(n)) co_await asio::post(co_await asio::this_coro::executor, asio::use_awaitable);
       continue;
     }
     if (received.closed || peer_gone_) {
@@ -252,6 +262,7 @@ asio::awaitable<Result<ByteBuffer>> RingChannel::ReadPayloadLent(uint64_t size, 
   std::byte* data = lender_->Lend(rx_tail_, ring_.Locate(rx_tail_, size).span[0].offset);
   rx_tail_ += size;
   PublishConsumed();
+  if (YieldDue(size)) co_await asio::post(co_await asio::this_coro::executor, asio::use_awaitable);
   co_return ByteBuffer::Borrowed(data, size, lender_, size, /*on_loan=*/true);
 }
 

@@ -1,10 +1,11 @@
 // transport::Channel over two one-sided byte rings (byte_ring.h): frames are copied into the ring the peer reads
 // and out of the ring this side reads. How bytes reach the peer and how a sleeping side is woken belongs to the
-// backend: shared memory (memcpy into the peer-visible ring, eventfds; transport/shm) or RDMA (a registered staging
-// ring written to the peer's ring with RDMA_WRITE_WITH_IMM, completion events; transport/rdma). Everything else is
-// here, once: reading frames, the ordered send queue, flow control by ring space, end of stream and failure, and
-// watching the TCP connection the channel was negotiated on, which stays open beside it: the kernel closes it when
-// the peer process dies, and the channel then ends once it has read everything the peer wrote.
+// backend: shared memory (memcpy into the peer-visible ring, socket-pair wake-ups; transport/shm) or RDMA (a
+// registered staging ring written to the peer's ring with RDMA_WRITE_WITH_IMM, completion events; transport/rdma).
+// Everything else is here, once: reading frames, the ordered send queue, flow control by ring space, end of stream
+// and failure, and watching the TCP connection the channel was negotiated on, which stays open beside it: the
+// kernel closes it when the peer process dies, and the channel then ends once it has read everything the peer
+// wrote.
 #pragma once
 
 #include <boost/asio/any_io_executor.hpp>
@@ -125,6 +126,12 @@ class RingChannel : public Channel {
   // writing).
   uint64_t HeldBack();
   uint64_t MaxHeldBack() const { return ring_.capacity() / 4 * 3; }
+  // Counts a read of `bytes` done without suspending; true once a ring's worth of bytes or kReadsPerYield reads
+  // (header-only frames: many reads, few bytes) have been: the reader then lets the executor run other handlers
+  // before going on. A peer that keeps its ring full would otherwise hold the thread, which serves other
+  // connections and jobs. A post per 256 reads costs nothing measurable.
+  bool YieldDue(uint64_t bytes);
+  static constexpr uint32_t kReadsPerYield = 256;
   // Checks the peer's head against what this side has read and what loans still hold (docs/PROTOCOL.md §10.2).
   Status CheckReceived(uint64_t head);
   // What the peer has made visible, checked; a failed check fails the channel.
@@ -141,6 +148,8 @@ class RingChannel : public Channel {
   boost::asio::ip::tcp::socket liveness_;
   boost::asio::any_io_executor executor_;
   uint64_t rx_tail_ = 0;
+  uint64_t read_without_yield_ = 0;   // YieldDue: bytes
+  uint32_t reads_without_yield_ = 0;  // and reads
   uint64_t tx_head_ = 0;
   std::shared_ptr<const void> lend_memory_owner_;  // set by a backend that can lend (EnableLending)
   std::shared_ptr<Lender> lender_;  // once it can and a recall handler is set

@@ -1,11 +1,14 @@
 #include "transport/shm/channel.h"
 
+#include <sys/socket.h>
+
 #include <array>
 #include <atomic>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <cerrno>
 
 namespace sparsereduce::shm {
 
@@ -28,17 +31,27 @@ ShmChannel::ShmChannel(std::shared_ptr<Segment> segment, SegmentFds fds, Directi
   StartLiveness();
 }
 
-ShmChannel::~ShmChannel() { StopLending(); }  // lent payloads must not reach the eventfds below once they close
+ShmChannel::~ShmChannel() { StopLending(); }  // lent payloads must not reach the sockets below once they close
 
 void ShmChannel::Signal(asio::posix::stream_descriptor& event) {
-  const uint64_t one = 1;
-  // EAGAIN only when the counter is about to overflow, i.e. the peer is already due to wake up.
-  [[maybe_unused]] ssize_t n = ::write(event.native_handle(), &one, sizeof one);
+  const char byte = 1;
+  // EAGAIN: the peer's buffer is full of earlier wake-ups, so it is already due to wake. EPIPE and the like: the
+  // peer is gone, which the TCP connection (or the peer's Drain) reports.
+  [[maybe_unused]] ssize_t n = ::send(event.native_handle(), &byte, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
-void ShmChannel::Drain(asio::posix::stream_descriptor& event) {
-  uint64_t count;
-  [[maybe_unused]] ssize_t n = ::read(event.native_handle(), &count, sizeof count);
+bool ShmChannel::Drain(asio::posix::stream_descriptor& event) {
+  // Wake-ups pile up as bytes; one recv usually takes them all (a short read: nothing is left). Bounded, so a peer
+  // that keeps writing cannot keep this thread here; what is left wakes the next wait at once, which is harmless.
+  std::array<char, 256> bytes;
+  for (int i = 0; i < 4; ++i) {
+    const ssize_t n = ::recv(event.native_handle(), bytes.data(), bytes.size(), MSG_DONTWAIT);
+    if (n == static_cast<ssize_t>(bytes.size())) continue;
+    if (n > 0) return true;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return true;
+    return false;  // end of file: the peer closed its end, which would otherwise stay readable (and spin us)
+  }
+  return true;
 }
 
 transport::RingChannel::Received ShmChannel::LoadReceived() {
@@ -49,7 +62,7 @@ transport::RingChannel::Received ShmChannel::LoadReceived() {
 
 // The wake-up handshake (docs/PROTOCOL.md §10.2) is Dekker's: each side stores its own word, then loads the
 // other's, all sequentially consistent, so at least one of them sees the other's store and nobody sleeps through
-// a wake-up. Consumed() may run on the thread that returns a lent payload: atomics and a write(2) only.
+// a wake-up. Consumed() may run on the thread that returns a lent payload: atomics and a send(2) only.
 void ShmChannel::Consumed(uint64_t tail) {
   rx_.tail.store(tail, std::memory_order_seq_cst);
   if (rx_.producer_waiting.load(std::memory_order_seq_cst)) Signal(rx_space_);
@@ -59,8 +72,10 @@ asio::awaitable<void> ShmChannel::WaitForData(uint64_t tail) {
   rx_.consumer_waiting.store(1, std::memory_order_seq_cst);
   // Sleep only if the ring is still empty now that the producer is sure to see the flag.
   if (rx_.head.load(std::memory_order_seq_cst) == tail && !rx_.producer_closed.load(std::memory_order_seq_cst)) {
-    co_await rx_data_.async_wait(asio::posix::stream_descriptor::wait_read, asio::as_tuple(asio::use_awaitable));
-    Drain(rx_data_);
+    auto [ec] = co_await rx_data_.async_wait(asio::posix::stream_descriptor::wait_read,
+                                             asio::as_tuple(asio::use_awaitable));
+    // Cancelled (CancelWaits): nothing to read; the caller looks at the ring and the channel's state again.
+    if (!ec && !Drain(rx_data_)) PeerGone();  // what the peer wrote is read first, as when its TCP connection ends
   }
   rx_.consumer_waiting.store(0, std::memory_order_relaxed);
 }
@@ -79,10 +94,10 @@ void ShmChannel::WaitForSpace(uint64_t head, std::function<void()> wake) {
   }
   tx_space_.async_wait(asio::posix::stream_descriptor::wait_read,
                        asio::bind_executor(executor(), [this, alive = alive(), wake = std::move(wake)](
-                                                           const boost::system::error_code&) {
+                                                           const boost::system::error_code& ec) {
                          if (!*alive) return;
                          tx_.producer_waiting.store(0, std::memory_order_relaxed);
-                         Drain(tx_space_);
+                         if (!ec && !Drain(tx_space_)) PeerGone();  // fails the writes; wake() then stops
                          wake();
                        }));
 }

@@ -1,6 +1,9 @@
 #include "transport/shm/handoff.h"
 
+#include <linux/sockios.h>  // SIOCOUTQ
+#include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -8,6 +11,7 @@
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/read.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -17,6 +21,7 @@
 #include <memory>
 #include <optional>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "transport/deadline.h"
@@ -29,8 +34,9 @@ using Unix = asio::local::stream_protocol;
 
 namespace {
 
-constexpr size_t kFdCount = 5;  // memfd, then the four eventfds in SegmentFds order
+constexpr size_t kFdCount = 5;  // memfd, then the worker's ends of the four socket pairs in SegmentFds order
 constexpr char kHandoffByte = 'S';
+constexpr char kAckByte = 'A';  // the worker's, once it has received the descriptors and mapped the segment
 
 std::string RandomBytes(size_t n) {
   std::random_device random;
@@ -69,10 +75,10 @@ struct HandoffMessage {
   msghdr msg{};
 };
 
-// Sends one byte with the segment's descriptors attached (SCM_RIGHTS).
-Status SendDescriptors(int socket, const SegmentFds& fds) {
-  std::array<int, kFdCount> numbers = {fds.memory.get(), fds.events[0].get(), fds.events[1].get(),
-                                       fds.events[2].get(), fds.events[3].get()};
+// Sends one byte with the memfd and the worker's socket ends attached (SCM_RIGHTS).
+Status SendDescriptors(int socket, const UniqueFd& memory, const std::array<UniqueFd, 4>& events) {
+  std::array<int, kFdCount> numbers = {memory.get(), events[0].get(), events[1].get(), events[2].get(),
+                                       events[3].get()};
   HandoffMessage handoff(kHandoffByte);
   msghdr& msg = handoff.msg;
   cmsghdr* cmsg = CMSG_FIRSTHDR(&msg);
@@ -83,6 +89,21 @@ Status SendDescriptors(int socket, const SegmentFds& fds) {
   // One byte into an empty Unix socket buffer: it does not block.
   if (sendmsg(socket, &msg, MSG_NOSIGNAL) != 1) {
     return Status(StatusCode::kUnavailable, std::string("sending the shm descriptors: ") + std::strerror(errno));
+  }
+  return Status::Ok();
+}
+
+// A wake-up descriptor must be a Unix stream socket: this side only ever sends and receives on it with
+// MSG_DONTWAIT, which no flag on a shared file description can turn into a blocking call (docs/PROTOCOL.md §10.1).
+Status CheckWakeupSocket(int fd) {
+  struct stat st {};
+  int type = 0, domain = 0;
+  socklen_t type_len = sizeof type, domain_len = sizeof domain;
+  if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode) ||
+      getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &type_len) != 0 ||
+      getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &domain_len) != 0 || type != SOCK_STREAM ||
+      domain != AF_UNIX) {
+    return ProtocolError("the shm handoff carried a wake-up descriptor that is not a Unix stream socket");
   }
   return Status::Ok();
 }
@@ -120,19 +141,60 @@ Result<SegmentFds> ReceiveDescriptors(int socket, bool* again) {
   fds.memory = std::move(received[0]);
   for (size_t i = 0; i < 4; ++i) fds.events[i] = std::move(received[i + 1]);
   for (const UniqueFd& e : fds.events) {
-    std::array<char, 64> link{};
-    const std::string path = "/proc/self/fd/" + std::to_string(e.get());
-    const ssize_t len = readlink(path.c_str(), link.data(), link.size() - 1);
-    if (len <= 0 || std::string(link.data(), static_cast<size_t>(len)) != "anon_inode:[eventfd]") {
-      return ProtocolError("the shm handoff carried a descriptor that is not an eventfd");
-    }
+    if (Status st = CheckWakeupSocket(e.get()); !st.ok()) return st;
   }
   return fds;
 }
 
+// Bytes this side sent on a Unix socket that the peer has not received yet (they stay charged to the sender).
+int Unreceived(int socket) {
+  int bytes = 0;
+  return ioctl(socket, SIOCOUTQ, &bytes) == 0 ? bytes : 0;  // an error: nothing left to watch
+}
+
+// A place taken among the pending offers (PendingOffers::TryAcquire), given back when this goes: also when the
+// io_context is destroyed with the coroutine that holds it suspended.
+class PendingPlace {
+ public:
+  explicit PendingPlace(PendingOffers* pending) : pending_(pending) {}
+  PendingPlace(PendingPlace&& other) noexcept : pending_(std::exchange(other.pending_, nullptr)) {}
+  PendingPlace& operator=(PendingPlace&&) = delete;
+  ~PendingPlace() {
+    if (pending_ != nullptr) pending_->Release();
+  }
+
+ private:
+  PendingOffers* pending_;
+};
+
+// Holds `place` until what was sent on `socket` has left its send queue: received by the worker, or discarded when
+// the worker closed its end. Polled, since nothing signals either to this side; at most PendingOffers::cap() of
+// these run.
+asio::awaitable<void> WatchUnreceived(Unix::socket socket, [[maybe_unused]] PendingPlace place) {
+  asio::steady_timer poll(co_await asio::this_coro::executor);
+  while (Unreceived(socket.native_handle()) > 0) {
+    poll.expires_after(std::chrono::milliseconds(200));
+    co_await poll.async_wait(asio::as_tuple(asio::use_awaitable));
+  }
+}
+
 }  // namespace
 
-Result<std::unique_ptr<ShmOffer>> ShmOffer::Create(const asio::any_io_executor& executor, uint64_t ring_capacity) {
+PendingOffers& PendingOffers::Process() {
+  static PendingOffers offers(kDefaultCap);
+  return offers;
+}
+
+bool PendingOffers::TryAcquire() {
+  int count = count_.load();
+  while (count < cap_) {
+    if (count_.compare_exchange_weak(count, count + 1)) return true;
+  }
+  return false;
+}
+
+Result<std::unique_ptr<ShmOffer>> ShmOffer::Create(const asio::any_io_executor& executor, uint64_t ring_capacity,
+                                                   PendingOffers& pending) {
   auto created = Segment::Create(ring_capacity);
   if (!created.ok()) return created.status();
   const std::string name = "sparsereduce/" + Hex(RandomBytes(16));
@@ -143,7 +205,8 @@ Result<std::unique_ptr<ShmOffer>> ShmOffer::Create(const asio::any_io_executor& 
   if (!ec) acceptor.listen(4, ec);
   if (ec) return Status(StatusCode::kUnavailable, "listening on the shm socket @" + name + ": " + ec.message());
   return std::unique_ptr<ShmOffer>(new ShmOffer(std::move(acceptor), name, RandomBytes(kTokenBytes),
-                                                std::move(created->first), std::move(created->second)));
+                                                std::move(created->segment), std::move(created->fds),
+                                                std::move(created->peer_events), &pending));
 }
 
 namespace {
@@ -187,10 +250,10 @@ asio::awaitable<Status> ShmOffer::Handoff(std::chrono::steady_clock::time_point 
   while (true) {
     auto [ec, peer] = co_await acceptor_.async_accept(asio::as_tuple(asio::use_awaitable));
     if (race->winner) {
-      if (Status st = SendDescriptors(race->winner->native_handle(), fds_); !st.ok()) co_return st;
       boost::system::error_code ignored;
       acceptor_.close(ignored);
-      co_return Status::Ok();
+      worker_.emplace(std::move(*race->winner));  // open as long as this offer: the worker waits on it
+      co_return co_await HandOver(deadline);
     }
     if (accept_deadline.expired()) co_return Status(StatusCode::kDeadlineExceeded, "no worker took the shm offer in time");
     if (ec == asio::error::operation_aborted) co_return Status(StatusCode::kAborted, "shm offer withdrawn");
@@ -200,6 +263,42 @@ asio::awaitable<Status> ShmOffer::Handoff(std::chrono::steady_clock::time_point 
     race->readers.push_back(socket);
     asio::co_spawn(executor, ReadToken(race, std::move(socket), deadline), asio::detached);
   }
+}
+
+asio::awaitable<Status> ShmOffer::HandOver(std::chrono::steady_clock::time_point deadline) {
+  if (!pending_->TryAcquire()) {
+    co_return Status(StatusCode::kResourceExhausted,
+                     std::to_string(pending_->cap()) +
+                         " shm offers wait for their workers to receive the descriptors (the cap); not sending more");
+  }
+  PendingPlace place(pending_);
+  if (Status st = SendDescriptors(worker_->native_handle(), fds_.memory, peer_events_); !st.ok()) {
+    co_return Status(StatusCode::kResourceExhausted, st.message());
+  }
+  peer_events_ = {};  // the worker's now: this side keeps only its own ends
+  const asio::any_io_executor executor = co_await asio::this_coro::executor;
+  asio::steady_timer timeout(executor, deadline);
+  char ack = 0;
+  using namespace asio::experimental::awaitable_operators;
+  auto outcome = co_await (asio::async_read(*worker_, asio::buffer(&ack, 1), asio::as_tuple(asio::use_awaitable)) ||
+                           timeout.async_wait(asio::as_tuple(asio::use_awaitable)));
+  Status st = Status::Ok();
+  if (outcome.index() == 1) {
+    st = Status(StatusCode::kDeadlineExceeded, "the worker did not acknowledge the shm descriptors in time");
+  } else if (const boost::system::error_code ec = std::get<0>(std::get<0>(outcome)); ec) {
+    st = Status(StatusCode::kUnavailable, "waiting for the worker to acknowledge the shm descriptors: " + ec.message());
+  } else if (ack != kAckByte) {
+    st = ProtocolError("the worker acknowledged the shm descriptors with byte " + std::to_string(ack));
+  } else if (Unreceived(worker_->native_handle()) > 0) {
+    // The byte alone proves nothing: it can be written without reading what this side sent.
+    st = ProtocolError("the worker acknowledged the shm descriptors without receiving them");
+  }
+  if (!st.ok()) {
+    // The descriptors may still be in flight, charged to this daemon: they count until they are gone.
+    asio::co_spawn(executor, WatchUnreceived(std::move(*worker_), std::move(place)), asio::detached);
+  }
+  worker_.reset();
+  co_return st;
 }
 
 std::unique_ptr<transport::Channel> ShmOffer::MakeChannel(asio::ip::tcp::socket liveness,
@@ -239,6 +338,11 @@ asio::awaitable<Result<ShmAttachment>> AttachShm(const asio::any_io_executor& ex
     if (!fds.ok()) co_return fds.status();
     Result<std::shared_ptr<Segment>> segment = Segment::Attach(*fds);
     if (!segment.ok()) co_return segment.status();
+    // Until this byte the aggregator counts the offer as pending (docs/PROTOCOL.md §10.1). One byte into an empty
+    // socket buffer: it does not wait.
+    auto [aec, acked] = co_await asio::async_write(socket, asio::buffer(&kAckByte, 1),
+                                                   asio::as_tuple(asio::use_awaitable));
+    if (aec) co_return Status(StatusCode::kUnavailable, "acknowledging the shm descriptors: " + aec.message());
     co_return ShmAttachment{std::move(*segment), std::move(*fds)};
   }
 }

@@ -9,8 +9,10 @@
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/local/stream_protocol.hpp>
+#include <atomic>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/status.h"
@@ -20,22 +22,56 @@
 namespace sparsereduce::shm {
 
 inline constexpr size_t kTokenBytes = 16;
+// What a worker lists in Hello.transports to be offered shared memory as this build hands it over (socket-pair
+// wake-ups, docs/PROTOCOL.md §10.1). A worker of an earlier build lists "shm" and expects eventfds, which it would
+// refuse to get as sockets: the aggregator does not offer it shared memory, and it stays on TCP.
+inline constexpr char kShmCapability[] = "shm2";
+
+// Offers whose descriptors were sent and not yet received by their worker (docs/PROTOCOL.md §10.1). Linux charges
+// descriptors in flight to the sending user and refuses to send more beyond its RLIMIT_NOFILE (ETOOMANYREFS), so
+// peers that take offers and never receive them could make every later handoff fail; the daemon caps such offers
+// instead, and serves TCP beyond the cap. Thread-safe.
+class PendingOffers {
+ public:
+  static constexpr int kDefaultCap = 32;  // 160 descriptors in flight at most, far below any RLIMIT_NOFILE in use
+
+  explicit PendingOffers(int cap) : cap_(cap) {}
+  PendingOffers(const PendingOffers&) = delete;
+  PendingOffers& operator=(const PendingOffers&) = delete;
+
+  // The daemon's, shared by all its connections.
+  static PendingOffers& Process();
+
+  bool full() const { return count_.load() >= cap_; }
+  int count() const { return count_.load(); }
+  int cap() const { return cap_; }
+  bool TryAcquire();
+  void Release() { count_.fetch_sub(1); }
+
+ private:
+  const int cap_;
+  std::atomic<int> count_{0};
+};
 
 // The aggregator's side.
 class ShmOffer {
  public:
-  // Creates a segment with rings of `ring_capacity` bytes and listens for its worker.
+  // Creates a segment with rings of `ring_capacity` bytes and listens for its worker. `pending` must outlive the
+  // executor's io_context (a hand-over that was not received is watched after the offer is gone).
   static Result<std::unique_ptr<ShmOffer>> Create(const boost::asio::any_io_executor& executor,
-                                                  uint64_t ring_capacity);
+                                                  uint64_t ring_capacity,
+                                                  PendingOffers& pending = PendingOffers::Process());
 
   // The abstract socket's name (without the leading NUL) and the token, for the offer sent over TCP.
   const std::string& socket_name() const { return name_; }
   const std::string& token() const { return token_; }
 
-  // Accepts connections until one presents the token, then hands it the segment. Every connection's token is read
-  // concurrently, so one that stays silent does not hold back the worker behind it; connections with a wrong token
-  // are closed, and the others when the handoff ends. Ends with kDeadlineExceeded at `deadline`, kAborted when
-  // cancelled.
+  // Accepts connections until one presents the token, hands it the segment and waits for its acknowledgement.
+  // Every connection's token is read concurrently, so one that stays silent does not hold back the worker behind
+  // it; connections with a wrong token are closed, and the others when the handoff ends. Ends with
+  // kDeadlineExceeded at `deadline`, kAborted when cancelled, and kResourceExhausted when the segment was not sent
+  // (the PendingOffers cap is reached, or sendmsg failed): the caller then withdraws the offer by destroying this
+  // object, which closes the worker's Unix connection, and the worker stays on TCP.
   boost::asio::awaitable<Status> Handoff(std::chrono::steady_clock::time_point deadline);
 
   // After Handoff: the aggregator's end of the connection.
@@ -44,18 +80,27 @@ class ShmOffer {
 
  private:
   ShmOffer(boost::asio::local::stream_protocol::acceptor acceptor, std::string name, std::string token,
-           std::shared_ptr<Segment> segment, SegmentFds fds)
-      : acceptor_(std::move(acceptor)),
+           std::shared_ptr<Segment> segment, SegmentFds fds, std::array<UniqueFd, 4> peer_events,
+           PendingOffers* pending)
+      : pending_(pending),
+        acceptor_(std::move(acceptor)),
         name_(std::move(name)),
         token_(std::move(token)),
         segment_(std::move(segment)),
-        fds_(std::move(fds)) {}
+        fds_(std::move(fds)),
+        peer_events_(std::move(peer_events)) {}
 
+  // Sends the descriptors to the worker that presented the token, and waits for its acknowledgement.
+  boost::asio::awaitable<Status> HandOver(std::chrono::steady_clock::time_point deadline);
+
+  PendingOffers* pending_;
   boost::asio::local::stream_protocol::acceptor acceptor_;
+  std::optional<boost::asio::local::stream_protocol::socket> worker_;  // the connection with the right token
   std::string name_;
   std::string token_;
   std::shared_ptr<Segment> segment_;
-  SegmentFds fds_;
+  SegmentFds fds_;                       // this side's
+  std::array<UniqueFd, 4> peer_events_;  // the worker's socket ends, until handed over
 };
 
 // The worker's side: the segment received from an aggregator.
@@ -67,7 +112,8 @@ struct ShmAttachment {
                                                   const boost::asio::any_io_executor& executor);
 };
 
-// Connects to the offered socket, presents the token and maps the segment it receives. kUnavailable when the socket
+// Connects to the offered socket, presents the token, maps the segment it receives and acknowledges it; refuses
+// wake-up descriptors that are not Unix stream sockets. kUnavailable when the socket
 // cannot be reached (the aggregator is on another host).
 boost::asio::awaitable<Result<ShmAttachment>> AttachShm(const boost::asio::any_io_executor& executor,
                                                         const std::string& socket_name, const std::string& token,

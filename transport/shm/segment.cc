@@ -1,8 +1,8 @@
 #include "transport/shm/segment.h"
 
 #include <fcntl.h>
-#include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 
 #include <cerrno>
@@ -31,18 +31,25 @@ constexpr int kSeals = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
 
 }  // namespace
 
-Result<std::pair<std::shared_ptr<Segment>, SegmentFds>> Segment::Create(uint64_t ring_capacity) {
+Result<Segment::Created> Segment::Create(uint64_t ring_capacity) {
   if (Status st = transport::ByteRing::CheckCapacity(ring_capacity); !st.ok()) return st;
   SegmentFds fds;
+  std::array<UniqueFd, 4> peer_events;
   fds.memory = UniqueFd(memfd_create("sparsereduce-shm", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fds.memory.valid()) return Errno("memfd_create");
   const uint64_t size = SizeFor(ring_capacity);
   if (ftruncate(fds.memory.get(), static_cast<off_t>(size)) != 0) return Errno("ftruncate of the shm segment");
   // The worker maps it too: sealed, it cannot shrink the file under the daemon's mapping (which would SIGBUS it).
   if (fcntl(fds.memory.get(), F_ADD_SEALS, kSeals) != 0) return Errno("sealing the shm segment");
-  for (UniqueFd& e : fds.events) {
-    e = UniqueFd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
-    if (!e.valid()) return Errno("eventfd");
+  // Socket pairs, not eventfds: an eventfd handed over is the same open file description on both sides, whose
+  // O_NONBLOCK the worker could clear, blocking the daemon's thread in read(2) or write(2).
+  for (size_t i = 0; i < fds.events.size(); ++i) {
+    int pair[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, pair) != 0) {
+      return Errno("socketpair for the shm wake-ups");
+    }
+    fds.events[i] = UniqueFd(pair[0]);
+    peer_events[i] = UniqueFd(pair[1]);
   }
   void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fds.memory.get(), 0);
   if (base == MAP_FAILED) return Errno("mmap of the shm segment (" + std::to_string(size) + " bytes)");
@@ -55,7 +62,7 @@ Result<std::pair<std::shared_ptr<Segment>, SegmentFds>> Segment::Create(uint64_t
   for (Direction d : {Direction::kToAggregator, Direction::kToWorker}) {
     new (&segment->control(d)) RingControl{};  // fresh pages are zero; this makes the atomics' lifetime explicit
   }
-  return std::make_pair(std::move(segment), std::move(fds));
+  return Created{std::move(segment), std::move(fds), std::move(peer_events)};
 }
 
 Result<std::shared_ptr<Segment>> Segment::Attach(const SegmentFds& fds) {

@@ -1,6 +1,6 @@
 // The shared memory of one shm connection: a sealed memfd with a header and two byte rings, one per direction,
-// plus four eventfds to wake a side that sleeps (docs/PROTOCOL.md §10). The aggregator creates it and hands the
-// descriptors to the worker (handoff.h); both map it.
+// plus four socket pairs to wake a side that sleeps (docs/PROTOCOL.md §10). The aggregator creates it and hands the
+// memfd and its peer's socket ends to the worker (handoff.h); both map it.
 #pragma once
 
 #include <array>
@@ -22,7 +22,7 @@ enum class Direction : int { kToAggregator = 0, kToWorker = 1 };
 struct RingControl {
   alignas(64) std::atomic<uint64_t> head;  // producer: bytes written
   alignas(64) std::atomic<uint64_t> tail;  // consumer: bytes consumed
-  // Set by a side just before it sleeps on its eventfd; the other side signals the eventfd only when set.
+  // Set by a side just before it sleeps on its wake-up socket; the other side signals only when set.
   alignas(64) std::atomic<uint32_t> consumer_waiting;  // written by the consumer
   alignas(64) std::atomic<uint32_t> producer_waiting;  // written by the producer
   std::atomic<uint32_t> producer_closed;               // producer: nothing follows `head`
@@ -34,8 +34,9 @@ static_assert(offsetof(RingControl, head) == 0 && offsetof(RingControl, tail) ==
 static_assert(std::atomic<uint64_t>::is_always_lock_free && std::atomic<uint32_t>::is_always_lock_free,
               "shared-memory rings need lock-free atomics");
 
-// The descriptors of a segment: the memfd and, per direction, a `data` eventfd (producer wakes consumer) and a
-// `space` eventfd (consumer wakes producer).
+// One side's descriptors of a segment: the memfd and, per direction, its end of the `data` socket pair (producer
+// wakes consumer) and of the `space` socket pair (consumer wakes producer). Each side has its own end of each pair,
+// so neither shares an open file description (and its O_NONBLOCK) with the other (docs/PROTOCOL.md §10.1).
 struct SegmentFds {
   UniqueFd memory;
   std::array<UniqueFd, 4> events;  // [2·direction] data, [2·direction + 1] space
@@ -50,9 +51,14 @@ class Segment {
   static constexpr uint64_t kControlBytes = 4096;
   static constexpr uint32_t kVersion = 1;
 
+  struct Created {
+    std::shared_ptr<Segment> segment;
+    SegmentFds fds;                         // the creator's
+    std::array<UniqueFd, 4> peer_events;    // the other ends of the socket pairs, for the peer (SegmentFds order)
+  };
   // A new segment with rings of `ring_capacity` bytes (ByteRing::CheckCapacity), sealed against resizing, and its
   // descriptors.
-  static Result<std::pair<std::shared_ptr<Segment>, SegmentFds>> Create(uint64_t ring_capacity);
+  static Result<Created> Create(uint64_t ring_capacity);
   // Maps a segment received from its creator after checking its seals, size and header.
   static Result<std::shared_ptr<Segment>> Attach(const SegmentFds& fds);
 

@@ -17,6 +17,7 @@
 #include "protocol/control.h"
 #include "protocol/frame_format.h"
 #include "protocol/worker_collective.h"
+#include "transport/shm/handoff.h"
 #include "worker/src/aggregator_link.h"
 #include "worker/src/worker_environment.h"
 
@@ -187,7 +188,7 @@ Worker::Impl::Impl(WorkerOptions options)
       hello.set_blocks_per_message(options_.blocks_per_message);
       hello.set_window(options_.window);
       if (!options_.secret.empty()) hello.set_auth_nonce(auth_nonces_[link->index()]);
-      if (options_.transport == "auto" || options_.transport == "shm") hello.add_transports("shm");
+      if (options_.transport == "auto" || options_.transport == "shm") hello.add_transports(shm::kShmCapability);
       if (options_.transport == "rdma") hello.add_transports("rdma");
       asio::co_spawn(io_, link->Run(hello, connect_deadline, connect_deadline + options_.join_timeout),
                      asio::detached);
