@@ -135,3 +135,54 @@ def test_hook_refuses_float64_buckets(aggregator, job):
         srt.allreduce_hook(state, FakeBucket(torch.ones(4, dtype=torch.float64)))
     state.close()
     assert state.worker.closed
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.arange(6, dtype=torch.float32),
+    lambda: torch.nn.Parameter(torch.ones(5)),
+    lambda: torch.zeros(0),
+    lambda: torch.tensor(3.0),  # 0-d
+    lambda: torch.arange(4, dtype=torch.int32),
+], ids=["float32", "parameter", "empty", "0-d", "int32"])
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["allreduce", "allreduce_async"])
+def test_allreduce_moves_the_version_counter(aggregator, job, make, asynchronous):
+    """The sum is written outside torch; the tensor's version must still move, as for any in-place op."""
+    t = make()
+    before = t._version
+    with sparsereduce.Worker(aggregator, job, 0, 1, **FAST) as w:
+        if asynchronous:
+            handle = w.allreduce_async(t)
+            assert t._version > before  # already on submission: the memory changes while the handle runs
+            handle.wait()
+        else:
+            w.allreduce(t)
+    assert t._version > before
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["allreduce", "allreduce_async"])
+def test_tensor_saved_for_backward_then_reduced_makes_backward_raise(aggregator, job, asynchronous):
+    """y * y saves y for backward; reducing y in place must make backward refuse the stale y (with 2 ranks it
+    would otherwise silently use the sum: d/dx (y*y) with y = x1 + x2 instead of 2 x)."""
+    def rank(r):
+        with sparsereduce.Worker(aggregator, job, r, 2, **FAST) as w:
+            x = torch.tensor([1.0 + r], requires_grad=True)
+            y = x * 1
+            z = (y * y).sum()
+            if asynchronous:
+                w.allreduce_async(y).wait()
+            else:
+                w.allreduce(y)
+            assert torch.equal(y.detach(), torch.tensor([3.0]))
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                z.backward()
+
+    run_ranks(2, rank)
+
+
+def test_inference_tensor_is_reduced_without_a_version_counter(aggregator, job):
+    with torch.inference_mode():
+        t = torch.ones(4)
+    with sparsereduce.Worker(aggregator, job, 0, 1, **FAST) as w:
+        w.allreduce(t)
+        w.allreduce_async(t).wait()
+    assert torch.equal(t, torch.ones(4))
