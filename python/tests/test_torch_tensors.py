@@ -186,3 +186,34 @@ def test_inference_tensor_is_reduced_without_a_version_counter(aggregator, job):
         w.allreduce(t)
         w.allreduce_async(t).wait()
     assert torch.equal(t, torch.ones(4))
+
+
+def test_states_sharing_a_worker_keep_their_codec_state_apart(aggregator, job, new_job):
+    """Two DDP modules (a GAN's generator and discriminator), one state each on one Worker: both have a bucket 0,
+    yet the generator's buckets must come out as if it had the Worker to itself (3LC's error feedback is per key)."""
+    torch.manual_seed(1)
+    gen = {r: [torch.randn(3000) * (s + 1) for s in range(3)] for r in range(2)}
+    disc = {r: [torch.randn(3000) * 10 for s in range(3)] for r in range(2)}
+    alone_job = new_job()
+
+    def rank(r, with_discriminator):
+        worker = sparsereduce.Worker(aggregator, job if with_discriminator else alone_job, r, 2, codec="3lc", **FAST)
+        g_state = srt.SparseReduceState(worker)
+        d_state = srt.SparseReduceState(worker) if with_discriminator else None
+        results = []
+        for step in range(3):
+            g = gen[r][step].clone()
+            srt.allreduce_hook(g_state, FakeBucket(g, 0)).wait()
+            results.append(g)
+            if d_state is not None:
+                srt.allreduce_hook(d_state, FakeBucket(disc[r][step].clone(), 0)).wait()
+        if d_state is not None:
+            d_state.close()
+        g_state.close()
+        return results
+
+    shared = run_ranks(2, lambda r: rank(r, True))
+    alone = run_ranks(2, lambda r: rank(r, False))
+    for r in range(2):
+        for step in range(3):
+            assert torch.equal(shared[r][step], alone[r][step]), (r, step)
