@@ -59,6 +59,8 @@ class SparseReduceState:
     state per DDP module; several states may share one Worker (see the module's docstring).
 
     record=True keeps a BucketRecord per reduced bucket until take_records() (for measurements).
+    error: None, or the first failure of a bucket's allreduce (a sparsereduce.Error with its .code); DDP's
+    backward() raises a RuntimeError carrying its message, as torch 1.13 cannot hand the exception itself through.
     key_space: the high 32 bits of this state's bucket keys; None takes the Worker's next (0 for its first
     state), so states sharing a Worker must be created in the same order on every rank."""
 
@@ -66,6 +68,7 @@ class SparseReduceState:
         self.worker = worker
         self.world_size = worker.world_size
         self.record = record
+        self.error = None
         self.key_space = _next_key_space(worker) if key_space is None else int(key_space)
         if not 0 <= self.key_space < 1 << (64 - KEY_SPACE_BITS):
             raise ValueError(f"sparsereduce: key_space must be from 0 to {(1 << (64 - KEY_SPACE_BITS)) - 1}, got "
@@ -107,7 +110,9 @@ class SparseReduceState:
             handle, future, buffer, index = item
             try:
                 handle.wait()
-            except BaseException as error:  # DDP re-raises it from backward() / the next forward
+            except BaseException as error:  # the hook's future fails with it (see allreduce_hook)
+                if self.error is None:
+                    self.error = error
                 future.set_exception(error)
                 continue
             if self.record:
@@ -120,10 +125,20 @@ def allreduce_hook(state, bucket):
 
     Scales by 1/world_size before the sum, as DDP's built-in allreduce does (it multiplies each gradient by
     1/world_size while copying it into the bucket), so results match it bit for bit whenever the summation
-    order does; zero blocks stay zero and are still skipped."""
+    order does; zero blocks stay zero and are still skipped.
+
+    On failure, backward() raises RuntimeError("Got the following error when running the callback: Error:
+    <the library's message, naming job, rank and aggregator>...") and state.error is the sparsereduce.Error. In
+    torch 1.13 Future.set_exception stores the exception as the future's value, which DDP's reducer then fails to
+    cast to a tensor ("Unable to cast ... to Tensor", the message lost); so the hook returns a future chained with
+    then(), whose callback re-raises the exception and so fails the returned future as a real error."""
     buffer = bucket.buffer()
     buffer.mul_(1.0 / state.world_size)
     handle = state.worker.allreduce_async(buffer, key=state.key_space << KEY_SPACE_BITS | bucket.index())
     future = torch.futures.Future()
     state._pending.put((handle, future, buffer, bucket.index()))
-    return future
+    return future.then(_value_or_raise)
+
+
+def _value_or_raise(future):
+    return future.wait()  # the bucket, or raises the exception set_exception stored

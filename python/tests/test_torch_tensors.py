@@ -116,17 +116,18 @@ def test_hook_reduces_each_bucket_under_its_index_with_the_codec(aggregator, job
             assert torch.equal(a[key], forward[0][0][key])  # and every rank has the same result
 
 
-def test_hook_failure_sets_the_future_exception(aggregator, job):
+def test_hook_failure_fails_the_future_and_keeps_the_typed_error(aggregator, job):
     def rank(r):
         state = srt.SparseReduceState(sparsereduce.Worker(aggregator, job, r, 2, **FAST))
         future = srt.allreduce_hook(state, FakeBucket(torch.ones(10 + r)))  # sizes differ: SPEC_MISMATCH
-        with pytest.raises(Exception) as info:
+        with pytest.raises(RuntimeError) as info:
             future.wait()
         state.close()
-        return info.value
+        return info.value, state.error
 
-    for e in run_ranks(2, rank):
-        assert "SPEC_MISMATCH" in str(e) or getattr(e, "code", None) == "SPEC_MISMATCH", repr(e)
+    for r, (e, error) in enumerate(run_ranks(2, rank)):
+        assert isinstance(error, sparsereduce.Error) and error.code == "SPEC_MISMATCH", repr(error)
+        assert f"job {job} rank {r}" in str(error) and str(error) in str(e), (e, error)
 
 
 def test_hook_refuses_float64_buckets(aggregator, job):
