@@ -82,6 +82,7 @@ class Worker(_Worker):
         if "codec" in options:
             options["codec"] = _codec(options["codec"]) or Codec()
         super().__init__(list(aggregators), job, rank, world_size, **options)
+        self._constructed = True
 
     def allreduce(self, array, key=0, codec=None):
         """Sums `array` over all ranks, in place; returns it. `key` names the tensor from call to call (codecs
@@ -101,6 +102,10 @@ class Worker(_Worker):
         self.close()
 
     def __repr__(self):
+        # A failed __init__ leaves no C++ Worker behind, which the properties below would use (undefined
+        # behaviour: it hung); traceback formatters repr such a `self`.
+        if not self.__dict__.get("_constructed"):
+            return "<sparsereduce.Worker not constructed>"
         if self.closed:
             return "<sparsereduce.Worker closed>"
         return (f"<sparsereduce.Worker job={self.job} rank={self.rank} world_size={self.world_size} "

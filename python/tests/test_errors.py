@@ -3,6 +3,8 @@ library's code and message; a failed collective leaves the caller's array as it 
 
 import re
 import socket
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -126,3 +128,14 @@ def test_wait_timeout_then_completion(aggregator, job):
     np.testing.assert_array_equal(arrays[0], np.full(100, 3, dtype=np.int32))
     for w in workers:
         w.close()
+
+
+def test_repr_of_a_worker_whose_constructor_failed_returns():
+    """Traceback formatters (pytest's among them) repr the `self` of a failed __init__: that must not touch the
+    C++ object that was never built (it hung). In a child process, bounded."""
+    code = ("import sparsereduce\n"
+            "w = sparsereduce.Worker.__new__(sparsereduce.Worker)\n"
+            "print(repr(w))\n")
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.strip() == "<sparsereduce.Worker not constructed>"
