@@ -7,6 +7,7 @@
 #include <pybind11/stl.h>
 
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -22,12 +23,20 @@ namespace {
 
 PyObject* g_error_type = nullptr;  // sparsereduce.Error, created once at import
 
+constexpr double kYear = 365.0 * 24 * 3600;  // seconds; longer timeouts would overflow integer durations
+
+std::string JobRank(uint64_t job, uint32_t rank) {
+  return "job " + std::to_string(job) + " rank " + std::to_string(rank);
+}
+
+// A Worker option in seconds -> whole milliseconds, rounded up (0.0001 s is 1 ms, not 0).
 std::chrono::milliseconds Milliseconds(double seconds, const char* name) {
-  // Finite and at most a year: beyond that the conversion to integer milliseconds would overflow.
-  if (!(seconds >= 0 && seconds <= 365.0 * 24 * 3600)) {
-    throw py::value_error(std::string("sparsereduce: ") + name + " must be from 0 to 31536000 seconds (a year)");
+  // Positive, finite and at most a year: beyond that the conversion to integer milliseconds would overflow.
+  if (!(seconds > 0 && seconds <= kYear)) {
+    throw py::value_error(std::string("sparsereduce: ") + name +
+                          " must be more than 0 and at most 31536000 seconds (a year), got " + std::to_string(seconds));
   }
-  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0 + 0.5));
+  return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000.0)));
 }
 
 // One allreduce in flight. Holds the caller's buffer and the Worker until the collective has finished, so
@@ -104,7 +113,7 @@ class Handle {
 
 class PyWorker {
  public:
-  explicit PyWorker(WorkerOptions options) {
+  explicit PyWorker(WorkerOptions options) : job_(options.job), rank_(options.rank) {
     // Joining waits for the other ranks, which may be threads of this process.
     py::gil_scoped_release release;
     worker_ = std::make_shared<Worker>(std::move(options));
@@ -158,10 +167,12 @@ class PyWorker {
  private:
   std::shared_ptr<Worker> Get() {
     std::lock_guard lock(submit_mutex_);
-    if (!worker_) throw py::value_error("sparsereduce: the Worker is closed");
+    if (!worker_) throw py::value_error("sparsereduce: " + JobRank(job_, rank_) + ": the Worker is closed");
     return worker_;
   }
 
+  const uint64_t job_;
+  const uint32_t rank_;
   std::mutex submit_mutex_;
   std::shared_ptr<Worker> worker_;
   uint64_t submitted_ = 0;

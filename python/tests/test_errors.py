@@ -52,8 +52,27 @@ def test_invalid_options():
     for endless in (float("inf"), float("nan"), 1e300):  # the conversion to milliseconds would overflow
         with pytest.raises(ValueError, match="join_timeout"):
             sparsereduce.Worker("127.0.0.1:1", 1, 0, 1, join_timeout=endless)
+    for zero in (0, 0.0, -0.0):  # no time at all: refused rather than passed on as 0 ms
+        with pytest.raises(ValueError, match="collective_timeout must be more than 0"):
+            sparsereduce.Worker("127.0.0.1:1", 1, 0, 1, connect_timeout=0.5, join_timeout=0.5,
+                                collective_timeout=zero)
     with pytest.raises(TypeError):
         sparsereduce.Worker("127.0.0.1:1", 1, -1, 1)  # negative rank: not an unsigned integer
+
+
+def test_timeouts_under_a_millisecond_round_up(aggregator, job):
+    """0.0004 s is 1 ms (it was 0 ms before): rank 0's lone collective fails after 1 ms, and says so."""
+    def rank(r):
+        return sparsereduce.Worker(aggregator, job, r, 2, connect_timeout=5.0, join_timeout=10.0,
+                                   collective_timeout=0.0004 if r == 0 else 10.0)
+
+    workers = run_ranks(2, rank)
+    handle = workers[0].allreduce_async(np.ones(4, dtype=np.float32))  # rank 1 never joins it
+    with pytest.raises(sparsereduce.Error) as info:
+        handle.wait(timeout=10)
+    assert info.value.code == "DEADLINE_EXCEEDED" and "within 1 ms" in str(info.value), info.value
+    for w in workers:
+        w.close()
 
 
 def test_no_aggregator_listening(job):
@@ -128,6 +147,15 @@ def test_wait_timeout_then_completion(aggregator, job):
     np.testing.assert_array_equal(arrays[0], np.full(100, 3, dtype=np.int32))
     for w in workers:
         w.close()
+
+
+
+def test_closed_worker_names_the_job_and_rank(aggregator, job):
+    w = sparsereduce.Worker(aggregator, job, 0, 1, **FAST)
+    w.close()
+    with pytest.raises(ValueError, match=f"job {job} rank 0: the Worker is closed"):
+        w.allreduce(np.ones(4, dtype=np.float32))
+
 
 
 def test_repr_of_a_worker_whose_constructor_failed_returns():
