@@ -1,10 +1,14 @@
 """Errors: bad arrays are refused before anything is sent; library failures raise sparsereduce.Error carrying the
 library's code and message; a failed collective leaves the caller's array as it was."""
 
+import json
+import math
+import os
 import re
 import socket
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -167,3 +171,54 @@ def test_repr_of_a_worker_whose_constructor_failed_returns():
     child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
     assert child.returncode == 0, child.stderr
     assert child.stdout.strip() == "<sparsereduce.Worker not constructed>"
+
+
+@pytest.mark.parametrize("endless", [math.inf, 1e10, 365.0 * 24 * 3600 + 1])
+def test_wait_with_an_endless_timeout_waits(aggregator, job, endless):
+    workers = run_ranks(2, lambda r: sparsereduce.Worker(aggregator, job, r, 2, **FAST))
+    arrays = [np.full(100, r + 1, dtype=np.int32) for r in range(2)]
+    handle = workers[0].allreduce_async(arrays[0])
+    rank1 = threading.Thread(target=workers[1].allreduce, args=(arrays[1],))
+    rank1.start()  # whenever it gets there: rank 0 waits without a bound (the collective's deadline still holds)
+    handle.wait(timeout=endless)
+    rank1.join()
+    np.testing.assert_array_equal(arrays[0], np.full(100, 3, dtype=np.int32))
+    for w in workers:
+        w.close()
+
+
+def test_wait_refuses_nan_and_negative_timeouts(aggregator, job):
+    with sparsereduce.Worker(aggregator, job, 0, 1, **FAST) as w:
+        handle = w.allreduce_async(np.ones(4, dtype=np.float32))
+        for bad in (math.nan, -1.0, -math.inf):
+            with pytest.raises(ValueError, match="timeout"):
+                handle.wait(timeout=bad)
+        handle.wait(timeout=10)
+
+
+def test_wait_timeout_names_the_job_and_rank(aggregator, job):
+    workers = run_ranks(2, lambda r: sparsereduce.Worker(aggregator, job, r, 2, **FAST))
+    handle = workers[0].allreduce_async(np.ones(4, dtype=np.float32))
+    with pytest.raises(TimeoutError, match=f"job {job} rank 0"):
+        handle.wait(timeout=0)
+    workers[1].allreduce(np.ones(4, dtype=np.float32))
+    handle.wait(timeout=10)
+    for w in workers:
+        w.close()
+    with pytest.raises(ValueError, match=f"job {job} rank 0.*closed"):
+        workers[0].allreduce(np.ones(4, dtype=np.float32))
+
+
+@pytest.mark.parametrize("mode", ["allreduce", "wait"])
+def test_ctrl_c_interrupts_a_blocked_allreduce_and_the_memory_stays_held(aggregator, job, mode):
+    """SIGINT during a blocked allreduce / Handle.wait raises KeyboardInterrupt at once (not after the 20 s
+    collective deadline); the array stays held (dropping it and the handle neither blocks nor frees it) until the
+    collective finished into it, then it is released."""
+    child = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "interrupt_child.py"),
+                            aggregator, str(job), mode], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr
+    result = json.loads(child.stdout.strip().splitlines()[-1])
+    assert result["outcome"] == "KeyboardInterrupt", result
+    assert result["interrupted_after"] < 5.0, result
+    assert result["dropped_after"] < 5.0, result
+    assert result["held"] and result["first_result"] == 3.0 and result["released"], result
