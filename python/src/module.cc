@@ -12,6 +12,7 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <memory>
@@ -34,6 +35,13 @@ PyObject* g_error_type = nullptr;  // sparsereduce.Error, created once at import
 using Clock = std::chrono::steady_clock;
 constexpr double kYear = 365.0 * 24 * 3600;  // seconds; longer timeouts would overflow integer durations
 constexpr auto kSignalCheckInterval = std::chrono::milliseconds(100);
+
+// The shortest decimal that reads back as the same float32 (0.01, not 0.010000).
+std::string ShortestFloat(float x) {
+  char text[32];
+  auto [end, ec] = std::to_chars(text, text + sizeof text, x);
+  return ec == std::errc() ? std::string(text, end) : std::to_string(x);
+}
 
 std::string JobRank(uint64_t job, uint32_t rank) {
   return "job " + std::to_string(job) + " rank " + std::to_string(rank);
@@ -371,9 +379,10 @@ PYBIND11_MODULE(_sparsereduce, m) {
       .def_readwrite("l2_norm", &CodecOptions::l2_norm)
       .def_readwrite("tensor_scale", &CodecOptions::tensor_scale)
       .def("__repr__", [](const CodecOptions& c) {
-        return "Codec('" + c.name + "', sparsity=" + std::to_string(c.sparsity) +
-               ", fp32_results=" + (c.fp32_results ? "True" : "False") + ", fraction=" + std::to_string(c.fraction) +
-               ", alpha=" + std::to_string(c.alpha) + ", l2_norm=" + (c.l2_norm ? "True" : "False") + ")";
+        return "Codec('" + c.name + "', sparsity=" + ShortestFloat(c.sparsity) +
+               ", fp32_results=" + (c.fp32_results ? "True" : "False") + ", fraction=" + ShortestFloat(c.fraction) +
+               ", alpha=" + ShortestFloat(c.alpha) + ", l2_norm=" + (c.l2_norm ? "True" : "False") +
+               ", tensor_scale=" + (c.tensor_scale ? "True" : "False") + ")";
       });
   py::implicitly_convertible<std::string, CodecOptions>();
 
