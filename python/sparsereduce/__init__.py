@@ -32,7 +32,11 @@ def _codec(codec):
 
 def as_buffer(array):
     """The object the extension reduces: a CPU torch tensor becomes a NumPy view of its memory; anything else
-    is passed through and checked by the extension."""
+    is passed through and checked by the extension.
+
+    The sum is written into the tensor outside torch, so this also moves the tensor's version counter, as any
+    in-place operation does: autograd then refuses (RuntimeError "... modified by an inplace operation") a
+    backward that saved the tensor before it was reduced, instead of silently using the sum."""
     torch = sys.modules.get("torch")  # no torch import unless the caller already uses torch
     if torch is None or not isinstance(array, torch.Tensor):
         return array
@@ -45,6 +49,9 @@ def as_buffer(array):
     if not array.is_contiguous():
         raise ValueError("sparsereduce: the tensor is not contiguous; allreduce works in place without copies, "
                          "so pass tensor.contiguous() and copy the result back")
+    if not array.is_inference():  # inference tensors have no version counter (and cannot be saved for backward)
+        with torch.no_grad():
+            array.view(-1)[:0].zero_()  # an in-place op on no element: bumps the (shared) version counter
     return array.detach().numpy()  # shares the tensor's memory
 
 
@@ -75,6 +82,7 @@ class Worker(_Worker):
         if "codec" in options:
             options["codec"] = _codec(options["codec"]) or Codec()
         super().__init__(list(aggregators), job, rank, world_size, **options)
+        self._constructed = True
 
     def allreduce(self, array, key=0, codec=None):
         """Sums `array` over all ranks, in place; returns it. `key` names the tensor from call to call (codecs
@@ -94,6 +102,10 @@ class Worker(_Worker):
         self.close()
 
     def __repr__(self):
+        # A failed __init__ leaves no C++ Worker behind, which the properties below would use (undefined
+        # behaviour: it hung); traceback formatters repr such a `self`.
+        if not self.__dict__.get("_constructed"):
+            return "<sparsereduce.Worker not constructed>"
         if self.closed:
             return "<sparsereduce.Worker closed>"
         return (f"<sparsereduce.Worker job={self.job} rank={self.rank} world_size={self.world_size} "

@@ -9,15 +9,28 @@
     state = srt.SparseReduceState.from_process_group(["10.0.0.5:19875"], job=7)
     ddp.register_comm_hook(state, srt.allreduce_hook)   # before the first backward
 
-Works with unmodified torch 1.13. One state (one Worker, one sparsereduce job) per process group. Buckets are
-float32 CPU tensors (a float64 or GPU model raises TypeError in the hook).
+Works with unmodified torch 1.13. Buckets are float32 CPU tensors (a float64 or GPU model raises TypeError in
+the hook).
 
-A codec compresses the buckets (`codec=` of from_process_group: a sparsereduce.Codec or a name such as "3lc");
-each bucket is reduced under its DDP bucket index as key, so error feedback and DIANA's h follow the bucket from
-step to step. Results stay identical on every rank.
+One state per DDP module. Several DDP modules of one process group (a GAN's generator and discriminator) can
+share one Worker (one sparsereduce job), with one state each:
+
+    g_state = srt.SparseReduceState.from_process_group(aggregators, job=7)
+    d_state = srt.SparseReduceState(g_state.worker)
+    generator.register_comm_hook(g_state, srt.allreduce_hook)
+    discriminator.register_comm_hook(d_state, srt.allreduce_hook)
+
+A codec compresses the buckets (`codec=` of from_process_group: a sparsereduce.Codec or a name such as "3lc").
+Each bucket is reduced under the key `state.key_space << 32 | bucket index`, so error feedback and DIANA's h
+follow the bucket from step to step and never mix between states. The states of one Worker get key spaces 0, 1,
+2, ... in the order they are created, which must therefore be the same on every rank (the key is part of the
+collective's spec), or pass `key_space=` explicitly. Registering one state on two DDP modules would mix their
+buckets' codec state (both have a bucket 0): the hook cannot tell the modules apart. Results stay identical on
+every rank.
 """
 
 import collections
+import itertools
 import queue
 import threading
 
@@ -30,16 +43,36 @@ import sparsereduce
 # next backward refills it) and the collective's CollectiveStats (None if the Worker had already replaced them).
 BucketRecord = collections.namedtuple("BucketRecord", "index buffer stats")
 
+KEY_SPACE_BITS = 32  # a bucket's key: key_space << KEY_SPACE_BITS | bucket index
+_key_space_lock = threading.Lock()
+
+
+def _next_key_space(worker):
+    """0, 1, 2, ... per Worker, in the order its states are created."""
+    with _key_space_lock:
+        spaces = worker.__dict__.setdefault("_sparsereduce_key_spaces", itertools.count())
+        return next(spaces)
+
 
 class SparseReduceState:
-    """What the hook needs: the Worker of this rank and a thread that completes DDP's futures in order.
+    """What the hook needs: the Worker of this rank and a thread that completes DDP's futures in order. One
+    state per DDP module; several states may share one Worker (see the module's docstring).
 
-    record=True keeps a BucketRecord per reduced bucket until take_records() (for measurements)."""
+    record=True keeps a BucketRecord per reduced bucket until take_records() (for measurements).
+    error: None, or the first failure of a bucket's allreduce (a sparsereduce.Error with its .code); DDP's
+    backward() raises a RuntimeError carrying its message, as torch 1.13 cannot hand the exception itself through.
+    key_space: the high 32 bits of this state's bucket keys; None takes the Worker's next (0 for its first
+    state), so states sharing a Worker must be created in the same order on every rank."""
 
-    def __init__(self, worker, *, record=False):
+    def __init__(self, worker, *, record=False, key_space=None):
         self.worker = worker
         self.world_size = worker.world_size
         self.record = record
+        self.error = None
+        self.key_space = _next_key_space(worker) if key_space is None else int(key_space)
+        if not 0 <= self.key_space < 1 << (64 - KEY_SPACE_BITS):
+            raise ValueError(f"sparsereduce: key_space must be from 0 to {(1 << (64 - KEY_SPACE_BITS)) - 1}, got "
+                             f"{key_space}")
         self._records = []
         self._pending = queue.SimpleQueue()
         # Collectives finish in submission order, so one thread waiting on them in that order completes every
@@ -63,7 +96,8 @@ class SparseReduceState:
         return records
 
     def close(self):
-        """Stops the completion thread and leaves the job. Call after the last backward has finished."""
+        """Stops the completion thread and leaves the job (states sharing the Worker stop working too). Call after
+        the last backward has finished."""
         self._pending.put(None)
         self._completer.join()
         self.worker.close()
@@ -76,7 +110,9 @@ class SparseReduceState:
             handle, future, buffer, index = item
             try:
                 handle.wait()
-            except BaseException as error:  # DDP re-raises it from backward() / the next forward
+            except BaseException as error:  # the hook's future fails with it (see allreduce_hook)
+                if self.error is None:
+                    self.error = error
                 future.set_exception(error)
                 continue
             if self.record:
@@ -89,10 +125,20 @@ def allreduce_hook(state, bucket):
 
     Scales by 1/world_size before the sum, as DDP's built-in allreduce does (it multiplies each gradient by
     1/world_size while copying it into the bucket), so results match it bit for bit whenever the summation
-    order does; zero blocks stay zero and are still skipped."""
+    order does; zero blocks stay zero and are still skipped.
+
+    On failure, backward() raises RuntimeError("Got the following error when running the callback: Error:
+    <the library's message, naming job, rank and aggregator>...") and state.error is the sparsereduce.Error. In
+    torch 1.13 Future.set_exception stores the exception as the future's value, which DDP's reducer then fails to
+    cast to a tensor ("Unable to cast ... to Tensor", the message lost); so the hook returns a future chained with
+    then(), whose callback re-raises the exception and so fails the returned future as a real error."""
     buffer = bucket.buffer()
     buffer.mul_(1.0 / state.world_size)
-    handle = state.worker.allreduce_async(buffer, key=bucket.index())
+    handle = state.worker.allreduce_async(buffer, key=state.key_space << KEY_SPACE_BITS | bucket.index())
     future = torch.futures.Future()
     state._pending.put((handle, future, buffer, bucket.index()))
-    return future
+    return future.then(_value_or_raise)
+
+
+def _value_or_raise(future):
+    return future.wait()  # the bucket, or raises the exception set_exception stored

@@ -3,14 +3,24 @@
 //
 // GIL: released while a Worker connects and joins, while waiting for a collective and while destroying a
 // Worker, so other Python threads (training loop, DDP's autograd thread, other ranks in tests) keep running.
+//
+// Signals: allreduce and Handle.wait wait in slices of kSignalCheckInterval and run Python's signal handlers
+// between them, so Ctrl-C raises KeyboardInterrupt within about 0.1 s. The collective keeps running: its Handle
+// (or, once that is gone, the Worker's Orphans) keeps the array held until it finished. The constructor's join is
+// not interruptible (the C++ Worker has no cancel hook): it ends at join_timeout.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <charconv>
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "held_buffer.h"
 #include "sparsereduce/worker.h"
@@ -22,44 +32,156 @@ namespace {
 
 PyObject* g_error_type = nullptr;  // sparsereduce.Error, created once at import
 
-std::chrono::milliseconds Milliseconds(double seconds, const char* name) {
-  // Finite and at most a year: beyond that the conversion to integer milliseconds would overflow.
-  if (!(seconds >= 0 && seconds <= 365.0 * 24 * 3600)) {
-    throw py::value_error(std::string("sparsereduce: ") + name + " must be from 0 to 31536000 seconds (a year)");
-  }
-  return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0 + 0.5));
+using Clock = std::chrono::steady_clock;
+constexpr double kYear = 365.0 * 24 * 3600;  // seconds; longer timeouts would overflow integer durations
+constexpr auto kSignalCheckInterval = std::chrono::milliseconds(100);
+
+// The shortest decimal that reads back as the same float32 (0.01, not 0.010000).
+std::string ShortestFloat(float x) {
+  char text[32];
+  auto [end, ec] = std::to_chars(text, text + sizeof text, x);
+  return ec == std::errc() ? std::string(text, end) : std::to_string(x);
 }
+
+std::string JobRank(uint64_t job, uint32_t rank) {
+  return "job " + std::to_string(job) + " rank " + std::to_string(rank);
+}
+
+// A Worker option in seconds -> whole milliseconds, rounded up (0.0001 s is 1 ms, not 0).
+std::chrono::milliseconds Milliseconds(double seconds, const char* name) {
+  // Positive, finite and at most a year: beyond that the conversion to integer milliseconds would overflow.
+  if (!(seconds > 0 && seconds <= kYear)) {
+    throw py::value_error(std::string("sparsereduce: ") + name +
+                          " must be more than 0 and at most 31536000 seconds (a year), got " + std::to_string(seconds));
+  }
+  return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000.0)));
+}
+
+// Waits for `future` until `deadline` (none: no bound) in slices of kSignalCheckInterval, the GIL released;
+// between slices runs Python's signal handlers (with the GIL) and raises what they raise (KeyboardInterrupt).
+// True once the future is ready. Requires the GIL.
+bool WaitUntil(const std::shared_future<void>& future, std::optional<Clock::time_point> deadline) {
+  for (;;) {
+    Clock::time_point slice_end = Clock::now() + kSignalCheckInterval;
+    if (deadline) slice_end = std::min(slice_end, *deadline);
+    std::future_status status;
+    {
+      py::gil_scoped_release release;
+      status = future.wait_until(slice_end);
+    }
+    if (status == std::future_status::ready) return true;
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    if (deadline && Clock::now() >= *deadline) return false;
+  }
+}
+
+// Collectives whose Handle went away before they finished (dropped early, or the synchronous allreduce
+// interrupted by a signal): their buffer stays held, since the I/O thread still reads and writes it, and their
+// Worker alive, so that they run to their end as if the Handle were still there. Shared by a PyWorker and its
+// Handles; every member function requires the GIL.
+class Orphans {
+ public:
+  struct Orphan {
+    std::shared_ptr<Worker> worker;
+    HeldBuffer buffer;
+    std::shared_future<void> future;
+  };
+
+  Orphans() = default;
+  Orphans(const Orphans&) = delete;
+  Orphans& operator=(const Orphans&) = delete;
+
+  // Destroyed with the last of the PyWorker and its Handles (garbage collection without close()): waits for
+  // what is still in flight, which its collective deadline bounds (not interruptible: a destructor cannot raise).
+  ~Orphans() {
+    {
+      py::gil_scoped_release release;
+      for (Orphan& orphan : list_) orphan.future.wait();
+    }
+    Drop(std::move(list_));
+  }
+
+  void Adopt(Orphan orphan) { list_.push_back(std::move(orphan)); }
+
+  // Lets go of the collectives that finished.
+  void Reap() {
+    std::vector<Orphan> finished;
+    for (auto it = list_.begin(); it != list_.end();) {
+      if (it->future.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+        finished.push_back(std::move(*it));
+        it = list_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    Drop(std::move(finished));
+  }
+
+  // Waits (interruptibly, see WaitUntil) until every orphan finished, then lets go of them.
+  void WaitAll() {
+    std::vector<std::shared_future<void>> futures;
+    for (const Orphan& orphan : list_) futures.push_back(orphan.future);
+    for (const auto& future : futures) WaitUntil(future, std::nullopt);
+    Reap();
+  }
+
+ private:
+  // Releases the buffers (GIL held), then the Worker references without the GIL: the last one destroys a
+  // closed Worker, which says goodbye and joins its I/O thread.
+  static void Drop(std::vector<Orphan> orphans) {
+    for (Orphan& orphan : orphans) orphan.buffer.Release();
+    py::gil_scoped_release release;
+    orphans.clear();
+  }
+
+  std::vector<Orphan> list_;
+};
 
 // One allreduce in flight. Holds the caller's buffer and the Worker until the collective has finished, so
 // neither can go away while the I/O thread still reads or writes the memory.
 class Handle {
  public:
-  Handle(std::shared_ptr<Worker> worker, HeldBuffer buffer, std::shared_future<void> future, uint64_t seq)
-      : worker_(std::move(worker)), buffer_(std::move(buffer)), future_(std::move(future)), seq_(seq) {}
+  Handle(std::shared_ptr<Worker> worker, std::shared_ptr<Orphans> orphans, HeldBuffer buffer,
+         std::shared_future<void> future, uint64_t seq)
+      : worker_(std::move(worker)),
+        orphans_(std::move(orphans)),
+        buffer_(std::move(buffer)),
+        future_(std::move(future)),
+        seq_(seq) {}
 
-  // Dropping a handle early must not let the Worker write into freed memory: wait for the collective first.
+  // Dropping a handle early must not let the Worker write into freed memory, nor block: the buffer and the
+  // Worker go to the orphans until the collective finished. Runs with the GIL.
   ~Handle() {
-    if (!finished_) {
-      py::gil_scoped_release release;
-      future_.wait();
+    if (!finished_ && future_.wait_for(std::chrono::seconds(0)) != std::future_status::ready) {
+      orphans_->Adopt({worker_, std::move(buffer_), future_});
     }
-    buffer_.Release();  // the GIL is held again here
+    buffer_.Release();
+    {
+      // Possibly the last reference to a closed Worker: its destructor says goodbye and joins the I/O thread.
+      py::gil_scoped_release release;
+      worker_.reset();
+    }
+    orphans_->Reap();
   }
 
   // Blocks (GIL released) until the allreduce finished; raises sparsereduce.Error if it failed, TimeoutError
-  // if `timeout` seconds passed first (the collective keeps running: wait again, or its deadline ends it).
+  // if `timeout` seconds passed first (the collective keeps running: wait again, or its deadline ends it), and
+  // whatever a signal handler raises (KeyboardInterrupt) if a signal arrives while waiting. None, inf or more
+  // than a year: no timeout; NaN or negative: ValueError.
   void Wait(std::optional<double> timeout) {
-    bool ready = true;
-    {
-      py::gil_scoped_release release;
-      if (timeout) {
-        ready = future_.wait_for(std::chrono::duration<double>(*timeout)) == std::future_status::ready;
-      } else {
-        future_.wait();
+    std::optional<Clock::time_point> deadline;
+    if (timeout) {
+      double t = *timeout;
+      if (std::isnan(t) || t < 0) {
+        throw py::value_error("sparsereduce: timeout must be None or at least 0 seconds, got " + std::to_string(t));
       }
+      if (t <= kYear) deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(t));
     }
-    if (!ready) {
-      PyErr_SetString(PyExc_TimeoutError, "sparsereduce: the allreduce did not finish within the timeout");
+    if (!WaitUntil(future_, deadline)) {
+      std::string message = "sparsereduce: " + JobRank(worker_->options().job, worker_->options().rank) +
+                            ": the allreduce did not finish within " + std::to_string(*timeout) +
+                            " s (it keeps running: wait again)";
+      PyErr_SetString(PyExc_TimeoutError, message.c_str());
       throw py::error_already_set();
     }
     Finish();
@@ -95,6 +217,7 @@ class Handle {
   }
 
   std::shared_ptr<Worker> worker_;
+  std::shared_ptr<Orphans> orphans_;
   HeldBuffer buffer_;
   std::shared_future<void> future_;
   uint64_t seq_;
@@ -104,13 +227,24 @@ class Handle {
 
 class PyWorker {
  public:
-  explicit PyWorker(WorkerOptions options) {
-    // Joining waits for the other ranks, which may be threads of this process.
+  explicit PyWorker(WorkerOptions options) : job_(options.job), rank_(options.rank) {
+    // Joining waits for the other ranks, which may be threads of this process. Not interruptible by signals
+    // (no cancel hook in the C++ Worker): it ends at join_timeout.
     py::gil_scoped_release release;
     worker_ = std::make_shared<Worker>(std::move(options));
   }
 
+  // Leaves the job if close() was not called; then no collective is in flight unless a Handle keeps the Worker.
+  ~PyWorker() {
+    {
+      py::gil_scoped_release release;
+      worker_.reset();
+    }
+    orphans_->Reap();
+  }
+
   std::unique_ptr<Handle> AllreduceAsync(py::handle array, uint64_t key, std::optional<CodecOptions> codec) {
+    orphans_->Reap();
     HeldBuffer buffer = HeldBuffer::Acquire(array.ptr());
     AllreduceOptions options;
     options.key = key;
@@ -127,9 +261,11 @@ class PyWorker {
                                                       : worker->allreduce_async(buffer.ints());
       seq = ++submitted_;
     }
-    return std::make_unique<Handle>(std::move(worker), std::move(buffer), future.share(), seq);
+    return std::make_unique<Handle>(std::move(worker), orphans_, std::move(buffer), future.share(), seq);
   }
 
+  // A signal handler's exception (KeyboardInterrupt) leaves the collective running: the Handle's destructor
+  // passes the array on to the orphans.
   void Allreduce(py::handle array, uint64_t key, std::optional<CodecOptions> codec) {
     AllreduceAsync(array, key, std::move(codec))->Wait(std::nullopt);
   }
@@ -138,16 +274,20 @@ class PyWorker {
   WorkerOptions Options() { return Get()->options(); }
   std::vector<std::string> Transports() { return Get()->transports(); }
 
-  // Says goodbye to the aggregators now rather than at garbage collection. Handles still in flight keep the
-  // Worker alive until they finish.
+  // Says goodbye to the aggregators now rather than at garbage collection. First waits (interruptibly) for the
+  // collectives of dropped handles; handles still alive keep the Worker until they finish.
   void Close() {
+    orphans_->WaitAll();
     std::shared_ptr<Worker> worker;
     {
       std::lock_guard lock(submit_mutex_);
       worker = std::move(worker_);
     }
-    py::gil_scoped_release release;
-    worker.reset();
+    {
+      py::gil_scoped_release release;
+      worker.reset();
+    }
+    orphans_->Reap();
   }
 
   bool closed() {
@@ -158,11 +298,14 @@ class PyWorker {
  private:
   std::shared_ptr<Worker> Get() {
     std::lock_guard lock(submit_mutex_);
-    if (!worker_) throw py::value_error("sparsereduce: the Worker is closed");
+    if (!worker_) throw py::value_error("sparsereduce: " + JobRank(job_, rank_) + ": the Worker is closed");
     return worker_;
   }
 
+  const uint64_t job_;
+  const uint32_t rank_;
   std::mutex submit_mutex_;
+  std::shared_ptr<Orphans> orphans_ = std::make_shared<Orphans>();
   std::shared_ptr<Worker> worker_;
   uint64_t submitted_ = 0;
 };
@@ -236,16 +379,20 @@ PYBIND11_MODULE(_sparsereduce, m) {
       .def_readwrite("l2_norm", &CodecOptions::l2_norm)
       .def_readwrite("tensor_scale", &CodecOptions::tensor_scale)
       .def("__repr__", [](const CodecOptions& c) {
-        return "Codec('" + c.name + "', sparsity=" + std::to_string(c.sparsity) +
-               ", fp32_results=" + (c.fp32_results ? "True" : "False") + ", fraction=" + std::to_string(c.fraction) +
-               ", alpha=" + std::to_string(c.alpha) + ", l2_norm=" + (c.l2_norm ? "True" : "False") + ")";
+        return "Codec('" + c.name + "', sparsity=" + ShortestFloat(c.sparsity) +
+               ", fp32_results=" + (c.fp32_results ? "True" : "False") + ", fraction=" + ShortestFloat(c.fraction) +
+               ", alpha=" + ShortestFloat(c.alpha) + ", l2_norm=" + (c.l2_norm ? "True" : "False") +
+               ", tensor_scale=" + (c.tensor_scale ? "True" : "False") + ")";
       });
   py::implicitly_convertible<std::string, CodecOptions>();
 
   py::class_<Handle>(m, "Handle", "An allreduce in flight; the array must not be touched until it is done.")
       .def("wait", &Handle::Wait, py::arg("timeout") = py::none(),
            "Block until the allreduce finished (GIL released). Raises sparsereduce.Error if it failed, "
-           "TimeoutError if `timeout` seconds passed first.")
+           "TimeoutError if `timeout` seconds passed first (None, inf or more than a year: no timeout; NaN or "
+           "negative: ValueError), KeyboardInterrupt on Ctrl-C (within about 0.1 s). After a TimeoutError or an "
+           "interrupt the collective keeps running: wait again, or drop the handle (the array stays held until the "
+           "collective finished).")
       .def("done", &Handle::Done, "True once the allreduce finished, successfully or not.")
       .def_property_readonly("stats", &Handle::stats,
                              "CollectiveStats of this allreduce once done, or None if a later one already "

@@ -4,6 +4,7 @@ ctest sets SPARSEREDUCE_AGGREGATOR_BIN and PYTHONPATH (python/CMakeLists.txt). E
 must write its port file within STARTUP_S, rank threads must finish within their deadline.
 """
 
+import contextlib
 import itertools
 import os
 import subprocess
@@ -22,11 +23,24 @@ _job_ids = itertools.count(1)
 @pytest.fixture(scope="session")
 def aggregator(tmp_path_factory):
     """HOST:PORT of a sparsereduce-aggregator on 127.0.0.1 (port 0, read from --port-file)."""
+    with _start_aggregator(tmp_path_factory.mktemp("aggregator")) as (address, _):
+        yield address
+
+
+@pytest.fixture
+def own_aggregator(tmp_path):
+    """(HOST:PORT, Popen) of an aggregator for this test alone, which it may kill."""
+    with _start_aggregator(tmp_path / "aggregator") as started:
+        yield started
+
+
+@contextlib.contextmanager
+def _start_aggregator(work):
+    work.mkdir(parents=True, exist_ok=True)
     binary = os.environ.get("SPARSEREDUCE_AGGREGATOR_BIN", "")
     if not os.access(binary, os.X_OK):
         pytest.fail(f"SPARSEREDUCE_AGGREGATOR_BIN={binary!r} is not the built sparsereduce-aggregator; run the "
                     "tests through ctest (or set it and PYTHONPATH as python/CMakeLists.txt does)", pytrace=False)
-    work = tmp_path_factory.mktemp("aggregator")
     port_file, log_path = work / "port", work / "aggregator.log"
     with open(log_path, "w") as log:
         daemon = subprocess.Popen(
@@ -34,9 +48,10 @@ def aggregator(tmp_path_factory):
              "--io-threads", "2", "--stall-timeout-ms", "10000"],
             stdout=log, stderr=subprocess.STDOUT)
     try:
-        yield f"127.0.0.1:{_wait_for_port(daemon, port_file, log_path)}"
+        yield f"127.0.0.1:{_wait_for_port(daemon, port_file, log_path)}", daemon
     finally:
-        daemon.terminate()  # SIGTERM drains; no job is left at the end of a test session
+        if daemon.poll() is None:
+            daemon.terminate()  # SIGTERM drains; no job is left at the end of a test session
         try:
             daemon.wait(timeout=10)
         except subprocess.TimeoutExpired:

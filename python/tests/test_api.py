@@ -202,12 +202,12 @@ def test_closed_worker_refuses_calls(aggregator, job):
     assert "closed" in repr(w)
 
 
-def test_dropping_a_handle_waits_for_its_collective(aggregator, job):
+def test_dropping_a_handle_keeps_its_collective_running_until_close(aggregator, job):
     def rank(r):
         with sparsereduce.Worker(aggregator, job, r, 2, **FAST) as w:
             a = np.full(5000, r + 1, dtype=np.float32)
-            w.allreduce_async(a)  # handle dropped at once: its destructor waits, so `a` is complete here
-            return a
+            w.allreduce_async(a)  # handle dropped at once: the collective goes on, `a` stays held
+        return a  # close() waited for it
 
     for a in run_ranks(2, rank):
         np.testing.assert_array_equal(a, np.full(5000, 3, dtype=np.float32))

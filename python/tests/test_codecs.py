@@ -96,3 +96,11 @@ def test_ranks_with_different_codecs_fail_clearly(aggregator, job):
     for code, message in run_ranks(2, rank):
         assert code == "SPEC_MISMATCH", message
         assert "codec=fp16" in message and "codec=bf16" in message, message
+
+
+def test_codec_repr_shows_every_option():
+    text = repr(sparsereduce.Codec("3lc", sparsity=1.5, tensor_scale=True))
+    assert text.startswith("Codec('3lc', sparsity=1.5") and "tensor_scale=True" in text, text
+    assert "tensor_scale=False" in repr(sparsereduce.Codec())
+    assert repr(sparsereduce.Codec("topk", fraction=0.01)) == (
+        "Codec('topk', sparsity=1, fp32_results=False, fraction=0.01, alpha=0, l2_norm=False, tensor_scale=False)")

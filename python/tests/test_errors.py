@@ -1,8 +1,14 @@
 """Errors: bad arrays are refused before anything is sent; library failures raise sparsereduce.Error carrying the
 library's code and message; a failed collective leaves the caller's array as it was."""
 
+import json
+import math
+import os
 import re
 import socket
+import subprocess
+import sys
+import threading
 
 import numpy as np
 import pytest
@@ -50,8 +56,27 @@ def test_invalid_options():
     for endless in (float("inf"), float("nan"), 1e300):  # the conversion to milliseconds would overflow
         with pytest.raises(ValueError, match="join_timeout"):
             sparsereduce.Worker("127.0.0.1:1", 1, 0, 1, join_timeout=endless)
+    for zero in (0, 0.0, -0.0):  # no time at all: refused rather than passed on as 0 ms
+        with pytest.raises(ValueError, match="collective_timeout must be more than 0"):
+            sparsereduce.Worker("127.0.0.1:1", 1, 0, 1, connect_timeout=0.5, join_timeout=0.5,
+                                collective_timeout=zero)
     with pytest.raises(TypeError):
         sparsereduce.Worker("127.0.0.1:1", 1, -1, 1)  # negative rank: not an unsigned integer
+
+
+def test_timeouts_under_a_millisecond_round_up(aggregator, job):
+    """0.0004 s is 1 ms (it was 0 ms before): rank 0's lone collective fails after 1 ms, and says so."""
+    def rank(r):
+        return sparsereduce.Worker(aggregator, job, r, 2, connect_timeout=5.0, join_timeout=10.0,
+                                   collective_timeout=0.0004 if r == 0 else 10.0)
+
+    workers = run_ranks(2, rank)
+    handle = workers[0].allreduce_async(np.ones(4, dtype=np.float32))  # rank 1 never joins it
+    with pytest.raises(sparsereduce.Error) as info:
+        handle.wait(timeout=10)
+    assert info.value.code == "DEADLINE_EXCEEDED" and "within 1 ms" in str(info.value), info.value
+    for w in workers:
+        w.close()
 
 
 def test_no_aggregator_listening(job):
@@ -126,3 +151,74 @@ def test_wait_timeout_then_completion(aggregator, job):
     np.testing.assert_array_equal(arrays[0], np.full(100, 3, dtype=np.int32))
     for w in workers:
         w.close()
+
+
+
+def test_closed_worker_names_the_job_and_rank(aggregator, job):
+    w = sparsereduce.Worker(aggregator, job, 0, 1, **FAST)
+    w.close()
+    with pytest.raises(ValueError, match=f"job {job} rank 0: the Worker is closed"):
+        w.allreduce(np.ones(4, dtype=np.float32))
+
+
+
+def test_repr_of_a_worker_whose_constructor_failed_returns():
+    """Traceback formatters (pytest's among them) repr the `self` of a failed __init__: that must not touch the
+    C++ object that was never built (it hung). In a child process, bounded."""
+    code = ("import sparsereduce\n"
+            "w = sparsereduce.Worker.__new__(sparsereduce.Worker)\n"
+            "print(repr(w))\n")
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.strip() == "<sparsereduce.Worker not constructed>"
+
+
+@pytest.mark.parametrize("endless", [math.inf, 1e10, 365.0 * 24 * 3600 + 1])
+def test_wait_with_an_endless_timeout_waits(aggregator, job, endless):
+    workers = run_ranks(2, lambda r: sparsereduce.Worker(aggregator, job, r, 2, **FAST))
+    arrays = [np.full(100, r + 1, dtype=np.int32) for r in range(2)]
+    handle = workers[0].allreduce_async(arrays[0])
+    rank1 = threading.Thread(target=workers[1].allreduce, args=(arrays[1],))
+    rank1.start()  # whenever it gets there: rank 0 waits without a bound (the collective's deadline still holds)
+    handle.wait(timeout=endless)
+    rank1.join()
+    np.testing.assert_array_equal(arrays[0], np.full(100, 3, dtype=np.int32))
+    for w in workers:
+        w.close()
+
+
+def test_wait_refuses_nan_and_negative_timeouts(aggregator, job):
+    with sparsereduce.Worker(aggregator, job, 0, 1, **FAST) as w:
+        handle = w.allreduce_async(np.ones(4, dtype=np.float32))
+        for bad in (math.nan, -1.0, -math.inf):
+            with pytest.raises(ValueError, match="timeout"):
+                handle.wait(timeout=bad)
+        handle.wait(timeout=10)
+
+
+def test_wait_timeout_names_the_job_and_rank(aggregator, job):
+    workers = run_ranks(2, lambda r: sparsereduce.Worker(aggregator, job, r, 2, **FAST))
+    handle = workers[0].allreduce_async(np.ones(4, dtype=np.float32))
+    with pytest.raises(TimeoutError, match=f"job {job} rank 0"):
+        handle.wait(timeout=0)
+    workers[1].allreduce(np.ones(4, dtype=np.float32))
+    handle.wait(timeout=10)
+    for w in workers:
+        w.close()
+    with pytest.raises(ValueError, match=f"job {job} rank 0.*closed"):
+        workers[0].allreduce(np.ones(4, dtype=np.float32))
+
+
+@pytest.mark.parametrize("mode", ["allreduce", "wait"])
+def test_ctrl_c_interrupts_a_blocked_allreduce_and_the_memory_stays_held(aggregator, job, mode):
+    """SIGINT during a blocked allreduce / Handle.wait raises KeyboardInterrupt at once (not after the 20 s
+    collective deadline); the array stays held (dropping it and the handle neither blocks nor frees it) until the
+    collective finished into it, then it is released."""
+    child = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "interrupt_child.py"),
+                            aggregator, str(job), mode], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr
+    result = json.loads(child.stdout.strip().splitlines()[-1])
+    assert result["outcome"] == "KeyboardInterrupt", result
+    assert result["interrupted_after"] < 5.0, result
+    assert result["dropped_after"] < 5.0, result
+    assert result["held"] and result["first_result"] == 3.0 and result["released"], result

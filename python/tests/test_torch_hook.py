@@ -8,12 +8,18 @@ bit-identical, step after step.
 import torch_required  # noqa: F401  (fails clearly without torch)
 
 import time
+from datetime import timedelta
 
 import pytest
 import torch
+import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel
 
 import ddp_training
+import sparsereduce
+import sparsereduce.torch as srt
+from conftest import FAST
 
 WORLD, STEPS, DEADLINE_S = 2, 6, 150
 
@@ -51,3 +57,31 @@ def test_hook_matches_ddp_builtin_allreduce_bit_for_bit(aggregator, job, tmp_pat
     # The ranks saw different data, so this is a real reduction (not two identical local runs).
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt")["reference"] for r in range(WORLD))
     assert r0["losses"] != r1["losses"]
+
+
+def test_ddp_backward_raises_the_library_message_when_the_aggregator_dies(own_aggregator, job, tmp_path):
+    """A 1-rank gloo DDP: once the aggregator is gone, backward() raises a RuntimeError carrying the library's
+    message (not torch's "Unable to cast ... to Tensor"), and state.error is the typed sparsereduce.Error."""
+    address, daemon = own_aggregator
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1,
+                            timeout=timedelta(seconds=30))
+    try:
+        torch.manual_seed(0)
+        ddp = DistributedDataParallel(torch.nn.Linear(8, 1))
+        state = srt.SparseReduceState.from_process_group(address, job, **FAST)
+        ddp.register_comm_hook(state, srt.allreduce_hook)
+        ddp(torch.ones(2, 8)).sum().backward()  # through the aggregator
+        assert state.error is None
+        assert torch.equal(ddp.module.bias.grad, torch.tensor([2.0]))
+        daemon.kill()
+        daemon.wait(timeout=10)
+        with pytest.raises(RuntimeError) as info:
+            ddp(torch.ones(2, 8)).sum().backward()
+        assert isinstance(state.error, sparsereduce.Error), repr(state.error)
+        assert state.error.code in ("UNAVAILABLE", "PEER_LEFT", "DEADLINE_EXCEEDED", "ABORTED"), state.error.code
+        message = str(info.value)
+        assert "Unable to cast" not in message
+        assert str(state.error) in message and f"job {job} rank 0" in message, message
+        state.close()
+    finally:
+        dist.destroy_process_group()

@@ -116,17 +116,18 @@ def test_hook_reduces_each_bucket_under_its_index_with_the_codec(aggregator, job
             assert torch.equal(a[key], forward[0][0][key])  # and every rank has the same result
 
 
-def test_hook_failure_sets_the_future_exception(aggregator, job):
+def test_hook_failure_fails_the_future_and_keeps_the_typed_error(aggregator, job):
     def rank(r):
         state = srt.SparseReduceState(sparsereduce.Worker(aggregator, job, r, 2, **FAST))
         future = srt.allreduce_hook(state, FakeBucket(torch.ones(10 + r)))  # sizes differ: SPEC_MISMATCH
-        with pytest.raises(Exception) as info:
+        with pytest.raises(RuntimeError) as info:
             future.wait()
         state.close()
-        return info.value
+        return info.value, state.error
 
-    for e in run_ranks(2, rank):
-        assert "SPEC_MISMATCH" in str(e) or getattr(e, "code", None) == "SPEC_MISMATCH", repr(e)
+    for r, (e, error) in enumerate(run_ranks(2, rank)):
+        assert isinstance(error, sparsereduce.Error) and error.code == "SPEC_MISMATCH", repr(error)
+        assert f"job {job} rank {r}" in str(error) and str(error) in str(e), (e, error)
 
 
 def test_hook_refuses_float64_buckets(aggregator, job):
@@ -135,3 +136,85 @@ def test_hook_refuses_float64_buckets(aggregator, job):
         srt.allreduce_hook(state, FakeBucket(torch.ones(4, dtype=torch.float64)))
     state.close()
     assert state.worker.closed
+
+
+@pytest.mark.parametrize("make", [
+    lambda: torch.arange(6, dtype=torch.float32),
+    lambda: torch.nn.Parameter(torch.ones(5)),
+    lambda: torch.zeros(0),
+    lambda: torch.tensor(3.0),  # 0-d
+    lambda: torch.arange(4, dtype=torch.int32),
+], ids=["float32", "parameter", "empty", "0-d", "int32"])
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["allreduce", "allreduce_async"])
+def test_allreduce_moves_the_version_counter(aggregator, job, make, asynchronous):
+    """The sum is written outside torch; the tensor's version must still move, as for any in-place op."""
+    t = make()
+    before = t._version
+    with sparsereduce.Worker(aggregator, job, 0, 1, **FAST) as w:
+        if asynchronous:
+            handle = w.allreduce_async(t)
+            assert t._version > before  # already on submission: the memory changes while the handle runs
+            handle.wait()
+        else:
+            w.allreduce(t)
+    assert t._version > before
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["allreduce", "allreduce_async"])
+def test_tensor_saved_for_backward_then_reduced_makes_backward_raise(aggregator, job, asynchronous):
+    """y * y saves y for backward; reducing y in place must make backward refuse the stale y (with 2 ranks it
+    would otherwise silently use the sum: d/dx (y*y) with y = x1 + x2 instead of 2 x)."""
+    def rank(r):
+        with sparsereduce.Worker(aggregator, job, r, 2, **FAST) as w:
+            x = torch.tensor([1.0 + r], requires_grad=True)
+            y = x * 1
+            z = (y * y).sum()
+            if asynchronous:
+                w.allreduce_async(y).wait()
+            else:
+                w.allreduce(y)
+            assert torch.equal(y.detach(), torch.tensor([3.0]))
+            with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+                z.backward()
+
+    run_ranks(2, rank)
+
+
+def test_inference_tensor_is_reduced_without_a_version_counter(aggregator, job):
+    with torch.inference_mode():
+        t = torch.ones(4)
+    with sparsereduce.Worker(aggregator, job, 0, 1, **FAST) as w:
+        w.allreduce(t)
+        w.allreduce_async(t).wait()
+    assert torch.equal(t, torch.ones(4))
+
+
+def test_states_sharing_a_worker_keep_their_codec_state_apart(aggregator, job, new_job):
+    """Two DDP modules (a GAN's generator and discriminator), one state each on one Worker: both have a bucket 0,
+    yet the generator's buckets must come out as if it had the Worker to itself (3LC's error feedback is per key)."""
+    torch.manual_seed(1)
+    gen = {r: [torch.randn(3000) * (s + 1) for s in range(3)] for r in range(2)}
+    disc = {r: [torch.randn(3000) * 10 for s in range(3)] for r in range(2)}
+    alone_job = new_job()
+
+    def rank(r, with_discriminator):
+        worker = sparsereduce.Worker(aggregator, job if with_discriminator else alone_job, r, 2, codec="3lc", **FAST)
+        g_state = srt.SparseReduceState(worker)
+        d_state = srt.SparseReduceState(worker) if with_discriminator else None
+        results = []
+        for step in range(3):
+            g = gen[r][step].clone()
+            srt.allreduce_hook(g_state, FakeBucket(g, 0)).wait()
+            results.append(g)
+            if d_state is not None:
+                srt.allreduce_hook(d_state, FakeBucket(disc[r][step].clone(), 0)).wait()
+        if d_state is not None:
+            d_state.close()
+        g_state.close()
+        return results
+
+    shared = run_ranks(2, lambda r: rank(r, True))
+    alone = run_ranks(2, lambda r: rank(r, False))
+    for r in range(2):
+        for step in range(3):
+            assert torch.equal(shared[r][step], alone[r][step]), (r, step)
