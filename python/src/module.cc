@@ -258,7 +258,7 @@ class PyWorker {
       py::gil_scoped_release release;
       std::lock_guard lock(submit_mutex_);
       future = buffer.type() == ElementType::kFloat32 ? worker->allreduce_async(buffer.floats(), options)
-                                                      : worker->allreduce_async(buffer.ints());
+                                                      : worker->allreduce_async(buffer.ints(), options);
       seq = ++submitted_;
     }
     return std::make_unique<Handle>(std::move(worker), orphans_, std::move(buffer), future.share(), seq);

@@ -86,6 +86,20 @@ def test_int32_is_always_exact(aggregator, new_job, codec):
         assert name == "none"
 
 
+def test_int32_refuses_an_invalid_per_call_codec_and_stays_exact(aggregator, job):
+    """A codec named per call is checked for int32 arrays as for float32 ones (it used to be dropped unchecked),
+    and a valid one leaves the int32 sum exact."""
+    with sparsereduce.Worker([aggregator], job, 0, 1, **FAST) as w:
+        with pytest.raises(sparsereduce.Error, match="unknown codec 'zip'"):
+            w.allreduce(np.ones(4, np.int32), codec="zip")
+        with pytest.raises(sparsereduce.Error, match="outside"):
+            w.allreduce(np.ones(4, np.int32), codec=sparsereduce.Codec("3lc", sparsity=2.5))
+        a = np.arange(1000, dtype=np.int32)
+        w.allreduce(a, key=5, codec="3lc")
+        np.testing.assert_array_equal(a, np.arange(1000, dtype=np.int32))
+        assert w.last_stats.codec == "none"
+
+
 def test_ranks_with_different_codecs_fail_clearly(aggregator, job):
     def rank(r):
         with sparsereduce.Worker([aggregator], job, r, 2, codec="fp16" if r == 0 else "bf16", **FAST) as w:

@@ -592,6 +592,12 @@ void Worker::allreduce(std::span<float> tensor, const AllreduceOptions& options)
 std::future<void> Worker::allreduce_async(std::span<float> tensor, const AllreduceOptions& options) {
   return impl_->Submit(std::as_writable_bytes(tensor), tensor.size(), DType::kFloat32, options);
 }
+void Worker::allreduce(std::span<int32_t> tensor, const AllreduceOptions& options) {
+  allreduce_async(tensor, options).get();
+}
+std::future<void> Worker::allreduce_async(std::span<int32_t> tensor, const AllreduceOptions& options) {
+  return impl_->Submit(std::as_writable_bytes(tensor), tensor.size(), DType::kInt32, options);
+}
 
 CollectiveStats Worker::last_stats() const { return impl_->last_stats(); }
 const WorkerOptions& Worker::options() const { return impl_->options(); }

@@ -149,9 +149,12 @@ class Worker {
   std::future<void> allreduce_async(std::span<float> tensor);
   std::future<void> allreduce_async(std::span<int32_t> tensor);
 
-  // With a key (and a codec other than the Worker's default).
+  // With a key (and a codec other than the Worker's default). int32 sums stay exact whatever the codec, but a codec
+  // that is not valid (an unknown name, a parameter out of range) is refused as for float32.
   void allreduce(std::span<float> tensor, const AllreduceOptions& options);
   std::future<void> allreduce_async(std::span<float> tensor, const AllreduceOptions& options);
+  void allreduce(std::span<int32_t> tensor, const AllreduceOptions& options);
+  std::future<void> allreduce_async(std::span<int32_t> tensor, const AllreduceOptions& options);
 
   // Statistics of the most recent completed allreduce.
   CollectiveStats last_stats() const;
