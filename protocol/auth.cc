@@ -54,13 +54,15 @@ bool ProofMatches(std::string_view expected, std::string_view received) {
   return expected.size() == received.size() && CRYPTO_memcmp(expected.data(), received.data(), expected.size()) == 0;
 }
 
-std::string RandomNonce() {
-  std::string nonce(kNonceSize, '\0');
-  if (RAND_bytes(reinterpret_cast<unsigned char*>(nonce.data()), static_cast<int>(nonce.size())) != 1) {
+std::string RandomBytes(size_t n) {
+  std::string bytes(n, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(bytes.data()), static_cast<int>(bytes.size())) != 1) {
     throw std::runtime_error("the OS random generator failed");
   }
-  return nonce;
+  return bytes;
 }
+
+std::string RandomNonce() { return RandomBytes(kNonceSize); }
 
 Result<std::string> NormalizeSecret(std::string raw, const std::string& source) {
   if (raw.ends_with("\r\n")) {

@@ -31,6 +31,8 @@ std::string ClientProof(std::string_view secret, const Transcript& transcript);
 bool ProofMatches(std::string_view expected, std::string_view received);
 // kNonceSize bytes from the OS's cryptographic generator.
 std::string RandomNonce();
+// `n` bytes from the OS's cryptographic generator (OpenSSL RAND_bytes); throws std::runtime_error if it fails.
+std::string RandomBytes(size_t n);
 
 // A secret as read from a file or variable: one trailing newline (as `echo` or an editor leaves it) is dropped.
 // INVALID_ARGUMENT when nothing remains.

@@ -20,10 +20,11 @@
 #include <cstring>
 #include <memory>
 #include <optional>
-#include <random>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
+#include "protocol/auth.h"
 #include "transport/deadline.h"
 #include "transport/shm/channel.h"
 
@@ -37,13 +38,6 @@ namespace {
 constexpr size_t kFdCount = 5;  // memfd, then the worker's ends of the four socket pairs in SegmentFds order
 constexpr char kHandoffByte = 'S';
 constexpr char kAckByte = 'A';  // the worker's, once it has received the descriptors and mapped the segment
-
-std::string RandomBytes(size_t n) {
-  std::random_device random;
-  std::string bytes(n, '\0');
-  for (char& c : bytes) c = static_cast<char>(random());
-  return bytes;
-}
 
 std::string Hex(const std::string& bytes) {
   static constexpr char kDigits[] = "0123456789abcdef";
@@ -197,14 +191,20 @@ Result<std::unique_ptr<ShmOffer>> ShmOffer::Create(const asio::any_io_executor& 
                                                    PendingOffers& pending) {
   auto created = Segment::Create(ring_capacity);
   if (!created.ok()) return created.status();
-  const std::string name = "sparsereduce/" + Hex(RandomBytes(16));
+  std::string name, token;
+  try {
+    name = "sparsereduce/" + Hex(auth::RandomBytes(16));
+    token = auth::RandomBytes(kTokenBytes);
+  } catch (const std::runtime_error& e) {
+    return Status(StatusCode::kUnavailable, std::string("shm offer: ") + e.what());
+  }
   Unix::acceptor acceptor(executor);
   boost::system::error_code ec;
   acceptor.open(Unix(), ec);
   if (!ec) acceptor.bind(AbstractEndpoint(name), ec);
   if (!ec) acceptor.listen(4, ec);
   if (ec) return Status(StatusCode::kUnavailable, "listening on the shm socket @" + name + ": " + ec.message());
-  return std::unique_ptr<ShmOffer>(new ShmOffer(std::move(acceptor), name, RandomBytes(kTokenBytes),
+  return std::unique_ptr<ShmOffer>(new ShmOffer(std::move(acceptor), name, std::move(token),
                                                 std::move(created->segment), std::move(created->fds),
                                                 std::move(created->peer_events), &pending));
 }
@@ -226,7 +226,8 @@ asio::awaitable<void> ReadToken(std::shared_ptr<TokenRace> race, std::shared_ptr
   std::string token(kTokenBytes, '\0');
   auto [ec, n] = co_await asio::async_read(*peer, asio::buffer(token), asio::as_tuple(asio::use_awaitable));
   // A stranger, a worker that gave up, or too late: its connection closes with this coroutine.
-  if (ec || token != race->token || race->acceptor == nullptr || race->winner) co_return;
+  // Constant time: how many leading bytes of a guess matched must not show in when the connection closes.
+  if (ec || !auth::ProofMatches(race->token, token) || race->acceptor == nullptr || race->winner) co_return;
   race->winner.emplace(std::move(*peer));
   race->acceptor->cancel();
 }
