@@ -1,6 +1,8 @@
 // fp32 <-> IEEE fp16 and bfloat16 for the fp16 / bf16 wire formats (docs/PROTOCOL.md §11.1): round to nearest,
 // ties to even; overflow to infinity; NaN stays NaN (quiet); fp16 subnormals are kept. The bulk conversions use
-// F16C when the CPU has it and a portable loop otherwise; both give the same bits.
+// F16C when the CPU has it and a portable loop otherwise; both give the same bits, except for a signalling-NaN
+// half, which F16C widens to a quiet NaN and the portable loop keeps signalling (a NaN either way; encoders only
+// ever write quiet NaNs).
 #pragma once
 
 #include <cstddef>

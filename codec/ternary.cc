@@ -91,7 +91,8 @@ Status ForEachGroup(std::span<const std::byte> in, size_t groups, OnGroup&& grou
 }  // namespace
 
 size_t EncodeTernary(const int8_t* q, size_t n, float scale, std::byte* out) {
-  std::memcpy(out, &scale, 4);  // little-endian hosts only (the project builds for x86-64 and aarch64 Linux)
+  static_assert(std::endian::native == std::endian::little, "the wire format is little-endian: memcpy of floats");
+  std::memcpy(out, &scale, 4);
   // Pack every group straight into the output (branch-free), then collapse the zero runs in place: the output
   // never grows past the packed bytes, and the write position never passes the read position.
   uint8_t* packed = reinterpret_cast<uint8_t*>(out + 4);
