@@ -101,6 +101,7 @@ void Server::Stop() {
   asio::dispatch(acceptor_strand_, [this] {
     stopping_ = true;
     context_.draining = true;
+    context_.shm_offers.Stop();  // offers a hoarding peer never received must not keep the daemon from exiting
     CloseAcceptors();
     for (auto& job : registry_.Snapshot()) {
       asio::dispatch(job->strand(), [job] {

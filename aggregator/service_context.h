@@ -1,5 +1,6 @@
 // What every job and connection of one aggregator consults: its options, metrics, shared memory budget, job
-// secrets, allowed networks and whether it is draining. Owned by the Server; no globals.
+// secrets, allowed networks, pending shared-memory offers and whether it is draining. Owned by the Server; no
+// globals.
 #pragma once
 
 #include <atomic>
@@ -12,6 +13,7 @@
 #include "aggregator/network_allowlist.h"
 #include "aggregator/server_options.h"
 #include "core/buffer_pool.h"
+#include "transport/shm/handoff.h"
 #if SPARSEREDUCE_HAVE_RDMA
 #include "transport/rdma/device.h"
 #endif
@@ -34,6 +36,8 @@ struct ServiceContext {
   NetworkAllowlist allowlist;
   // Frame buffers (contributions read, results built) recycled across frames and jobs.
   std::shared_ptr<BufferPool> buffers;
+  // Shared-memory offers whose descriptors their worker has not received yet, capped (docs/PROTOCOL.md §10.1).
+  shm::PendingOffers shm_offers{shm::PendingOffers::kDefaultCap};
 #if SPARSEREDUCE_HAVE_RDMA
   std::shared_ptr<rdma::RdmaDevice> rdma;  // opened at startup when --transports lists rdma
 #endif

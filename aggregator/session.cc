@@ -272,13 +272,13 @@ std::string Session::Who() const {
 }
 
 asio::awaitable<Status> Session::OfferShm(std::chrono::steady_clock::time_point deadline) {
-  if (const shm::PendingOffers& pending = shm::PendingOffers::Process(); pending.full()) {
+  if (const shm::PendingOffers& pending = context_.shm_offers; pending.full()) {
     spdlog::warn("{}: not offering shared memory, staying on TCP: {} earlier offers still wait for their workers to "
                  "receive the descriptors",
                  Who(), pending.count());
     co_return Status::Ok();
   }
-  Result<std::unique_ptr<shm::ShmOffer>> offer = shm::ShmOffer::Create(executor_, context_.options.ring_bytes);
+  Result<std::unique_ptr<shm::ShmOffer>> offer = shm::ShmOffer::Create(executor_, context_.options.ring_bytes, context_.shm_offers);
   if (!offer.ok()) {
     spdlog::warn("{}: cannot offer shared memory, staying on TCP: {}", Who(), offer.status().ToString());
     co_return Status::Ok();

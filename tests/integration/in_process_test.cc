@@ -769,6 +769,10 @@ TEST(InProcess, HoardersOfSharedMemoryOffersDoNotKeepOthersOut) {
   std::vector<float> tensor(1024, 1.0f);
   worker->allreduce(std::span(tensor));
   EXPECT_EQ(tensor[0], 1.0f);
+  worker.reset();
+  // The hoarders still hold their offers: the daemon stops watching them when it stops, and exits (it used to watch
+  // them for as long as they lived, so that its io_context never ran out of work and SIGTERM never ended it).
+  EXPECT_TRUE((*daemon)->Stop()) << "the daemon did not exit cleanly within 10 s while offers were hoarded";
 }
 
 }  // namespace

@@ -61,7 +61,8 @@ struct Pair {
 };
 
 inline Pair ConnectShm(asio::io_context& io, uint64_t ring_capacity) {
-  auto offer = ShmOffer::Create(io.get_executor(), ring_capacity);
+  static shm::PendingOffers pending(shm::PendingOffers::kDefaultCap);  // outlives every io_context of the binary
+  auto offer = ShmOffer::Create(io.get_executor(), ring_capacity, pending);
   EXPECT_TRUE(offer.ok()) << offer.status().ToString();
   bool handed = false, attached_done = false;
   std::optional<ShmAttachment> attachment;

@@ -249,7 +249,8 @@ struct RawPair {
 };
 
 RawPair ConnectRaw(asio::io_context& io, uint64_t capacity, bool make_worker_channel) {
-  auto offer = ShmOffer::Create(io.get_executor(), capacity);
+  static PendingOffers pending(PendingOffers::kDefaultCap);  // outlives every io_context of this test binary
+  auto offer = ShmOffer::Create(io.get_executor(), capacity, pending);
   EXPECT_TRUE(offer.ok()) << offer.status().ToString();
   bool handed = false, attached_done = false;
   std::optional<ShmAttachment> attachment;
@@ -517,12 +518,13 @@ TEST(ShmHandoff, HoardedOffersStayBelowTheLimitOnDescriptorsInFlight) {
     ~Restore() { setrlimit(RLIMIT_NOFILE, &limit); }
   } restore{old};
   WithoutLimitOverrides unprivileged;
+  PendingOffers pending(PendingOffers::kDefaultCap);  // the daemon's cap; outlives the io_context
   asio::io_context io;
   std::vector<UniqueFd> hoarders;
   std::vector<std::string> failures;
   int handed = 0, refused = 0;
   for (int i = 0; i < 45; ++i) {
-    auto offer = ShmOffer::Create(io.get_executor(), 4096);
+    auto offer = ShmOffer::Create(io.get_executor(), 4096, pending);
     ASSERT_TRUE(offer.ok()) << offer.status().ToString();
     std::optional<Status> result;
     asio::co_spawn(io, [&]() -> asio::awaitable<void> {
@@ -625,8 +627,9 @@ TEST(ShmHandoff, PendingOffersAreCappedAndFreedWhenTheDescriptorsAreGone) {
 }
 
 TEST(ShmHandoff, WrongTokenIsIgnoredAndTheRightOneServed) {
+  PendingOffers pending(PendingOffers::kDefaultCap);
   asio::io_context io;
-  auto offer = ShmOffer::Create(io.get_executor(), 4096);
+  auto offer = ShmOffer::Create(io.get_executor(), 4096, pending);
   ASSERT_TRUE(offer.ok()) << offer.status().ToString();
   std::optional<Status> handoff, stranger;
   std::optional<bool> attached;
@@ -652,8 +655,9 @@ TEST(ShmHandoff, WrongTokenIsIgnoredAndTheRightOneServed) {
 // hold back the worker that connects after it: tokens are read concurrently. Once the worker has its segment, the
 // stranger's connection is closed too. The handoff used to read the stranger's token until the deadline.
 TEST(ShmHandoff, SilentStrangerDoesNotHoldBackTheWorker) {
+  PendingOffers pending(PendingOffers::kDefaultCap);
   asio::io_context io;
-  auto offer = ShmOffer::Create(io.get_executor(), 4096);
+  auto offer = ShmOffer::Create(io.get_executor(), 4096, pending);
   ASSERT_TRUE(offer.ok()) << offer.status().ToString();
   const auto deadline = std::chrono::steady_clock::now() + 15s;
   std::optional<Status> handoff;
@@ -678,8 +682,9 @@ TEST(ShmHandoff, SilentStrangerDoesNotHoldBackTheWorker) {
 }
 
 TEST(ShmHandoff, DeadlineAndUnreachableSocket) {
+  PendingOffers pending(PendingOffers::kDefaultCap);
   asio::io_context io;
-  auto offer = ShmOffer::Create(io.get_executor(), 4096);
+  auto offer = ShmOffer::Create(io.get_executor(), 4096, pending);
   ASSERT_TRUE(offer.ok());
   std::optional<Status> handoff, attach;
   asio::co_spawn(io, [&]() -> asio::awaitable<void> {
@@ -699,8 +704,9 @@ TEST(ShmHandoff, DeadlineAndUnreachableSocket) {
 // A worker in another network namespace cannot reach the offer, which is how "same host" is decided.
 TEST(ShmHandoff, UnreachableFromAnotherNetworkNamespace) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to create a network namespace";
+  PendingOffers pending(PendingOffers::kDefaultCap);
   asio::io_context io;
-  auto offer = ShmOffer::Create(io.get_executor(), 4096);
+  auto offer = ShmOffer::Create(io.get_executor(), 4096, pending);
   ASSERT_TRUE(offer.ok());
   const std::string name = (*offer)->socket_name();
   const pid_t child = fork();

@@ -137,7 +137,9 @@ asio::awaitable<std::unique_ptr<Channel>> Accept(tcp::socket socket, Config c, s
   }
 #endif
   if (*transport != "shm") throw std::runtime_error("the client asked for transport " + *transport);
-  auto offer = sparsereduce::shm::ShmOffer::Create(executor, kRingBytes);
+  // One client at a time: a tool-wide cap of pending offers (static: it outlives the io_context).
+  static sparsereduce::shm::PendingOffers pending(sparsereduce::shm::PendingOffers::kDefaultCap);
+  auto offer = sparsereduce::shm::ShmOffer::Create(executor, kRingBytes, pending);
   Check(offer.status(), "creating the shm segment");
   sparsereduce::proto::ControlMessage message;
   message.mutable_transport_offer()->set_kind("shm");

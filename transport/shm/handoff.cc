@@ -151,6 +151,7 @@ int Unreceived(int socket) {
 class PendingPlace {
  public:
   explicit PendingPlace(PendingOffers* pending) : pending_(pending) {}
+  bool stopped() const { return pending_ != nullptr && pending_->stopped(); }
   PendingPlace(PendingPlace&& other) noexcept : pending_(std::exchange(other.pending_, nullptr)) {}
   PendingPlace& operator=(PendingPlace&&) = delete;
   ~PendingPlace() {
@@ -162,22 +163,17 @@ class PendingPlace {
 };
 
 // Holds `place` until what was sent on `socket` has left its send queue: received by the worker, or discarded when
-// the worker closed its end. Polled, since nothing signals either to this side; at most PendingOffers::cap() of
-// these run.
-asio::awaitable<void> WatchUnreceived(Unix::socket socket, [[maybe_unused]] PendingPlace place) {
+// the worker closed its end, or until the offers stop (shutdown). Polled, since nothing signals either to this
+// side; at most PendingOffers::cap() of these run.
+asio::awaitable<void> WatchUnreceived(Unix::socket socket, PendingPlace place) {
   asio::steady_timer poll(co_await asio::this_coro::executor);
-  while (Unreceived(socket.native_handle()) > 0) {
+  while (!place.stopped() && Unreceived(socket.native_handle()) > 0) {
     poll.expires_after(std::chrono::milliseconds(200));
     co_await poll.async_wait(asio::as_tuple(asio::use_awaitable));
   }
 }
 
 }  // namespace
-
-PendingOffers& PendingOffers::Process() {
-  static PendingOffers offers(kDefaultCap);
-  return offers;
-}
 
 bool PendingOffers::TryAcquire() {
   int count = count_.load();

@@ -30,7 +30,8 @@ inline constexpr char kShmCapability[] = "shm2";
 // Offers whose descriptors were sent and not yet received by their worker (docs/PROTOCOL.md §10.1). Linux charges
 // descriptors in flight to the sending user and refuses to send more beyond its RLIMIT_NOFILE (ETOOMANYREFS), so
 // peers that take offers and never receive them could make every later handoff fail; the daemon caps such offers
-// instead, and serves TCP beyond the cap. Thread-safe.
+// instead, and serves TCP beyond the cap. Owned by whoever makes offers (the daemon's ServiceContext); it must
+// outlive their io_context. Thread-safe.
 class PendingOffers {
  public:
   static constexpr int kDefaultCap = 32;  // 160 descriptors in flight at most, far below any RLIMIT_NOFILE in use
@@ -39,18 +40,20 @@ class PendingOffers {
   PendingOffers(const PendingOffers&) = delete;
   PendingOffers& operator=(const PendingOffers&) = delete;
 
-  // The daemon's, shared by all its connections.
-  static PendingOffers& Process();
-
   bool full() const { return count_.load() >= cap_; }
   int count() const { return count_.load(); }
   int cap() const { return cap_; }
   bool TryAcquire();
   void Release() { count_.fetch_sub(1); }
+  // Shutting down: the offers still waiting for their worker stop being watched (within 200 ms), so that they no
+  // longer keep the io_context running.
+  void Stop() { stopped_.store(true); }
+  bool stopped() const { return stopped_.load(); }
 
  private:
   const int cap_;
   std::atomic<int> count_{0};
+  std::atomic<bool> stopped_{false};
 };
 
 // The aggregator's side.
@@ -60,7 +63,7 @@ class ShmOffer {
   // executor's io_context (a hand-over that was not received is watched after the offer is gone).
   static Result<std::unique_ptr<ShmOffer>> Create(const boost::asio::any_io_executor& executor,
                                                   uint64_t ring_capacity,
-                                                  PendingOffers& pending = PendingOffers::Process());
+                                                  PendingOffers& pending);
 
   // The abstract socket's name (without the leading NUL) and the token, for the offer sent over TCP.
   const std::string& socket_name() const { return name_; }
