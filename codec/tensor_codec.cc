@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <numeric>
 #include <random>
 
@@ -221,7 +220,7 @@ class ThreeLcEncoder final : public TensorEncoder {
       } else if (all_finite || std::isfinite(MaxAbsWithError(x + at, old_error + at, n))) {
         scale = ScaleOf(tensor_max, spec_.sparsity);
       } else {
-        scale = ScaleOf(std::numeric_limits<float>::infinity(), spec_.sparsity);  // not finite
+        scale = kNotFiniteScale;
       }
       send[b] = QuantizeWithError(x + at, old_error + at, error.data() + at, n, scale, q.data());
       if (!send[b]) continue;
@@ -285,7 +284,7 @@ class DianaEncoder final : public TensorEncoder {
       } else {
         // x holds an Inf or a NaN: the block goes out not finite (every element decodes to NaN, docs/PROTOCOL.md
         // §11.2) and leaves h_i as it was (Finish).
-        norm = std::numeric_limits<float>::quiet_NaN();
+        norm = kNotFiniteScale;
         std::fill_n(q.data(), n, int8_t{1});
         any = true;
       }

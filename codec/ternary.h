@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 
 #include "core/status.h"
@@ -28,7 +29,10 @@ inline size_t MaxTernaryBytes(size_t n) { return 4 + TernaryGroups(n); }
 // written.
 size_t EncodeTernary(const int8_t* q, size_t n, float scale, std::byte* out);
 
-// The scale of an encoded block (at least 4 bytes). NaN marks a block that is not finite (docs/PROTOCOL.md §11.2).
+// The scale of a block that is not finite (docs/PROTOCOL.md §11.2): sent with every q_j = +1, it decodes to NaN.
+inline constexpr float kNotFiniteScale = std::numeric_limits<float>::quiet_NaN();
+
+// The scale of an encoded block (at least 4 bytes); NaN for a block that is not finite.
 float TernaryScale(std::span<const std::byte> in);
 
 // Decodes a block of n values: out[j] = scale · q_j, or out[j] += scale · q_j with `accumulate`. Fails on a scale

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 
 #include "codec/clones.h"
+#include "codec/ternary.h"
 
 namespace sparsereduce::codec {
 
@@ -31,7 +31,7 @@ bool QuantizeWithError(const float* x, float* error, size_t n, float scale, int8
 
 float ScaleOf(float max_abs, float sparsity) {
   const float scale = max_abs * sparsity;
-  return std::isfinite(scale) ? scale : std::numeric_limits<float>::quiet_NaN();
+  return std::isfinite(scale) ? scale : kNotFiniteScale;
 }
 
 SPARSEREDUCE_CLONES bool QuantizeWithError(const float* x, const float* error_in, float* error_out, size_t n, float scale, int8_t* q) {

@@ -378,13 +378,8 @@ TEST(InProcess, ALateSharedMemoryOfferEndsWithTheJoinDeadline) {
   const int listener = ListenOnLoopback(&port);
   ASSERT_GE(listener, 0);
   const std::string name = "sparsereduce-test/" + std::to_string(getpid());
-  const int shm_listener = socket(AF_UNIX, SOCK_STREAM, 0);  // takes the token, answers nothing
-  sockaddr_un unix_addr{};
-  unix_addr.sun_family = AF_UNIX;
-  std::memcpy(unix_addr.sun_path + 1, name.data(), name.size());
-  const auto unix_len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
-  ASSERT_EQ(bind(shm_listener, reinterpret_cast<sockaddr*>(&unix_addr), unix_len), 0);
-  ASSERT_EQ(listen(shm_listener, 4), 0);
+  const int shm_listener = ListenOnAbstract(name);  // takes the token, answers nothing
+  ASSERT_GE(shm_listener, 0) << std::strerror(errno);
 
   WorkerOptions options;
   options.aggregators = {"127.0.0.1:" + std::to_string(port)};
@@ -630,21 +625,6 @@ TEST(InProcess, AWorkerOfThePreviousBuildIsNotOfferedSharedMemory) {
   ASSERT_TRUE(reply) << "no answer to the Hello";
   ASSERT_TRUE(reply->has_job_ready()) << reply->ShortDebugString();
   EXPECT_EQ(reply->job_ready().transport(), "tcp");
-}
-
-// A connection to the abstract Unix socket `name` (without its leading NUL), or -1.
-int ConnectToAbstract(const std::string& name) {
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  if (fd < 0 || name.size() + 1 > sizeof addr.sun_path) return -1;
-  std::memcpy(addr.sun_path + 1, name.data(), name.size());
-  const auto length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), length) != 0) {
-    close(fd);
-    return -1;
-  }
-  return fd;
 }
 
 // The review's finding M1 against a daemon: processes that take shared-memory offers and never receive the

@@ -4,9 +4,12 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <array>
+#include <cstddef>
+#include <cstring>
 
 #include "protocol/control.h"
 #include "protocol/frame_format.h"
@@ -47,6 +50,42 @@ int ListenOnLoopback(uint16_t* port, int receive_buffer) {
   }
   *port = ntohs(addr.sin_port);
   return fd;
+}
+
+namespace {
+
+// The address of the abstract Unix socket `name`: a NUL, then the name, not NUL-terminated. False if too long.
+bool AbstractAddress(const std::string& name, sockaddr_un* addr, socklen_t* length) {
+  *addr = sockaddr_un{};
+  addr->sun_family = AF_UNIX;
+  if (name.size() + 1 > sizeof addr->sun_path) return false;
+  std::memcpy(addr->sun_path + 1, name.data(), name.size());
+  *length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  return true;
+}
+
+}  // namespace
+
+int ConnectToAbstract(const std::string& name) {
+  sockaddr_un addr;
+  socklen_t length;
+  if (!AbstractAddress(name, &addr, &length)) return -1;
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), length) == 0) return fd;
+  close(fd);
+  return -1;
+}
+
+int ListenOnAbstract(const std::string& name) {
+  sockaddr_un addr;
+  socklen_t length;
+  if (!AbstractAddress(name, &addr, &length)) return -1;
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), length) == 0 && listen(fd, 4) == 0) return fd;
+  close(fd);
+  return -1;
 }
 
 bool WriteAll(int fd, std::span<const std::byte> bytes) {

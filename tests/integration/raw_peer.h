@@ -27,6 +27,11 @@ int ConnectToLoopback(const std::string& address, int receive_buffer = 0);
 // SO_RCVBUF, which accepted sockets inherit.
 int ListenOnLoopback(uint16_t* port, int receive_buffer = 0);
 
+// A connection to, or a listening socket on, the abstract Unix socket `name` (without its leading NUL, as in a
+// TransportOffer's shm_socket), or -1.
+int ConnectToAbstract(const std::string& name);
+int ListenOnAbstract(const std::string& name);
+
 // Writes all of `bytes` (blocking); false on an error or a closed connection.
 bool WriteAll(int fd, std::span<const std::byte> bytes);
 bool SendControl(int fd, const proto::ControlMessage& message);

@@ -491,12 +491,9 @@ class WithoutLimitOverrides {
 // A peer that presents the token and then never receives: what a hoarding process does with offers.
 UniqueFd Hoard(const ShmOffer& offer) {
   UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  const std::string& name = offer.socket_name();
-  std::memcpy(addr.sun_path + 1, name.data(), name.size());
-  const auto length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
-  EXPECT_EQ(connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), length), 0) << std::strerror(errno);
+  // The abstract name as the other tests spell it: a NUL, then the offer's name.
+  const asio::local::stream_protocol::endpoint at(std::string(1, '\0') + offer.socket_name());
+  EXPECT_EQ(connect(fd.get(), at.data(), static_cast<socklen_t>(at.size())), 0) << std::strerror(errno);
   EXPECT_EQ(write(fd.get(), offer.token().data(), kTokenBytes), static_cast<ssize_t>(kTokenBytes));
   return fd;
 }
