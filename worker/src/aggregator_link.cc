@@ -75,6 +75,9 @@ asio::awaitable<Status> AggregatorLink::Connect(std::chrono::steady_clock::time_
   while (!closing_) {
     auto [rec, endpoints] = co_await resolver.async_resolve(hp->host, std::to_string(hp->port),
                                                             asio::as_tuple(asio::use_awaitable));
+    // Close() cannot cancel a resolve (it closes the socket, which async_connect would open again): without this
+    // check a link closed meanwhile connected anyway and kept the I/O thread, and the Worker's destructor, waiting.
+    if (closing_) break;
     if (rec) {
       last_error = "cannot resolve " + hp->host + ": " + rec.message();
     } else {
