@@ -73,7 +73,8 @@ class Worker(_Worker):
     'bf16', '3lc', 'diana', 'topk', 'adaptive'); every rank must use the same. codec_seed seeds DIANA's rounding.
 
     aggregators: a list of "HOST:PORT" or one comma-separated string, in the same order on every rank; empty
-    means the SPARSEREDUCE_AGGREGATORS environment variable. Returns once all ranks joined (GIL released).
+    means the SPARSEREDUCE_AGGREGATORS environment variable. Returns once all ranks joined (GIL released);
+    Ctrl-C while it waits leaves the job and raises KeyboardInterrupt.
     """
 
     def __init__(self, aggregators, job, rank, world_size, **options):

@@ -6,8 +6,8 @@
 //
 // Signals: allreduce and Handle.wait wait in slices of kSignalCheckInterval and run Python's signal handlers
 // between them, so Ctrl-C raises KeyboardInterrupt within about 0.1 s. The collective keeps running: its Handle
-// (or, once that is gone, the Worker's Orphans) keeps the array held until it finished. The constructor's join is
-// not interruptible (the C++ Worker has no cancel hook): it ends at join_timeout.
+// (or, once that is gone, the Worker's Orphans) keeps the array held until it finished. The constructor joins on a
+// thread of its own and waits for it the same way; Ctrl-C cancels the join (WorkerOptions::cancel).
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
@@ -18,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stop_token>
 #include <string>
 #include <utility>
 #include <vector>
@@ -60,7 +61,8 @@ std::chrono::milliseconds Milliseconds(double seconds, const char* name) {
 // Waits for `future` until `deadline` (none: no bound) in slices of kSignalCheckInterval, the GIL released;
 // between slices runs Python's signal handlers (with the GIL) and raises what they raise (KeyboardInterrupt).
 // True once the future is ready. Requires the GIL.
-bool WaitUntil(const std::shared_future<void>& future, std::optional<Clock::time_point> deadline) {
+template <typename Future>
+bool WaitUntil(const Future& future, std::optional<Clock::time_point> deadline) {
   for (;;) {
     Clock::time_point slice_end = Clock::now() + kSignalCheckInterval;
     if (deadline) slice_end = std::min(slice_end, *deadline);
@@ -228,10 +230,29 @@ class Handle {
 class PyWorker {
  public:
   explicit PyWorker(WorkerOptions options) : job_(options.job), rank_(options.rank) {
-    // Joining waits for the other ranks, which may be threads of this process. Not interruptible by signals
-    // (no cancel hook in the C++ Worker): it ends at join_timeout.
-    py::gil_scoped_release release;
-    worker_ = std::make_shared<Worker>(std::move(options));
+    // Joining waits for the other ranks (which may be threads of this process) for up to connect_timeout +
+    // join_timeout: on a thread of its own, so that this one runs the signal handlers and a KeyboardInterrupt
+    // cancels the join.
+    std::stop_source stop;
+    options.cancel = stop.get_token();
+    auto joining = std::async(std::launch::async, [options = std::move(options)]() mutable {
+      return std::make_shared<Worker>(std::move(options));
+    });
+    try {
+      WaitUntil(joining, std::nullopt);
+    } catch (py::error_already_set&) {
+      stop.request_stop();
+      {
+        py::gil_scoped_release release;
+        // ABORTED within milliseconds; a Worker that joined just before the stop leaves the job here.
+        try {
+          joining.get();
+        } catch (...) {
+        }
+      }
+      throw;
+    }
+    worker_ = joining.get();  // the library's Error if the join failed
   }
 
   // Leaves the job if close() was not called; then no collective is in flight unless a Handle keeps the Worker.

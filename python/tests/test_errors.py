@@ -222,3 +222,15 @@ def test_ctrl_c_interrupts_a_blocked_allreduce_and_the_memory_stays_held(aggrega
     assert result["interrupted_after"] < 5.0, result
     assert result["dropped_after"] < 5.0, result
     assert result["held"] and result["first_result"] == 3.0 and result["released"], result
+
+
+def test_ctrl_c_interrupts_the_constructors_join():
+    """SIGINT while the constructor waits for the job to form (the other rank never comes) raises KeyboardInterrupt
+    at once, not after the 60 s join timeout, and the worker leaves: it closes its connection."""
+    child = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "interrupt_join_child.py")],
+                           capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr
+    result = json.loads(child.stdout.strip().splitlines()[-1])
+    assert result["hello_seen"] and result["outcome"] == "KeyboardInterrupt", result
+    assert result["interrupted_after"] < 5.0, result
+    assert result["left"], result

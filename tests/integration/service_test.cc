@@ -19,6 +19,7 @@
 #include <poll.h>
 #include <regex>
 #include <sstream>
+#include <stop_token>
 #include <thread>
 
 #include "protocol/control.h"
@@ -318,6 +319,56 @@ TEST(Service, RefusedUnauthenticatedHelloDoesNotEndAJobWithASecret) {
   sum1.get();
   EXPECT_EQ(a, std::vector<float>(1000, 3.0f));
   EXPECT_EQ(b, std::vector<float>(1000, 3.0f));
+}
+
+// A stop requested through WorkerOptions::cancel ends the constructor while it waits for a rank that never comes:
+// ABORTED at once, not DEADLINE_EXCEEDED after the 60 s join timeout; the daemon forgets the rank and the job,
+// and the job can form afterwards.
+TEST(Service, CancelledJoinLeavesTheJobAtOnce) {
+  Daemon daemon;
+  const std::string connected = R"(sparsereduce_connected_workers\{instance_name="svc"\})";
+  const std::string jobs = R"(sparsereduce_jobs\{instance_name="svc"\})";
+  std::stop_source stop;
+  WorkerOptions options = Options(daemon.address(), 26, 0, 2);
+  options.connect_timeout = options.join_timeout = 60s;
+  options.cancel = stop.get_token();
+  auto rank0 = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  ASSERT_TRUE(Eventually([&] { return Sample(daemon.Metrics(), connected) == 1; })) << "rank 0 did not join";
+  stop.request_stop();
+  try {
+    rank0.get();
+    FAIL() << "the job formed without rank 1";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "ABORTED") << e.what();
+    EXPECT_NE(std::string(e.what()).find("job 26 rank 0: the join was cancelled"), std::string::npos) << e.what();
+  }
+  std::string m;
+  EXPECT_TRUE(Eventually([&] {
+    m = daemon.Metrics();
+    return Sample(m, connected) == 0 && Sample(m, jobs) == 0;
+  })) << m;
+
+  // A stop requested before the constructor starts: the link is closed while it resolves the address or
+  // connects. A link closed while resolving used to connect anyway and the constructor to wait for the join
+  // deadline (about 1 attempt in 20: repeated to catch it).
+  std::stop_source stopped;
+  stopped.request_stop();
+  options.cancel = stopped.get_token();
+  for (int i = 0; i < 60; ++i) {
+    try {
+      Worker worker(options);
+      FAIL() << "a cancelled constructor joined";
+    } catch (const Error& e) {
+      ASSERT_EQ(e.code(), "ABORTED") << e.what();
+    }
+  }
+
+  auto [worker0, worker1] = JoinPair(daemon.address(), 26);
+  std::vector<float> a(1000, 1.0f), b(1000, 2.0f);
+  auto sum1 = std::async(std::launch::async, [&] { worker1->allreduce(std::span(b)); });
+  worker0->allreduce(std::span(a));
+  sum1.get();
+  EXPECT_EQ(a, std::vector<float>(1000, 3.0f));
 }
 
 // The table from every column of the layout to its lane is A times the columns one aggregator serves: a Hello

@@ -207,6 +207,12 @@ Worker::Impl::Impl(WorkerOptions options)
                       std::to_string(options_.join_timeout.count()) + " ms); still waiting on " + waiting));
     });
   });
+  // A stop request arrives on another thread; the I/O thread fails the join as any other failure would.
+  const std::stop_callback on_cancel(options_.cancel, [this] {
+    asio::post(io_, [this] {
+      if (join_pending_) Fail(Status(StatusCode::kAborted, "the join was cancelled (WorkerOptions::cancel)"));
+    });
+  });
   thread_ = std::thread([this] { io_.run(); });
   try {
     joined.get();

@@ -17,6 +17,7 @@
 #include <optional>
 #include <span>
 #include <stdexcept>
+#include <stop_token>
 #include <string>
 #include <vector>
 
@@ -98,6 +99,10 @@ struct WorkerOptions {
   // How long, beyond connect_timeout, to wait for the other ranks to join: the job must have formed within
   // connect_timeout + join_timeout of the constructor's start, since other ranks may still be retrying to connect.
   std::chrono::milliseconds join_timeout{60'000};
+  // Ends the constructor's connect and join early: once a stop is requested (from another thread), the constructor
+  // leaves the job and throws Error "ABORTED" instead of waiting out the timeouts. Only the constructor watches it;
+  // a stop requested later changes nothing. (The Python binding uses it for Ctrl-C.)
+  std::stop_token cancel;
   // One allreduce, from its start on the I/O thread to its last result.
   std::chrono::milliseconds collective_timeout{60'000};
   // The codec of float32 allreduces that do not name one (int32 allreduces are always exact).
