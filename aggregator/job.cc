@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "aggregator/job_registry.h"
+#include "aggregator/peer_text.h"
 #include "aggregator/service_context.h"
 #include "aggregator/session.h"
 #include "core/dtype.h"
@@ -239,9 +240,10 @@ void Job::OnControl(uint32_t rank, const proto::ControlMessage& message) {
         OnCollectiveBegin(rank, message.collective_begin());
       }
       return;
-    case proto::ControlMessage::kGoodbye:
+    case proto::ControlMessage::kGoodbye: {
+      // The peer's own text: escaped and cut before it reaches the log or another rank's Error.
+      const std::string reason = PeerText(message.goodbye().reason());
       if (active_) {
-        const std::string& reason = message.goodbye().reason();
         Abort(Status(StatusCode::kPeerLeft, Describe(rank) + " left during collective " +
                                                 std::to_string(active_->seq) +
                                                 (reason.empty() ? "" : " because: " + reason)),
@@ -251,20 +253,21 @@ void Job::OnControl(uint32_t rank, const proto::ControlMessage& message) {
       if (!formed_) {
         // Its place is free again, at once: the rank (or a new process for it) may join again, and the last rank
         // to join must not find the place counted as taken but empty. OnDisconnect then finds another session.
-        spdlog::info("{}: left before the job formed ({})", Describe(rank), message.goodbye().reason());
+        spdlog::info("{}: left before the job formed ({})", Describe(rank), reason);
         std::shared_ptr<Session> leaving = std::move(members_[rank]);
         --joined_;
         leaving->Close();
         ReleaseIfEmpty();
         return;
       }
-      spdlog::info("{}: left the job ({})", Describe(rank), message.goodbye().reason());
+      spdlog::info("{}: left the job ({})", Describe(rank), reason);
       // Departed from now on, not only once the connection has closed: a CollectiveBegin of another rank may
       // arrive first. Why it left is what the other ranks need to hear at their next collective, which will fail.
       departed_.push_back(rank);
-      if (!message.goodbye().reason().empty()) departure_reasons_[rank] = message.goodbye().reason();
+      if (!reason.empty()) departure_reasons_[rank] = reason;
       members_[rank]->Close();
       return;  // OnDisconnect follows when the connection closes
+    }
     default:
       Violation(rank, ProtocolError("unexpected control message (field " +
                                     std::to_string(static_cast<int>(message.body_case())) + ") after Hello"));

@@ -16,6 +16,7 @@
 
 #include "aggregator/job.h"
 #include "aggregator/job_registry.h"
+#include "aggregator/peer_text.h"
 #include "aggregator/service_context.h"
 #include "protocol/auth.h"
 #include "protocol/control.h"
@@ -91,9 +92,10 @@ void Session::Fail(const Status& error, uint64_t seq, const std::vector<uint32_t
   proto::ControlMessage message;
   proto::Error* e = message.mutable_error();
   e->set_code(ToProtoCode(error.code()));
-  e->set_message(error.message());
+  // Bounded, so that the Error always fits a CONTROL frame the worker can read, whatever it quotes.
+  e->set_message(CutText(error.message(), kMaxErrorMessage));
   e->set_seq(seq);
-  for (uint32_t r : ranks) e->add_ranks(r);
+  for (size_t i = 0; i < std::min(ranks.size(), kMaxErrorRanks); ++i) e->add_ranks(ranks[i]);
   SendControl(message);
   Close();
 }
@@ -318,7 +320,7 @@ asio::awaitable<Status> Session::OfferShm(std::chrono::steady_clock::time_point 
   if (reply->body_case() != proto::ControlMessage::kTransportDecline) {
     co_return ProtocolError("expected TransportDecline (or the shm handoff) after TransportOffer");
   }
-  spdlog::debug("{}: no shared memory: {}", Who(), reply->transport_decline().reason());
+  spdlog::debug("{}: no shared memory: {}", Who(), PeerText(reply->transport_decline().reason()));
   co_return Status::Ok();
 }
 
@@ -338,7 +340,7 @@ asio::awaitable<Status> Session::OfferRdma(std::chrono::steady_clock::time_point
   Result<proto::ControlMessage> reply = co_await ReadControl();
   if (!reply.ok()) co_return reply.status();
   if (reply->body_case() == proto::ControlMessage::kTransportDecline) {
-    spdlog::debug("{}: no RDMA: {}", Who(), reply->transport_decline().reason());
+    spdlog::debug("{}: no RDMA: {}", Who(), PeerText(reply->transport_decline().reason()));
     co_return Status::Ok();
   }
   if (reply->body_case() != proto::ControlMessage::kTransportAccept) {

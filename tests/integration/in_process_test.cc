@@ -271,6 +271,52 @@ TEST(InProcess, RankThatLeftBetweenCollectivesIsReportedWithItsReason) {
   EXPECT_TRUE((*daemon)->Stop());
 }
 
+// A Goodbye's reason is the peer's own text, which the daemon logs and passes on to the other ranks: it is escaped
+// and cut first. It was passed on whole: a reason near the 64 KiB CONTROL limit made the other rank's PEER_LEFT
+// Error larger than that limit, so the rank failed on a frame it could not read instead of learning why; and a
+// newline in it started a forged line in the daemon's text log.
+TEST(InProcess, AGoodbyeReasonIsEscapedAndCutBeforeItIsPassedOn) {
+  auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+  const std::string address = (*daemon)->AddressList();
+  const int fd = ConnectToLoopback(address);
+  ASSERT_GE(fd, 0) << "cannot connect to " << address;
+  WorkerOptions options;
+  options.aggregators = {address};
+  options.job = 22;
+  options.rank = 0;
+  options.world_size = 2;
+  options.connect_timeout = options.join_timeout = options.collective_timeout = 10s;
+  auto rank0 = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  ASSERT_TRUE(SendControl(fd, RawHello(options.job, 1, 2, 1, options)));
+  std::unique_ptr<Worker> worker = rank0.get();
+
+  proto::ControlMessage goodbye;
+  goodbye.mutable_goodbye()->set_reason("disk full\n[2026-01-01 00:00:00.000] [info] forged line " +
+                                        std::string(65'400, 'x'));
+  ASSERT_LE(EncodeControl(goodbye).size() - kFrameHeaderSize, kMaxControlPayload);  // the daemon takes it
+  ASSERT_TRUE(SendControl(fd, goodbye));
+  ASSERT_TRUE(ReadUntilClosed(fd)) << "the daemon did not close rank 1's connection after its Goodbye";
+  close(fd);
+
+  std::vector<float> tensor(4096, 1.0f);
+  try {
+    worker->allreduce(std::span(tensor));
+    ADD_FAILURE() << "the collective ran without rank 1";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(e.code(), "PEER_LEFT") << what.substr(0, 300);
+    EXPECT_NE(what.find("rank 1 because: disk full\\x0a[2026-01-01 00:00:00.000] [info] forged line xxx"),
+              std::string::npos)
+        << what.substr(0, 300);
+    EXPECT_EQ(what.find("\n[2026-01-01"), std::string::npos) << "the reason's newline was passed on";
+    EXPECT_LT(what.size(), 4096u);
+    EXPECT_NE(what.find("xxx [...]"), std::string::npos) << what.substr(what.size() - std::min<size_t>(what.size(), 80));
+  }
+  worker.reset();
+  EXPECT_TRUE((*daemon)->Stop());
+}
+
 // A rank that says Goodbye before its job has formed frees its place: the job forms when the rank (or another
 // process for it) joins again, and the daemon never counts the place as taken (it used to, and crashed on a
 // null member when the last rank joined: ranks 0 and 1 join, 0 says Goodbye, 2 joins).
