@@ -143,11 +143,13 @@ std::variant<DaemonConfig, int> ParseDaemonConfig(const std::vector<std::string>
   Add(app, "metrics-listen", config.metrics_listen, "HTTP address for /metrics, /healthz and /readyz; '' disables");
   Add(app, "name", server.name, "Instance name in logs and metrics (default: the hostname)");
   Add(app, "io-threads", server.io_threads, "I/O threads (0: one per hardware thread)");
-  uint64_t handshake_ms = 0, stall_ms = 0, drain_ms = 0;
+  uint64_t handshake_ms = 0, stall_ms = 0, drain_ms = 0, formation_ms = 0;
   AddMilliseconds(app, "handshake-timeout-ms", server.handshake_timeout, handshake_ms,
                   "Drop connections that do not finish the handshake within this");
   AddMilliseconds(app, "stall-timeout-ms", server.stall_timeout, stall_ms,
                   "Abort a collective that makes no progress for this long, naming the ranks it waits for");
+  AddMilliseconds(app, "formation-timeout-ms", server.formation_timeout, formation_ms,
+                  "End a job whose ranks have not all joined this long after its first Hello, freeing its place");
   AddMilliseconds(app, "drain-timeout-ms", config.drain_timeout, drain_ms,
                   "On SIGTERM, let running collectives finish for up to this long, then abort their jobs");
   uint64_t keepalive_s = server.liveness.keepalive_idle.count();
@@ -206,6 +208,7 @@ std::variant<DaemonConfig, int> ParseDaemonConfig(const std::vector<std::string>
   }
   server.handshake_timeout = std::chrono::milliseconds(handshake_ms);
   server.stall_timeout = std::chrono::milliseconds(stall_ms);
+  server.formation_timeout = std::chrono::milliseconds(formation_ms);
   config.drain_timeout = std::chrono::milliseconds(drain_ms);
   server.liveness.keepalive_idle = std::chrono::seconds(keepalive_s);
   if (Status st = Validate(config); !st.ok()) {

@@ -35,6 +35,7 @@ Job::Job(uint64_t id, boost::asio::any_io_executor strand, JobRegistry& registry
       registry_(registry),
       context_(context),
       stall_timer_(strand),
+      formation_timer_(strand),
       uncongested_(strand, std::chrono::steady_clock::time_point::max()) {}
 
 size_t Job::CongestionLimit() const {
@@ -103,6 +104,27 @@ void Job::OnStallTimer(uint64_t seq) {
         waiting);
 }
 
+void Job::ArmFormationTimer() {
+  formation_timer_.expires_after(context_.options.formation_timeout);
+  // A weak reference: a job released before the deadline is not kept alive by its timer.
+  formation_timer_.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
+    if (ec) return;
+    if (std::shared_ptr<Job> job = weak.lock()) job->OnFormationTimer();
+  });
+}
+
+void Job::OnFormationTimer() {
+  if (dead_ || formed_) return;
+  std::vector<uint32_t> joined, missing;
+  for (uint32_t r = 0; r < members_.size(); ++r) (members_[r] ? joined : missing).push_back(r);
+  Abort(Status(StatusCode::kDeadlineExceeded,
+               "job " + std::to_string(id_) + " did not form within " +
+                   std::to_string(context_.options.formation_timeout.count()) +
+                   " ms (--formation-timeout-ms): rank(s) " + RankList(joined) + " joined, still waiting for rank(s) " +
+                   RankList(missing)),
+        missing);
+}
+
 std::string Job::DescribeDepartures() const {
   std::string reasons;
   for (uint32_t r : departed_) {
@@ -146,6 +168,7 @@ Job::JoinOutcome Job::Join(const std::shared_ptr<Session>& session) {
     shape_ = ShapeOf(hello);
     aggregator_index_ = hello.aggregator_index();
     members_.resize(shape_.world_size);
+    ArmFormationTimer();
   } else if (ShapeOf(hello) != shape_ || hello.aggregator_index() != aggregator_index_) {
     std::vector<uint32_t> ranks;
     for (uint32_t r = 0; r < members_.size(); ++r) {
@@ -175,6 +198,7 @@ Job::JoinOutcome Job::Join(const std::shared_ptr<Session>& session) {
   spdlog::info("job {}: rank {} joined from {} ({}/{})", id_, rank, session->peer(), joined_, shape_.world_size);
   if (joined_ == shape_.world_size) {
     formed_ = true;
+    formation_timer_.cancel();
     for (auto& m : members_) {
       proto::ControlMessage ready;
       ready.mutable_job_ready()->set_protocol_version(kProtocolVersion);
@@ -492,6 +516,7 @@ void Job::ReleaseIfEmpty() {
   }
   if (!dead_) spdlog::info("job {}: released", id_);
   dead_ = true;
+  formation_timer_.cancel();
   registry_.Remove(this);
 }
 
@@ -515,6 +540,7 @@ void Job::Abort(const Status& error, const std::vector<uint32_t>& ranks, std::op
   }
   active_.reset();
   stall_timer_.cancel();
+  formation_timer_.cancel();
   uncongested_.cancel();
   registry_.Remove(this);
 }

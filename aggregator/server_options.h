@@ -18,6 +18,10 @@ struct ServerOptions {
   std::chrono::milliseconds handshake_timeout{10000};  // a connection must finish its handshake within this
   // A collective that makes no progress for this long is aborted, naming the ranks it still waits for.
   std::chrono::milliseconds stall_timeout{30000};
+  // A job that has not formed (not all ranks said Hello) this long after its first Hello ends with
+  // DEADLINE_EXCEEDED naming the ranks it waited for, and frees its place (--max-jobs) and its members'
+  // connections. Longer than a worker's default connect + join timeout (90 s).
+  std::chrono::milliseconds formation_timeout{300000};
   tcp::LivenessOptions liveness;
 
   // Limits. Going over one rejects that job or collective with RESOURCE_EXHAUSTED; other jobs are unaffected.

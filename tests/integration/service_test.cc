@@ -445,6 +445,34 @@ TEST(Service, AllowedNetworksRefuseOtherClients) {
   EXPECT_EQ(JoinError(daemon.address(), 1, "").first, "");
 }
 
+// A job that never forms (here rank 1 of 2 never comes) ends at --formation-timeout-ms with DEADLINE_EXCEEDED
+// naming the ranks it waited for, and frees its place. It used to stay until its members closed their
+// connections: a peer that said Hello for --max-jobs job ids and stayed connected kept every other job out.
+TEST(Service, AJobThatNeverFormsEndsAndFreesItsPlace) {
+  Daemon daemon({"--max-jobs", "1", "--formation-timeout-ms", "1000"});
+  const int fd = ConnectToLoopback(daemon.address());
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendControl(fd, RawHello(40, 0, 2, 1)));
+  const std::optional<RawFrame> frame = ReadFrame(fd);  // bounded (20 s)
+  ASSERT_TRUE(frame) << "no Error for the job that did not form";
+  Result<proto::ControlMessage> message = DecodeControl(frame->payload);
+  ASSERT_TRUE(message.ok()) << message.status().ToString();
+  ASSERT_TRUE(message->has_error()) << message->DebugString();
+  EXPECT_EQ(message->error().code(), proto::DEADLINE_EXCEEDED) << message->error().message();
+  EXPECT_NE(message->error().message().find("job 40 did not form within 1000 ms"), std::string::npos)
+      << message->error().message();
+  EXPECT_NE(message->error().message().find("still waiting for rank(s) 1"), std::string::npos)
+      << message->error().message();
+  EXPECT_EQ(std::vector<uint32_t>(message->error().ranks().begin(), message->error().ranks().end()),
+            std::vector<uint32_t>{1});
+  EXPECT_TRUE(ReadUntilClosed(fd)) << "the daemon kept the connection of the job that did not form";
+  close(fd);
+  // Its place is free: another job forms and runs.
+  for (const auto& e : RunJob(daemon.address(), 41, {5000, 256, 0.5, tools::Overlap::kRandom, 2, 3})) {
+    EXPECT_EQ(e, "");
+  }
+}
+
 TEST(Service, TensorLimitRefusesThatJobOnly) {
   Daemon daemon({"--max-tensor-bytes", "40000"});
   std::vector<std::string> big_errors;
