@@ -60,7 +60,12 @@ http::response<http::string_body> Respond(const http::request<http::string_body>
   return response;
 }
 
-asio::awaitable<void> Serve(beast::tcp_stream stream, const HttpEndpoint::Handlers& handlers) {
+asio::awaitable<void> Serve(beast::tcp_stream stream, const HttpEndpoint::Handlers& handlers,
+                            std::atomic<size_t>& connections) {
+  struct Counted {
+    std::atomic<size_t>& connections;
+    ~Counted() { connections.fetch_sub(1, std::memory_order_relaxed); }
+  } counted{connections};
   beast::flat_buffer buffer;
   while (true) {
     stream.expires_after(kRequestDeadline);
@@ -113,8 +118,15 @@ asio::awaitable<void> HttpEndpoint::AcceptLoop() {
       co_await pause.async_wait(asio::as_tuple(asio::use_awaitable));
       continue;
     }
+    if (connections_.load(std::memory_order_relaxed) >= kMaxConnections) {
+      // Closed at once (not logged: that would let the client flood the log instead).
+      boost::system::error_code ignored;
+      socket.close(ignored);
+      continue;
+    }
+    connections_.fetch_add(1, std::memory_order_relaxed);
     auto executor = socket.get_executor();
-    asio::co_spawn(executor, Serve(beast::tcp_stream(std::move(socket)), handlers_), asio::detached);
+    asio::co_spawn(executor, Serve(beast::tcp_stream(std::move(socket)), handlers_, connections_), asio::detached);
   }
 }
 

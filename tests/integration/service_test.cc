@@ -102,6 +102,7 @@ class Daemon {
   std::string Metrics() const { return HttpGet(metrics_port_, "/metrics").body; }
   HttpReply Get(const std::string& path) const { return HttpGet(metrics_port_, path); }
   tools::Subprocess* process() { return process_.get(); }
+  uint16_t metrics_port() const { return metrics_port_; }
 
  private:
   static inline int counter_ = 0;
@@ -471,6 +472,33 @@ TEST(Service, AJobThatNeverFormsEndsAndFreesItsPlace) {
   for (const auto& e : RunJob(daemon.address(), 41, {5000, 256, 0.5, tools::Overlap::kRandom, 2, 3})) {
     EXPECT_EQ(e, "");
   }
+}
+
+// The metrics endpoint serves at most 64 connections at once and closes the next one at once. It used to accept
+// every connection and keep each until its 10 s request deadline, so one client could hold any number of the
+// daemon's descriptors, which its data-plane listeners need too.
+TEST(Service, MetricsEndpointBoundsItsConnections) {
+  Daemon daemon;
+  std::vector<int> idle;
+  for (int i = 0; i < 64; ++i) {
+    idle.push_back(ConnectToLoopback(daemon.metrics_port()));
+    ASSERT_GE(idle.back(), 0);
+  }
+  const int extra = ConnectToLoopback(daemon.metrics_port());
+  ASSERT_GE(extra, 0);
+  EXPECT_TRUE(ReadUntilClosed(extra, 5s)) << "a 65th connection was kept open";
+  close(extra);
+  // A place that frees up is taken again.
+  close(idle.back());
+  idle.pop_back();
+  EXPECT_TRUE(Eventually([&] {
+    try {
+      return daemon.Get("/healthz").status == 200;
+    } catch (const std::exception&) {
+      return false;  // refused while the closed connection is still counted
+    }
+  }));
+  for (int fd : idle) close(fd);
 }
 
 TEST(Service, TensorLimitRefusesThatJobOnly) {
