@@ -41,11 +41,16 @@ CLI::Option* Add(CLI::App& app, const std::string& flag, T& value, const std::st
   return app.add_option("--" + flag, value, help)->envname(EnvironmentVariableFor(flag))->capture_default_str();
 }
 
+// The longest timeout taken: a deadline is the steady clock plus the timeout in nanoseconds, and a value that
+// does not fit (about 292 years in all) wraps around into the past, where it expires at once.
+constexpr uint64_t kMaxTimeoutMs = 30ull * 24 * 3600 * 1000;  // 30 days
+
+// `min_ms` is 1 for a timeout that must not expire before anything can happen, 0 where "at once" makes sense.
 template <typename Rep, typename Period>
 CLI::Option* AddMilliseconds(CLI::App& app, const std::string& flag, std::chrono::duration<Rep, Period>& value,
-                             uint64_t& storage, const std::string& help) {
+                             uint64_t& storage, uint64_t min_ms, const std::string& help) {
   storage = std::chrono::duration_cast<std::chrono::milliseconds>(value).count();
-  return Add(app, flag, storage, help);
+  return Add(app, flag, storage, help)->check(CLI::Range(min_ms, kMaxTimeoutMs));
 }
 
 Status Validate(const DaemonConfig& config) {
@@ -142,15 +147,16 @@ std::variant<DaemonConfig, int> ParseDaemonConfig(const std::vector<std::string>
       ->delimiter(',');
   Add(app, "metrics-listen", config.metrics_listen, "HTTP address for /metrics, /healthz and /readyz; '' disables");
   Add(app, "name", server.name, "Instance name in logs and metrics (default: the hostname)");
-  Add(app, "io-threads", server.io_threads, "I/O threads (0: one per hardware thread)");
+  Add(app, "io-threads", server.io_threads, "I/O threads (0: one per hardware thread)")
+      ->check(CLI::Range(0u, 1024u));
   uint64_t handshake_ms = 0, stall_ms = 0, drain_ms = 0, formation_ms = 0;
-  AddMilliseconds(app, "handshake-timeout-ms", server.handshake_timeout, handshake_ms,
+  AddMilliseconds(app, "handshake-timeout-ms", server.handshake_timeout, handshake_ms, 1,
                   "Drop connections that do not finish the handshake within this");
-  AddMilliseconds(app, "stall-timeout-ms", server.stall_timeout, stall_ms,
+  AddMilliseconds(app, "stall-timeout-ms", server.stall_timeout, stall_ms, 1,
                   "Abort a collective that makes no progress for this long, naming the ranks it waits for");
-  AddMilliseconds(app, "formation-timeout-ms", server.formation_timeout, formation_ms,
+  AddMilliseconds(app, "formation-timeout-ms", server.formation_timeout, formation_ms, 1,
                   "End a job whose ranks have not all joined this long after its first Hello, freeing its place");
-  AddMilliseconds(app, "drain-timeout-ms", config.drain_timeout, drain_ms,
+  AddMilliseconds(app, "drain-timeout-ms", config.drain_timeout, drain_ms, 0,
                   "On SIGTERM, let running collectives finish for up to this long, then abort their jobs");
   uint64_t keepalive_s = server.liveness.keepalive_idle.count();
   Add(app, "keepalive-s", keepalive_s, "Idle seconds before TCP keepalive probes (1 s apart, 3 probes)")

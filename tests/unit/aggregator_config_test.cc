@@ -112,6 +112,22 @@ TEST_F(ConfigTest, InvalidConfigurationExitsWithCode2) {
   ExpectExit2({}, "MAX_JOBS");
 }
 
+// A deadline is the steady clock plus the setting in nanoseconds: a value that does not fit (10^13 ms, to mean
+// "never") wrapped around into the past, so every collective was aborted at once as having "made no progress for
+// 10000000000000 ms" (--stall-timeout-ms) and every job as not formed in time (--formation-timeout-ms); 0 dropped
+// every handshake. Such values are refused; up to 30 days are taken, and a drain deadline of 0.
+TEST_F(ConfigTest, TimeoutsOutsideTheirRangeAreRefused) {
+  for (const char* flag : {"--handshake-timeout-ms", "--stall-timeout-ms", "--formation-timeout-ms"}) {
+    ExpectExit2({flag, "10000000000000"}, flag);
+    ExpectExit2({flag, "0"}, flag);
+    ParseOk({flag, "2592000000"});
+  }
+  ExpectExit2({"--drain-timeout-ms", "10000000000000"}, "--drain-timeout-ms");
+  EXPECT_EQ(ParseOk({"--drain-timeout-ms", "0"}).drain_timeout.count(), 0);
+  EXPECT_EQ(ParseOk({"--stall-timeout-ms", "2592000000"}).server.stall_timeout, std::chrono::hours(24 * 30));
+  ExpectExit2({"--io-threads", "100000"}, "--io-threads");
+}
+
 TEST_F(ConfigTest, HelpListsEveryFlagWithItsVariableAndExitsZero) {
   auto result = Parse({"--help"});
   ASSERT_TRUE(std::holds_alternative<int>(result));
