@@ -9,12 +9,12 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/strand.hpp>
-#include <atomic>
 #include <cstddef>
 #include <functional>
 #include <memory>
 #include <string>
 
+#include "aggregator/connection_set.h"
 #include "core/status.h"
 
 namespace sparsereduce::aggregator {
@@ -34,7 +34,7 @@ class HttpEndpoint {
   // Binds HOST:PORT (port 0 picks one); returns the bound endpoint.
   Result<boost::asio::ip::tcp::endpoint> Listen(const std::string& address);
   void Start();
-  // Closes the listener; requests in progress finish.
+  // Closes the listener and every connection (a response being written is cut off).
   void Stop();
 
  private:
@@ -43,7 +43,7 @@ class HttpEndpoint {
   boost::asio::strand<boost::asio::io_context::executor_type> strand_;  // the acceptor's
   Handlers handlers_;
   std::unique_ptr<boost::asio::ip::tcp::acceptor> acceptor_;
-  std::atomic<size_t> connections_{0};  // being served; each connection's coroutine decrements it when it ends
+  ConnectionSet connections_;  // being served; each connection's coroutine removes itself when it ends
 };
 
 }  // namespace sparsereduce::aggregator

@@ -103,6 +103,7 @@ void Server::Stop() {
     context_.draining = true;
     context_.shm_offers.Stop();  // offers a hoarding peer never received must not keep the daemon from exiting
     CloseAcceptors();
+    context_.handshakes.CloseAll();  // connections that joined no job yet would otherwise wait for their deadline
     for (auto& job : registry_.Snapshot()) {
       asio::dispatch(job->strand(), [job] {
         job->Abort(Status(StatusCode::kShuttingDown, "the aggregator is shutting down"), {});

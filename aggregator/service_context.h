@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "aggregator/connection_set.h"
 #include "aggregator/job_secrets.h"
 #include "aggregator/memory_budget.h"
 #include "aggregator/metrics.h"
@@ -42,6 +43,8 @@ struct ServiceContext {
   std::shared_ptr<rdma::RdmaDevice> rdma;  // opened at startup when --transports lists rdma
 #endif
   std::atomic<bool> draining{false};
+  // Sessions still in their handshake, which Server::Stop ends instead of waiting for their deadline.
+  ConnectionSet handshakes;
 
   std::string RenderMetrics() { return metrics.Render(memory.reserved(), draining.load()); }
 };

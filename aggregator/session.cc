@@ -70,6 +70,7 @@ Status ValidateHello(const proto::Hello& h, const ServerOptions& o) {
 Session::Session(tcp::Socket socket, JobRegistry& registry, ServiceContext& context)
     : socket_(std::move(socket)),
       executor_(socket_.get_executor()),
+      handshake_strand_(socket_.get_executor()),
       registry_(registry),
       context_(context),
       peer_(PeerName(socket_)) {}
@@ -80,7 +81,30 @@ void Session::Send(std::shared_ptr<const ByteBuffer> frame) {
 }
 
 void Session::Start() {
+  handshake_id_ = context_.handshakes.Add([weak = weak_from_this(), strand = handshake_strand_] {
+    asio::dispatch(strand, [weak] {
+      if (auto self = weak.lock()) self->StopHandshake();
+    });
+  });
+  if (!handshake_id_) {  // the server is stopping
+    boost::system::error_code ignored;
+    socket_.close(ignored);
+    return;
+  }
   asio::co_spawn(socket_.get_executor(), [self = shared_from_this()] { return self->Handshake(); }, asio::detached);
+}
+
+void Session::EndOfHandshake() {
+  if (handshake_over_) return;
+  handshake_over_ = true;
+  if (handshake_id_) context_.handshakes.Remove(*handshake_id_);
+}
+
+void Session::StopHandshake() {
+  if (handshake_over_) return;  // the socket is the channel's (or the job strand's) now
+  handshake_stopped_ = true;
+  boost::system::error_code ignored;
+  socket_.close(ignored);
 }
 
 void Session::SendControl(const proto::ControlMessage& message) {
@@ -137,6 +161,7 @@ asio::awaitable<void> Session::Handshake() {
   boost::system::error_code ec;
   const auto remote = socket_.remote_endpoint(ec);
   if (!ec && !context_.allowlist.Allows(remote.address())) {
+    EndOfHandshake();
     RejectBeforeJoin(Status(StatusCode::kPermissionDenied,
                             "client " + peer_ + " is outside this aggregator's allowed networks (--allow-network)"));
     co_return;
@@ -169,6 +194,11 @@ asio::awaitable<void> Session::Handshake() {
     }
   }
   deadline.Cancel();
+  EndOfHandshake();
+  if (handshake_stopped_) {
+    spdlog::info("{}: handshake ended: the aggregator is stopping", got_hello ? Who() : "peer " + peer_);
+    co_return;
+  }
   if (deadline.expired()) {
     spdlog::warn("{}: no complete handshake within {} ms; connection dropped",
                  got_hello ? Who() : "peer " + peer_,

@@ -8,6 +8,7 @@
 #include <boost/asio/strand.hpp>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/status.h"
@@ -69,9 +70,17 @@ class Session : public std::enable_shared_from_this<Session> {
   std::unique_ptr<transport::Channel> MakeChannel(const boost::asio::any_io_executor& executor);
   boost::asio::awaitable<void> ReadLoop(std::shared_ptr<Job> job);
   void RejectBeforeJoin(const Status& error);
+  // The handshake is over (on the session strand): Server::Stop no longer ends it through context_.handshakes.
+  void EndOfHandshake();
+  // Server::Stop, on the session strand: closes the socket unless the handshake is over.
+  void StopHandshake();
 
   tcp::Socket socket_;  // the handshake runs on it; then it moves into channel_
   boost::asio::any_io_executor executor_;  // the session strand, then the job strand
+  const boost::asio::any_io_executor handshake_strand_;  // the session strand
+  std::optional<uint64_t> handshake_id_;  // in context_.handshakes while the handshake runs
+  bool handshake_over_ = false;           // on the session strand
+  bool handshake_stopped_ = false;        // on the session strand: Server::Stop closed the socket
   JobRegistry& registry_;
   ServiceContext& context_;
   std::string peer_;

@@ -615,6 +615,49 @@ TEST(Service, SigtermDrainsRunningCollectiveThenExitsZero) {
   }
 }
 
+// SIGTERM ends the connections that belong to no job: one in the middle of its handshake (here: it got its
+// AuthChallenge and never answers) and an idle keep-alive connection to the metrics endpoint. They used to keep the
+// drained daemon running, the first until the handshake timeout (10 s), the second until its request deadline
+// (10 s), renewed by every request, so a scraper polling faster than that kept the daemon from ever exiting.
+TEST(Service, SigtermEndsHandshakesAndHttpConnections) {
+  Daemon probe;  // for its directory
+  const std::string secrets = probe.dir() + "/secrets";
+  std::filesystem::create_directories(secrets);
+  std::ofstream(secrets + "/9") << "s3cret\n";
+  Daemon daemon({"--job-secrets-dir", secrets});
+  const int silent = ConnectToLoopback(daemon.address());
+  ASSERT_GE(silent, 0);
+  proto::ControlMessage hello = RawHello(9, 0, 2, 1);
+  hello.mutable_hello()->set_auth_nonce(std::string(32, 'n'));
+  ASSERT_TRUE(SendControl(silent, hello));
+  const std::optional<RawFrame> challenge = ReadFrame(silent);  // the handshake is under way
+  ASSERT_TRUE(challenge);
+  ASSERT_TRUE(DecodeControl(challenge->payload)->has_auth_challenge());
+
+  boost::asio::io_context io;
+  boost::beast::tcp_stream http_stream(io);
+  http_stream.expires_after(5s);
+  http_stream.connect({boost::asio::ip::make_address("127.0.0.1"), daemon.metrics_port()});
+  http::request<http::empty_body> request(http::verb::get, "/healthz", 11);
+  request.set(http::field::host, "127.0.0.1");
+  request.keep_alive(true);
+  http::write(http_stream, request);
+  boost::beast::flat_buffer buffer;
+  http::response<http::string_body> response;
+  http::read(http_stream, buffer, response);
+  ASSERT_EQ(response.result_int(), 200u);
+  ASSERT_TRUE(response.keep_alive());
+
+  const auto start = std::chrono::steady_clock::now();
+  daemon.process()->Signal(SIGTERM);
+  auto status = daemon.process()->Wait(5s);
+  ASSERT_TRUE(status.ok()) << "the daemon did not exit within 5 s of SIGTERM: " << status.status().ToString();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << tools::DescribeExit(*status);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
+  EXPECT_TRUE(ReadUntilClosed(silent, 1s));
+  close(silent);
+}
+
 TEST(Service, DrainDeadlineEndsStuckCollective) {
   Daemon daemon({"--drain-timeout-ms", "300"});
   auto [r0, r1] = JoinPair(daemon.address(), 1);
