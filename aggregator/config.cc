@@ -152,6 +152,9 @@ std::variant<DaemonConfig, int> ParseDaemonConfig(const std::vector<std::string>
   uint64_t handshake_ms = 0, stall_ms = 0, drain_ms = 0, formation_ms = 0;
   AddMilliseconds(app, "handshake-timeout-ms", server.handshake_timeout, handshake_ms, 1,
                   "Drop connections that do not finish the handshake within this");
+  Add(app, "max-handshakes-per-address", server.max_handshakes_per_address,
+      "Connections from one client address that may be in their handshake at once; more are refused")
+      ->check(CLI::Range(1u, 65536u));
   AddMilliseconds(app, "stall-timeout-ms", server.stall_timeout, stall_ms, 1,
                   "Abort a collective that makes no progress for this long, naming the ranks it waits for");
   AddMilliseconds(app, "formation-timeout-ms", server.formation_timeout, formation_ms, 1,

@@ -16,6 +16,8 @@ struct ServerOptions {
   uint32_t io_threads = 0;                              // 0: one per hardware thread
   std::string name;                                     // instance name for logs and metrics (default: hostname)
   std::chrono::milliseconds handshake_timeout{10000};  // a connection must finish its handshake within this
+  // Connections from one client address in their handshake at once; more are refused with RESOURCE_EXHAUSTED.
+  uint32_t max_handshakes_per_address = 64;
   // A collective that makes no progress for this long is aborted, naming the ranks it still waits for.
   std::chrono::milliseconds stall_timeout{30000};
   // A job that has not formed (not all ranks said Hello) this long after its first Hello ends with

@@ -80,7 +80,8 @@ void Session::Send(std::shared_ptr<const ByteBuffer> frame) {
   channel_->Send(std::move(frame));
 }
 
-void Session::Start() {
+void Session::Start(std::optional<HandshakeLimit::Slot> slot) {
+  handshake_slot_ = std::move(slot);
   handshake_id_ = context_.handshakes.Add([weak = weak_from_this(), strand = handshake_strand_] {
     asio::dispatch(strand, [weak] {
       if (auto self = weak.lock()) self->StopHandshake();
@@ -98,6 +99,7 @@ void Session::EndOfHandshake() {
   if (handshake_over_) return;
   handshake_over_ = true;
   if (handshake_id_) context_.handshakes.Remove(*handshake_id_);
+  handshake_slot_.reset();
 }
 
 void Session::StopHandshake() {

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 
+#include "aggregator/handshake_limit.h"
 #include "core/status.h"
 #include "proto/control.pb.h"
 #include "transport/channel.h"
@@ -30,8 +31,9 @@ class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::Socket socket, JobRegistry& registry, ServiceContext& context);
 
-  // Runs the session to completion; call through co_spawn on the session's own strand.
-  void Start();
+  // Runs the session to completion. `slot`: the place among its address's handshakes (--max-handshakes-per-address),
+  // given back when the handshake ends.
+  void Start(std::optional<HandshakeLimit::Slot> slot);
 
   const std::string& peer() const { return peer_; }
   uint32_t rank() const { return hello_.rank(); }
@@ -79,6 +81,7 @@ class Session : public std::enable_shared_from_this<Session> {
   boost::asio::any_io_executor executor_;  // the session strand, then the job strand
   const boost::asio::any_io_executor handshake_strand_;  // the session strand
   std::optional<uint64_t> handshake_id_;  // in context_.handshakes while the handshake runs
+  std::optional<HandshakeLimit::Slot> handshake_slot_;  // held while the handshake runs
   bool handshake_over_ = false;           // on the session strand
   bool handshake_stopped_ = false;        // on the session strand: Server::Stop closed the socket
   JobRegistry& registry_;

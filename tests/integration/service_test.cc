@@ -390,6 +390,34 @@ TEST(Service, OutOfDescriptorsTheListenersPauseInsteadOfSpinning) {
   for (const auto& e : RunJob(daemon.address(), 27, spec)) EXPECT_EQ(e, "");
 }
 
+// One client address may have 64 connections in their handshake at once (--max-handshakes-per-address): the next
+// one gets RESOURCE_EXHAUSTED at once and is closed. Connections that never said Hello used to be taken without
+// bound, each holding a descriptor and a session until the handshake timeout, so one host could hold the
+// descriptors every other client needs. Places that free up are taken again.
+TEST(Service, ConnectionsInTheirHandshakeAreBoundedPerAddress) {
+  Daemon daemon;
+  std::vector<int> silent;
+  for (int i = 0; i < 64; ++i) {
+    silent.push_back(ConnectToLoopback(daemon.address()));
+    ASSERT_GE(silent.back(), 0);
+  }
+  const int extra = ConnectToLoopback(daemon.address());
+  ASSERT_GE(extra, 0);
+  const std::optional<RawFrame> frame = ReadFrame(extra);
+  ASSERT_TRUE(frame) << "the 65th connection got no Error";
+  Result<proto::ControlMessage> message = DecodeControl(frame->payload);
+  ASSERT_TRUE(message.ok()) << message.status().ToString();
+  ASSERT_TRUE(message->has_error()) << message->DebugString();
+  EXPECT_EQ(message->error().code(), proto::RESOURCE_EXHAUSTED) << message->error().message();
+  EXPECT_NE(message->error().message().find("127.0.0.1 already has 64 connections in their handshake"),
+            std::string::npos)
+      << message->error().message();
+  EXPECT_TRUE(ReadUntilClosed(extra, 5s)) << "the refused connection was kept open";
+  close(extra);
+  for (int fd : silent) close(fd);
+  EXPECT_TRUE(Eventually([&] { return JoinError(daemon.address(), 60, "").first.empty(); }));
+}
+
 TEST(Service, AggregatorsAndSecretFromEnvironmentAndDnsNames) {
   Daemon probe;
   const std::string secrets = probe.dir() + "/secrets";

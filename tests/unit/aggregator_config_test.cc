@@ -126,6 +126,8 @@ TEST_F(ConfigTest, TimeoutsOutsideTheirRangeAreRefused) {
   EXPECT_EQ(ParseOk({"--drain-timeout-ms", "0"}).drain_timeout.count(), 0);
   EXPECT_EQ(ParseOk({"--stall-timeout-ms", "2592000000"}).server.stall_timeout, std::chrono::hours(24 * 30));
   ExpectExit2({"--io-threads", "100000"}, "--io-threads");
+  ExpectExit2({"--max-handshakes-per-address", "0"}, "--max-handshakes-per-address");
+  EXPECT_EQ(ParseOk({"--max-handshakes-per-address", "500"}).server.max_handshakes_per_address, 500u);
 }
 
 TEST_F(ConfigTest, HelpListsEveryFlagWithItsVariableAndExitsZero) {
