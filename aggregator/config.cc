@@ -165,7 +165,10 @@ std::variant<DaemonConfig, int> ParseDaemonConfig(const std::vector<std::string>
   Add(app, "keepalive-s", keepalive_s, "Idle seconds before TCP keepalive probes (1 s apart, 3 probes)")
       ->check(CLI::Range(uint64_t{1}, uint64_t{7200}));
   Add(app, "max-jobs", server.max_jobs, "Jobs served at once");
-  Add(app, "max-world-size", server.max_world_size, "Largest world size accepted");
+  // A forming job's member table has world_size entries, made at its first Hello: bounded, so that a Hello cannot
+  // ask for an allocation that fails.
+  Add(app, "max-world-size", server.max_world_size, "Largest world size accepted (at most 65536)")
+      ->check(CLI::Range(1u, 65536u));
   Add(app, "max-tensor-bytes", server.max_tensor_bytes, "Largest tensor (elements x element size) of a collective");
   Add(app, "max-job-memory", server.max_job_memory,
       "Bytes one job's running collective may hold here (W x window x its columns x block bytes, plus RESULTs "

@@ -130,6 +130,16 @@ TEST_F(ConfigTest, TimeoutsOutsideTheirRangeAreRefused) {
   EXPECT_EQ(ParseOk({"--max-handshakes-per-address", "500"}).server.max_handshakes_per_address, 500u);
 }
 
+// A job's members are a table of world_size entries, made at its first Hello by whoever sends it. With
+// --max-world-size 4000000000 a Hello for 4e9 ranks failed to allocate the table: the exception ended the Hello's
+// session without an Error (co_spawn's detached handler drops it) while its job kept its place. The limit is
+// bounded: 65536 ranks make a 1 MiB table.
+TEST_F(ConfigTest, WorldSizeLimitIsBounded) {
+  ExpectExit2({"--max-world-size", "4000000000"}, "--max-world-size");
+  ExpectExit2({"--max-world-size", "0"}, "--max-world-size");
+  EXPECT_EQ(ParseOk({"--max-world-size", "65536"}).server.max_world_size, 65536u);
+}
+
 TEST_F(ConfigTest, HelpListsEveryFlagWithItsVariableAndExitsZero) {
   auto result = Parse({"--help"});
   ASSERT_TRUE(std::holds_alternative<int>(result));
