@@ -94,13 +94,14 @@ void Job::OnStallTimer(uint64_t seq) {
     Abort(Status(StatusCode::kDeadlineExceeded,
                  "job " + std::to_string(id_) + ", collective " + std::to_string(seq) + " made no progress for " +
                      std::to_string(context_.options.stall_timeout.count()) + " ms; rank(s) " +
-                     RankList(congested) + " do not read their RESULTs"),
+                     RankList(congested) + " do not read their RESULTs" + PeersOf(congested)),
           congested);
     return;
   }
   Abort(Status(StatusCode::kDeadlineExceeded,
                "job " + std::to_string(id_) + ", collective " + std::to_string(seq) + " made no progress for " +
-                   std::to_string(context_.options.stall_timeout.count()) + " ms; still waiting for rank(s) " + RankList(waiting)),
+                   std::to_string(context_.options.stall_timeout.count()) + " ms; still waiting for rank(s) " + RankList(waiting) +
+                   PeersOf(waiting)),
         waiting);
 }
 
@@ -134,6 +135,21 @@ std::string Job::DescribeDepartures() const {
   }
   const std::string text = "rank(s) " + RankList(departed_) + " left the job";
   return reasons.empty() ? text : text + " (" + reasons + ")";
+}
+
+std::string Job::PeersOf(const std::vector<uint32_t>& ranks) const {
+  constexpr size_t kMaxNamed = 16;  // enough to find the hosts; the Error's ranks list has them all
+  std::string out;
+  size_t named = 0;
+  for (uint32_t r : ranks) {
+    if (r >= members_.size() || !members_[r]) continue;
+    if (named++ == kMaxNamed) {
+      out += ", ...";
+      break;
+    }
+    out += (out.empty() ? "" : ", ") + ("rank " + std::to_string(r) + " at " + members_[r]->peer());
+  }
+  return out.empty() ? "" : " (" + out + ")";
 }
 
 std::string Job::Describe(uint32_t rank) const {

@@ -92,6 +92,8 @@ class Job : public std::enable_shared_from_this<Job> {
   void MaybeCompleteCollective();
   void Violation(uint32_t rank, const Status& error);
   std::string Describe(uint32_t rank) const;  // "job J rank R (peer P)"
+  // " (rank R at P, ...)" for those of `ranks` that are connected; "" if none is.
+  std::string PeersOf(const std::vector<uint32_t>& ranks) const;
   std::string DescribeDepartures() const;     // "rank(s) R left the job (rank R because: why)"
   void ReleaseIfEmpty();
   void Progress() { last_progress_ = std::chrono::steady_clock::now(); }

@@ -2,7 +2,9 @@
 // tiny TCP send buffer, small shared-memory rings, the send-buffer variable checked, and a hand-driven rank that
 // leaves with a reason.
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
 #include <linux/capability.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -585,6 +587,10 @@ TEST(InProcess, AMemberThatDoesNotReadHoldsTheOthersBack) {
   auto rank0 = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
   ASSERT_TRUE(SendControl(fd, RawHello(options.job, 1, 2, 1, options)));
   std::unique_ptr<Worker> worker = rank0.get();
+  sockaddr_in local{};
+  socklen_t local_length = sizeof local;
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_length), 0);
+  const std::string rank1_address = "127.0.0.1:" + std::to_string(ntohs(local.sin_port));
 
   // Rank 1: the same collective, nothing to contribute in any column, and it never reads.
   const CollectiveSpec spec{16u << 20, DType::kFloat32, ReduceOp::kSum, options.block_size};
@@ -607,6 +613,8 @@ TEST(InProcess, AMemberThatDoesNotReadHoldsTheOthersBack) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), "DEADLINE_EXCEEDED") << e.what();
     EXPECT_NE(std::string(e.what()).find("rank(s) 1 do not read their RESULTs"), std::string::npos) << e.what();
+    // The error names the peer, to find the host.
+    EXPECT_NE(std::string(e.what()).find("(rank 1 at " + rank1_address + ")"), std::string::npos) << e.what();
   }
   close(fd);
   worker.reset();
