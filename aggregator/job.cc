@@ -127,12 +127,22 @@ void Job::OnFormationTimer() {
 }
 
 std::string Job::DescribeDepartures() const {
+  // Each reason is cut to kMaxPeerText; quoting at most this many keeps the Error and the log line short however
+  // many ranks left (they were all quoted: W KiB for a job of W ranks).
+  constexpr size_t kMaxQuoted = 8;
   std::string reasons;
+  size_t quoted = 0, unquoted = 0;
   for (uint32_t r : departed_) {
     auto it = departure_reasons_.find(r);
     if (it == departure_reasons_.end()) continue;
+    if (quoted == kMaxQuoted) {
+      ++unquoted;
+      continue;
+    }
+    ++quoted;
     reasons += (reasons.empty() ? "" : "; ") + ("rank " + std::to_string(r) + " because: " + it->second);
   }
+  if (unquoted > 0) reasons += "; and " + std::to_string(unquoted) + " more";
   const std::string text = "rank(s) " + RankList(departed_) + " left the job";
   return reasons.empty() ? text : text + " (" + reasons + ")";
 }
