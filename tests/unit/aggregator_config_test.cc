@@ -13,6 +13,7 @@
 #include "aggregator/logging.h"
 #include "aggregator/memory_budget.h"
 #include "aggregator/network_allowlist.h"
+#include "aggregator/peer_text.h"
 
 namespace sparsereduce::aggregator {
 namespace {
@@ -148,6 +149,18 @@ TEST_F(ConfigTest, HelpListsEveryFlagWithItsVariableAndExitsZero) {
                            "--job-secrets-dir", "--allow-network", "SPARSEREDUCE_MAX_JOBS"}) {
     EXPECT_NE(out_.str().find(flag), std::string::npos) << flag;
   }
+}
+
+// A peer's text on its way into logs and Errors: control characters and backslashes escaped, cut on a UTF-8
+// character boundary (a cut inside one would make the protobuf string invalid, and the frame unreadable).
+TEST(PeerText, EscapesAndCutsOnACharacterBoundary) {
+  EXPECT_EQ(PeerText("plain reason"), "plain reason");
+  EXPECT_EQ(PeerText("a\nb\r\x1b[31m\\"), "a\\x0ab\\x0d\\x1b[31m\\x5c");
+  EXPECT_EQ(PeerText(std::string(2000, 'x')), std::string(1024, 'x') + " [...]");
+  // "é" is two bytes: a cut after 3 bytes of "aéé" would split the second one.
+  EXPECT_EQ(CutText("a\xc3\xa9\xc3\xa9", 4), "a\xc3\xa9 [...]");
+  EXPECT_EQ(CutText("a\xc3\xa9\xc3\xa9", 5), "a\xc3\xa9\xc3\xa9");
+  EXPECT_EQ(CutText("abc", 0), " [...]");
 }
 
 TEST(NetworkAllowlist, MatchesV4V6AndMappedAddresses) {
