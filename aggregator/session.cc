@@ -95,16 +95,25 @@ void Session::Start(std::optional<HandshakeLimit::Slot> slot) {
   asio::co_spawn(socket_.get_executor(), [self = shared_from_this()] { return self->Handshake(); }, asio::detached);
 }
 
-void Session::EndOfHandshake() {
-  if (handshake_over_) return;
+Session::~Session() {
+  if (handshake_id_ && !handshake_over_) context_.handshakes.Remove(*handshake_id_);
+}
+
+void Session::HandOverToJob() {
   handshake_over_ = true;
   if (handshake_id_) context_.handshakes.Remove(*handshake_id_);
   handshake_slot_.reset();
 }
 
 void Session::StopHandshake() {
-  if (handshake_over_) return;  // the socket is the channel's (or the job strand's) now
+  if (handshake_over_) return;  // the connection is the job strand's now
   handshake_stopped_ = true;
+  if (channel_) {
+    // Refused, waiting for the worker to close: not any longer.
+    channel_->Abort();
+    if (close_grace_) close_grace_->cancel();
+    return;
+  }
   boost::system::error_code ignored;
   socket_.close(ignored);
 }
@@ -163,7 +172,6 @@ asio::awaitable<void> Session::Handshake() {
   boost::system::error_code ec;
   const auto remote = socket_.remote_endpoint(ec);
   if (!ec && !context_.allowlist.Allows(remote.address())) {
-    EndOfHandshake();
     RejectBeforeJoin(Status(StatusCode::kPermissionDenied,
                             "client " + peer_ + " is outside this aggregator's allowed networks (--allow-network)"));
     co_return;
@@ -196,7 +204,6 @@ asio::awaitable<void> Session::Handshake() {
     }
   }
   deadline.Cancel();
-  EndOfHandshake();
   if (handshake_stopped_) {
     spdlog::info("{}: handshake ended: the aggregator is stopping", got_hello ? Who() : "peer " + peer_);
     co_return;
@@ -221,6 +228,7 @@ asio::awaitable<void> Session::Handshake() {
     RejectBeforeJoin(job.status().WithContext("job " + std::to_string(hello_.job_id())));
     co_return;
   }
+  HandOverToJob();
   auto self = shared_from_this();
   asio::co_spawn((*job)->strand(), [self, job = *job] { return self->ReadLoop(job); }, asio::detached);
 }

@@ -30,6 +30,7 @@ struct ServiceContext;
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::Socket socket, JobRegistry& registry, ServiceContext& context);
+  ~Session();
 
   // Runs the session to completion. `slot`: the place among its address's handshakes (--max-handshakes-per-address),
   // given back when the handshake ends.
@@ -72,17 +73,19 @@ class Session : public std::enable_shared_from_this<Session> {
   std::unique_ptr<transport::Channel> MakeChannel(const boost::asio::any_io_executor& executor);
   boost::asio::awaitable<void> ReadLoop(std::shared_ptr<Job> job);
   void RejectBeforeJoin(const Status& error);
-  // The handshake is over (on the session strand): Server::Stop no longer ends it through context_.handshakes.
-  void EndOfHandshake();
-  // Server::Stop, on the session strand: closes the socket unless the handshake is over.
+  // The connection goes to its job (on the session strand): Server::Stop no longer ends it through
+  // context_.handshakes, and its address's handshake place is free. A refused connection keeps both until it is
+  // closed (its close grace), so that refusals cannot pile up connections past the limit.
+  void HandOverToJob();
+  // Server::Stop, on the session strand: closes the connection unless it went to its job.
   void StopHandshake();
 
   tcp::Socket socket_;  // the handshake runs on it; then it moves into channel_
   boost::asio::any_io_executor executor_;  // the session strand, then the job strand
   const boost::asio::any_io_executor handshake_strand_;  // the session strand
   std::optional<uint64_t> handshake_id_;  // in context_.handshakes while the handshake runs
-  std::optional<HandshakeLimit::Slot> handshake_slot_;  // held while the handshake runs
-  bool handshake_over_ = false;           // on the session strand
+  std::optional<HandshakeLimit::Slot> handshake_slot_;  // held until the connection goes to its job, or ends
+  bool handshake_over_ = false;           // on the session strand: the connection went to its job
   bool handshake_stopped_ = false;        // on the session strand: Server::Stop closed the socket
   JobRegistry& registry_;
   ServiceContext& context_;

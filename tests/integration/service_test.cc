@@ -418,6 +418,32 @@ TEST(Service, ConnectionsInTheirHandshakeAreBoundedPerAddress) {
   EXPECT_TRUE(Eventually([&] { return JoinError(daemon.address(), 60, "").first.empty(); }));
 }
 
+// A refused connection keeps its address's handshake place until it is closed: after its Error the daemon waits up
+// to 5 s for the client to close, holding the descriptor. It gave the place back as soon as it refused, so a client
+// that sent invalid Hellos and kept the connections open held any number of descriptors, 64 at a time.
+TEST(Service, RefusedConnectionsKeepTheirHandshakePlaceUntilClosed) {
+  Daemon daemon;
+  std::vector<int> refused;
+  for (int i = 0; i < 64; ++i) {
+    refused.push_back(ConnectToLoopback(daemon.address()));
+    ASSERT_GE(refused.back(), 0);
+    ASSERT_TRUE(SendControl(refused.back(), RawHello(80, 5, 2, 1)));  // rank 5 of 2
+    const std::optional<RawFrame> frame = ReadFrame(refused.back());
+    ASSERT_TRUE(frame);
+    ASSERT_TRUE(DecodeControl(frame->payload)->has_error());
+  }
+  const int extra = ConnectToLoopback(daemon.address());
+  ASSERT_GE(extra, 0);
+  const std::optional<RawFrame> frame = ReadFrame(extra);
+  ASSERT_TRUE(frame) << "the 65th connection got no Error";
+  Result<proto::ControlMessage> message = DecodeControl(frame->payload);
+  ASSERT_TRUE(message.ok() && message->has_error());
+  EXPECT_EQ(message->error().code(), proto::RESOURCE_EXHAUSTED) << message->error().message();
+  close(extra);
+  for (int fd : refused) close(fd);
+  EXPECT_TRUE(Eventually([&] { return JoinError(daemon.address(), 81, "").first.empty(); }));
+}
+
 TEST(Service, AggregatorsAndSecretFromEnvironmentAndDnsNames) {
   Daemon probe;
   const std::string secrets = probe.dir() + "/secrets";
@@ -661,6 +687,13 @@ TEST(Service, SigtermEndsHandshakesAndHttpConnections) {
   const std::optional<RawFrame> challenge = ReadFrame(silent);  // the handshake is under way
   ASSERT_TRUE(challenge);
   ASSERT_TRUE(DecodeControl(challenge->payload)->has_auth_challenge());
+  // And one refused, which the daemon would give 5 s to close.
+  const int refused = ConnectToLoopback(daemon.address());
+  ASSERT_GE(refused, 0);
+  ASSERT_TRUE(SendControl(refused, RawHello(10, 5, 2, 1)));  // rank 5 of 2
+  const std::optional<RawFrame> refusal = ReadFrame(refused);
+  ASSERT_TRUE(refusal);
+  ASSERT_TRUE(DecodeControl(refusal->payload)->has_error());
 
   boost::asio::io_context io;
   boost::beast::tcp_stream http_stream(io);
@@ -684,6 +717,7 @@ TEST(Service, SigtermEndsHandshakesAndHttpConnections) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
   EXPECT_TRUE(ReadUntilClosed(silent, 1s));
   close(silent);
+  close(refused);
 }
 
 TEST(Service, DrainDeadlineEndsStuckCollective) {
