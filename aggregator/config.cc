@@ -41,11 +41,16 @@ CLI::Option* Add(CLI::App& app, const std::string& flag, T& value, const std::st
   return app.add_option("--" + flag, value, help)->envname(EnvironmentVariableFor(flag))->capture_default_str();
 }
 
+// The longest timeout taken: a deadline is the steady clock plus the timeout in nanoseconds, and a value that
+// does not fit (about 292 years in all) wraps around into the past, where it expires at once.
+constexpr uint64_t kMaxTimeoutMs = 30ull * 24 * 3600 * 1000;  // 30 days
+
+// `min_ms` is 1 for a timeout that must not expire before anything can happen, 0 where "at once" makes sense.
 template <typename Rep, typename Period>
 CLI::Option* AddMilliseconds(CLI::App& app, const std::string& flag, std::chrono::duration<Rep, Period>& value,
-                             uint64_t& storage, const std::string& help) {
+                             uint64_t& storage, uint64_t min_ms, const std::string& help) {
   storage = std::chrono::duration_cast<std::chrono::milliseconds>(value).count();
-  return Add(app, flag, storage, help);
+  return Add(app, flag, storage, help)->check(CLI::Range(min_ms, kMaxTimeoutMs));
 }
 
 Status Validate(const DaemonConfig& config) {
@@ -142,19 +147,28 @@ std::variant<DaemonConfig, int> ParseDaemonConfig(const std::vector<std::string>
       ->delimiter(',');
   Add(app, "metrics-listen", config.metrics_listen, "HTTP address for /metrics, /healthz and /readyz; '' disables");
   Add(app, "name", server.name, "Instance name in logs and metrics (default: the hostname)");
-  Add(app, "io-threads", server.io_threads, "I/O threads (0: one per hardware thread)");
-  uint64_t handshake_ms = 0, stall_ms = 0, drain_ms = 0;
-  AddMilliseconds(app, "handshake-timeout-ms", server.handshake_timeout, handshake_ms,
+  Add(app, "io-threads", server.io_threads, "I/O threads (0: one per hardware thread)")
+      ->check(CLI::Range(0u, 1024u));
+  uint64_t handshake_ms = 0, stall_ms = 0, drain_ms = 0, formation_ms = 0;
+  AddMilliseconds(app, "handshake-timeout-ms", server.handshake_timeout, handshake_ms, 1,
                   "Drop connections that do not finish the handshake within this");
-  AddMilliseconds(app, "stall-timeout-ms", server.stall_timeout, stall_ms,
+  Add(app, "max-handshakes-per-address", server.max_handshakes_per_address,
+      "Connections from one client address that may be in their handshake at once; more are refused")
+      ->check(CLI::Range(1u, 65536u));
+  AddMilliseconds(app, "stall-timeout-ms", server.stall_timeout, stall_ms, 1,
                   "Abort a collective that makes no progress for this long, naming the ranks it waits for");
-  AddMilliseconds(app, "drain-timeout-ms", config.drain_timeout, drain_ms,
+  AddMilliseconds(app, "formation-timeout-ms", server.formation_timeout, formation_ms, 1,
+                  "End a job whose ranks have not all joined this long after its first Hello, freeing its place");
+  AddMilliseconds(app, "drain-timeout-ms", config.drain_timeout, drain_ms, 0,
                   "On SIGTERM, let running collectives finish for up to this long, then abort their jobs");
   uint64_t keepalive_s = server.liveness.keepalive_idle.count();
   Add(app, "keepalive-s", keepalive_s, "Idle seconds before TCP keepalive probes (1 s apart, 3 probes)")
       ->check(CLI::Range(uint64_t{1}, uint64_t{7200}));
   Add(app, "max-jobs", server.max_jobs, "Jobs served at once");
-  Add(app, "max-world-size", server.max_world_size, "Largest world size accepted");
+  // A forming job's member table has world_size entries, made at its first Hello: bounded, so that a Hello cannot
+  // ask for an allocation that fails.
+  Add(app, "max-world-size", server.max_world_size, "Largest world size accepted (at most 65536)")
+      ->check(CLI::Range(1u, 65536u));
   Add(app, "max-tensor-bytes", server.max_tensor_bytes, "Largest tensor (elements x element size) of a collective");
   Add(app, "max-job-memory", server.max_job_memory,
       "Bytes one job's running collective may hold here (W x window x its columns x block bytes, plus RESULTs "
@@ -206,6 +220,7 @@ std::variant<DaemonConfig, int> ParseDaemonConfig(const std::vector<std::string>
   }
   server.handshake_timeout = std::chrono::milliseconds(handshake_ms);
   server.stall_timeout = std::chrono::milliseconds(stall_ms);
+  server.formation_timeout = std::chrono::milliseconds(formation_ms);
   config.drain_timeout = std::chrono::milliseconds(drain_ms);
   server.liveness.keepalive_idle = std::chrono::seconds(keepalive_s);
   if (Status st = Validate(config); !st.ok()) {

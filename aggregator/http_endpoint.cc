@@ -6,6 +6,7 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/dispatch.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/strand.hpp>
 #include <boost/asio/use_awaitable.hpp>
@@ -13,6 +14,8 @@
 #include <boost/beast/core/tcp_stream.hpp>
 #include <boost/beast/http.hpp>
 #include <chrono>
+#include <memory>
+#include <optional>
 
 #include "transport/tcp/listener.h"
 
@@ -60,7 +63,14 @@ http::response<http::string_body> Respond(const http::request<http::string_body>
   return response;
 }
 
-asio::awaitable<void> Serve(beast::tcp_stream stream, const HttpEndpoint::Handlers& handlers) {
+asio::awaitable<void> Serve(std::shared_ptr<beast::tcp_stream> connection, const HttpEndpoint::Handlers& handlers,
+                            ConnectionSet& connections, uint64_t id) {
+  struct Registered {
+    ConnectionSet& connections;
+    uint64_t id;
+    ~Registered() { connections.Remove(id); }
+  } registered{connections, id};
+  beast::tcp_stream& stream = *connection;
   beast::flat_buffer buffer;
   while (true) {
     stream.expires_after(kRequestDeadline);
@@ -99,6 +109,7 @@ void HttpEndpoint::Stop() {
     boost::system::error_code ignored;
     if (acceptor_) acceptor_->close(ignored);
   });
+  connections_.CloseAll();
 }
 
 asio::awaitable<void> HttpEndpoint::AcceptLoop() {
@@ -114,7 +125,20 @@ asio::awaitable<void> HttpEndpoint::AcceptLoop() {
       continue;
     }
     auto executor = socket.get_executor();
-    asio::co_spawn(executor, Serve(beast::tcp_stream(std::move(socket)), handlers_), asio::detached);
+    auto connection = std::make_shared<beast::tcp_stream>(std::move(socket));
+    // Closed on its own strand, which ends whatever it waits for.
+    auto close = [weak = std::weak_ptr<beast::tcp_stream>(connection)] {
+      if (auto held = weak.lock()) asio::post(held->get_executor(), [held] { held->close(); });
+    };
+    // Over the limit, or stopped: closed at once (not logged: that would let the client flood the log instead).
+    std::optional<uint64_t> id;
+    if (connections_.size() < kMaxConnections) id = connections_.Add(close);
+    if (!id) {
+      boost::system::error_code ignored;
+      connection->socket().close(ignored);
+      continue;
+    }
+    asio::co_spawn(executor, Serve(std::move(connection), handlers_, connections_, *id), asio::detached);
   }
 }
 

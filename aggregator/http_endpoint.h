@@ -1,22 +1,29 @@
 // The operations HTTP endpoint (--metrics-listen): GET /metrics (Prometheus text format 0.0.4), /healthz (200
 // while the process serves) and /readyz (200 when ready, 503 while starting or draining). Boost.Beast, on the
-// daemon's io_context; each connection has a 10 s deadline per request and a small request size limit.
+// daemon's io_context; each connection has a 10 s deadline per request and a small request size limit, and at most
+// kMaxConnections are served at once (more are closed when accepted), so clients cannot hold the descriptors the
+// data plane needs.
 #pragma once
 
 #include <boost/asio/awaitable.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/strand.hpp>
+#include <cstddef>
 #include <functional>
 #include <memory>
 #include <string>
 
+#include "aggregator/connection_set.h"
 #include "core/status.h"
 
 namespace sparsereduce::aggregator {
 
 class HttpEndpoint {
  public:
+  // A scraper and a few probes need a handful.
+  static constexpr size_t kMaxConnections = 64;
+
   struct Handlers {
     std::function<std::string()> metrics;  // the exposition text
     std::function<bool()> ready;
@@ -27,7 +34,7 @@ class HttpEndpoint {
   // Binds HOST:PORT (port 0 picks one); returns the bound endpoint.
   Result<boost::asio::ip::tcp::endpoint> Listen(const std::string& address);
   void Start();
-  // Closes the listener; requests in progress finish.
+  // Closes the listener and every connection (a response being written is cut off).
   void Stop();
 
  private:
@@ -36,6 +43,7 @@ class HttpEndpoint {
   boost::asio::strand<boost::asio::io_context::executor_type> strand_;  // the acceptor's
   Handlers handlers_;
   std::unique_ptr<boost::asio::ip::tcp::acceptor> acceptor_;
+  ConnectionSet connections_;  // being served; each connection's coroutine removes itself when it ends
 };
 
 }  // namespace sparsereduce::aggregator

@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "aggregator/job_registry.h"
+#include "aggregator/peer_text.h"
 #include "aggregator/service_context.h"
 #include "aggregator/session.h"
 #include "core/dtype.h"
@@ -34,6 +35,7 @@ Job::Job(uint64_t id, boost::asio::any_io_executor strand, JobRegistry& registry
       registry_(registry),
       context_(context),
       stall_timer_(strand),
+      formation_timer_(strand),
       uncongested_(strand, std::chrono::steady_clock::time_point::max()) {}
 
 size_t Job::CongestionLimit() const {
@@ -92,25 +94,72 @@ void Job::OnStallTimer(uint64_t seq) {
     Abort(Status(StatusCode::kDeadlineExceeded,
                  "job " + std::to_string(id_) + ", collective " + std::to_string(seq) + " made no progress for " +
                      std::to_string(context_.options.stall_timeout.count()) + " ms; rank(s) " +
-                     RankList(congested) + " do not read their RESULTs"),
+                     RankList(congested) + " do not read their RESULTs" + PeersOf(congested)),
           congested);
     return;
   }
   Abort(Status(StatusCode::kDeadlineExceeded,
                "job " + std::to_string(id_) + ", collective " + std::to_string(seq) + " made no progress for " +
-                   std::to_string(context_.options.stall_timeout.count()) + " ms; still waiting for rank(s) " + RankList(waiting)),
+                   std::to_string(context_.options.stall_timeout.count()) + " ms; still waiting for rank(s) " + RankList(waiting) +
+                   PeersOf(waiting)),
         waiting);
 }
 
+void Job::ArmFormationTimer() {
+  formation_timer_.expires_after(context_.options.formation_timeout);
+  // A weak reference: a job released before the deadline is not kept alive by its timer.
+  formation_timer_.async_wait([weak = weak_from_this()](const boost::system::error_code& ec) {
+    if (ec) return;
+    if (std::shared_ptr<Job> job = weak.lock()) job->OnFormationTimer();
+  });
+}
+
+void Job::OnFormationTimer() {
+  if (dead_ || formed_) return;
+  std::vector<uint32_t> joined, missing;
+  for (uint32_t r = 0; r < members_.size(); ++r) (members_[r] ? joined : missing).push_back(r);
+  Abort(Status(StatusCode::kDeadlineExceeded,
+               "job " + std::to_string(id_) + " did not form within " +
+                   std::to_string(context_.options.formation_timeout.count()) +
+                   " ms (--formation-timeout-ms): rank(s) " + RankList(joined) + " joined, still waiting for rank(s) " +
+                   RankList(missing)),
+        missing);
+}
+
 std::string Job::DescribeDepartures() const {
+  // Each reason is cut to kMaxPeerText; quoting at most this many keeps the Error and the log line short however
+  // many ranks left (they were all quoted: W KiB for a job of W ranks).
+  constexpr size_t kMaxQuoted = 8;
   std::string reasons;
+  size_t quoted = 0, unquoted = 0;
   for (uint32_t r : departed_) {
     auto it = departure_reasons_.find(r);
     if (it == departure_reasons_.end()) continue;
+    if (quoted == kMaxQuoted) {
+      ++unquoted;
+      continue;
+    }
+    ++quoted;
     reasons += (reasons.empty() ? "" : "; ") + ("rank " + std::to_string(r) + " because: " + it->second);
   }
+  if (unquoted > 0) reasons += "; and " + std::to_string(unquoted) + " more";
   const std::string text = "rank(s) " + RankList(departed_) + " left the job";
   return reasons.empty() ? text : text + " (" + reasons + ")";
+}
+
+std::string Job::PeersOf(const std::vector<uint32_t>& ranks) const {
+  constexpr size_t kMaxNamed = 16;  // enough to find the hosts; the Error's ranks list has them all
+  std::string out;
+  size_t named = 0;
+  for (uint32_t r : ranks) {
+    if (r >= members_.size() || !members_[r]) continue;
+    if (named++ == kMaxNamed) {
+      out += ", ...";
+      break;
+    }
+    out += (out.empty() ? "" : ", ") + ("rank " + std::to_string(r) + " at " + members_[r]->peer());
+  }
+  return out.empty() ? "" : " (" + out + ")";
 }
 
 std::string Job::Describe(uint32_t rank) const {
@@ -145,6 +194,7 @@ Job::JoinOutcome Job::Join(const std::shared_ptr<Session>& session) {
     shape_ = ShapeOf(hello);
     aggregator_index_ = hello.aggregator_index();
     members_.resize(shape_.world_size);
+    ArmFormationTimer();
   } else if (ShapeOf(hello) != shape_ || hello.aggregator_index() != aggregator_index_) {
     std::vector<uint32_t> ranks;
     for (uint32_t r = 0; r < members_.size(); ++r) {
@@ -174,6 +224,7 @@ Job::JoinOutcome Job::Join(const std::shared_ptr<Session>& session) {
   spdlog::info("job {}: rank {} joined from {} ({}/{})", id_, rank, session->peer(), joined_, shape_.world_size);
   if (joined_ == shape_.world_size) {
     formed_ = true;
+    formation_timer_.cancel();
     for (auto& m : members_) {
       proto::ControlMessage ready;
       ready.mutable_job_ready()->set_protocol_version(kProtocolVersion);
@@ -239,9 +290,10 @@ void Job::OnControl(uint32_t rank, const proto::ControlMessage& message) {
         OnCollectiveBegin(rank, message.collective_begin());
       }
       return;
-    case proto::ControlMessage::kGoodbye:
+    case proto::ControlMessage::kGoodbye: {
+      // The peer's own text: escaped and cut before it reaches the log or another rank's Error.
+      const std::string reason = PeerText(message.goodbye().reason());
       if (active_) {
-        const std::string& reason = message.goodbye().reason();
         Abort(Status(StatusCode::kPeerLeft, Describe(rank) + " left during collective " +
                                                 std::to_string(active_->seq) +
                                                 (reason.empty() ? "" : " because: " + reason)),
@@ -251,20 +303,21 @@ void Job::OnControl(uint32_t rank, const proto::ControlMessage& message) {
       if (!formed_) {
         // Its place is free again, at once: the rank (or a new process for it) may join again, and the last rank
         // to join must not find the place counted as taken but empty. OnDisconnect then finds another session.
-        spdlog::info("{}: left before the job formed ({})", Describe(rank), message.goodbye().reason());
+        spdlog::info("{}: left before the job formed ({})", Describe(rank), reason);
         std::shared_ptr<Session> leaving = std::move(members_[rank]);
         --joined_;
         leaving->Close();
         ReleaseIfEmpty();
         return;
       }
-      spdlog::info("{}: left the job ({})", Describe(rank), message.goodbye().reason());
+      spdlog::info("{}: left the job ({})", Describe(rank), reason);
       // Departed from now on, not only once the connection has closed: a CollectiveBegin of another rank may
       // arrive first. Why it left is what the other ranks need to hear at their next collective, which will fail.
       departed_.push_back(rank);
-      if (!message.goodbye().reason().empty()) departure_reasons_[rank] = message.goodbye().reason();
+      if (!reason.empty()) departure_reasons_[rank] = reason;
       members_[rank]->Close();
       return;  // OnDisconnect follows when the connection closes
+    }
     default:
       Violation(rank, ProtocolError("unexpected control message (field " +
                                     std::to_string(static_cast<int>(message.body_case())) + ") after Hello"));
@@ -489,6 +542,7 @@ void Job::ReleaseIfEmpty() {
   }
   if (!dead_) spdlog::info("job {}: released", id_);
   dead_ = true;
+  formation_timer_.cancel();
   registry_.Remove(this);
 }
 
@@ -512,6 +566,7 @@ void Job::Abort(const Status& error, const std::vector<uint32_t>& ranks, std::op
   }
   active_.reset();
   stall_timer_.cancel();
+  formation_timer_.cancel();
   uncongested_.cancel();
   registry_.Remove(this);
 }

@@ -92,6 +92,8 @@ class Job : public std::enable_shared_from_this<Job> {
   void MaybeCompleteCollective();
   void Violation(uint32_t rank, const Status& error);
   std::string Describe(uint32_t rank) const;  // "job J rank R (peer P)"
+  // " (rank R at P, ...)" for those of `ranks` that are connected; "" if none is.
+  std::string PeersOf(const std::vector<uint32_t>& ranks) const;
   std::string DescribeDepartures() const;     // "rank(s) R left the job (rank R because: why)"
   void ReleaseIfEmpty();
   void Progress() { last_progress_ = std::chrono::steady_clock::now(); }
@@ -100,6 +102,9 @@ class Job : public std::enable_shared_from_this<Job> {
   std::vector<uint32_t> CongestedRanks() const;
   size_t CongestionLimit() const;
   void OnStallTimer(uint64_t seq);
+  // --formation-timeout-ms after the first Hello: ends the job if it has not formed by then.
+  void ArmFormationTimer();
+  void OnFormationTimer();
 
   const uint64_t id_;
   boost::asio::any_io_executor strand_;
@@ -127,6 +132,7 @@ class Job : public std::enable_shared_from_this<Job> {
   ServiceContext& context_;
   bool draining_ = false;
   boost::asio::steady_timer stall_timer_;
+  boost::asio::steady_timer formation_timer_;
   // Never expires: sessions held back by WaitWhileCongested wait on it, and cancel() wakes them all.
   boost::asio::steady_timer uncongested_;
   std::chrono::steady_clock::time_point last_progress_;

@@ -7,6 +7,7 @@
 
 #include "aggregator/job.h"
 #include "aggregator/session.h"
+#include "protocol/control.h"
 #include "transport/tcp/listener.h"
 
 namespace sparsereduce::aggregator {
@@ -23,6 +24,28 @@ NetworkAllowlist ParseAllowlist(const std::vector<std::string>& cidrs, Status* s
     return NetworkAllowlist();
   }
   return std::move(*list);
+}
+
+// A client with --max-handshakes-per-address connections in their handshake opens another: it gets an Error at
+// once (a new connection's send buffer takes it without blocking) and is closed, holding nothing. Not logged above
+// debug, so that the refusals cannot flood the log; counted in sparsereduce_errors_total.
+void RefuseBusyAddress(tcp::socket socket, const tcp::endpoint& remote, ServiceContext& context) {
+  const std::string address = remote.address().to_string();
+  const std::string peer = (remote.address().is_v6() ? "[" + address + "]" : address) + ":" + std::to_string(remote.port());
+  const std::string text = "client " + peer + ": " + address + " already has " +
+                           std::to_string(context.handshake_limit.per_address()) +
+                           " connections in their handshake (--max-handshakes-per-address); connection refused";
+  spdlog::debug("{}", text);
+  context.metrics.Error(StatusCode::kResourceExhausted);
+  proto::ControlMessage message;
+  message.mutable_error()->set_code(ToProtoCode(StatusCode::kResourceExhausted));
+  message.mutable_error()->set_message(text);
+  const ByteBuffer frame = EncodeControl(message);
+  boost::system::error_code ignored;
+  socket.non_blocking(true, ignored);
+  socket.write_some(asio::buffer(frame.data(), frame.size()), ignored);
+  socket.shutdown(tcp::socket::shutdown_send, ignored);
+  socket.close(ignored);
 }
 
 }  // namespace
@@ -75,7 +98,18 @@ void Server::Accept(size_t listener) {
     if (Status st = sparsereduce::tcp::ApplyLiveness(socket, options_.liveness); !st.ok()) {
       spdlog::warn("accepted connection: {}", st.ToString());
     }
-    std::make_shared<Session>(std::move(socket), registry_, context_)->Start();
+    std::optional<HandshakeLimit::Slot> slot;
+    boost::system::error_code remote_ec;
+    const tcp::endpoint remote = socket.remote_endpoint(remote_ec);
+    if (!remote_ec) {  // (else the connection is gone already, and its session ends at its first read)
+      slot = context_.handshake_limit.TryAcquire(remote.address());
+      if (!slot) {
+        RefuseBusyAddress(std::move(socket), remote, context_);
+        Accept(listener);
+        return;
+      }
+    }
+    std::make_shared<Session>(std::move(socket), registry_, context_)->Start(std::move(slot));
     Accept(listener);
   });
 }
@@ -103,6 +137,7 @@ void Server::Stop() {
     context_.draining = true;
     context_.shm_offers.Stop();  // offers a hoarding peer never received must not keep the daemon from exiting
     CloseAcceptors();
+    context_.handshakes.CloseAll();  // connections that joined no job yet would otherwise wait for their deadline
     for (auto& job : registry_.Snapshot()) {
       asio::dispatch(job->strand(), [job] {
         job->Abort(Status(StatusCode::kShuttingDown, "the aggregator is shutting down"), {});

@@ -16,8 +16,16 @@ struct ServerOptions {
   uint32_t io_threads = 0;                              // 0: one per hardware thread
   std::string name;                                     // instance name for logs and metrics (default: hostname)
   std::chrono::milliseconds handshake_timeout{10000};  // a connection must finish its handshake within this
+  // Connections from one client address in their handshake at once; more are refused with RESOURCE_EXHAUSTED.
+  // Far above the ranks of one host that connect at once (clients behind one NAT address may need more), far
+  // below the descriptors a daemon has (the unit allows 1M).
+  uint32_t max_handshakes_per_address = 1024;
   // A collective that makes no progress for this long is aborted, naming the ranks it still waits for.
   std::chrono::milliseconds stall_timeout{30000};
+  // A job that has not formed (not all ranks said Hello) this long after its first Hello ends with
+  // DEADLINE_EXCEEDED naming the ranks it waited for, and frees its place (--max-jobs) and its members'
+  // connections. Longer than a worker's default connect + join timeout (90 s).
+  std::chrono::milliseconds formation_timeout{300000};
   tcp::LivenessOptions liveness;
 
   // Limits. Going over one rejects that job or collective with RESOURCE_EXHAUSTED; other jobs are unaffected.

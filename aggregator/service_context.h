@@ -7,6 +7,8 @@
 #include <memory>
 #include <string>
 
+#include "aggregator/connection_set.h"
+#include "aggregator/handshake_limit.h"
 #include "aggregator/job_secrets.h"
 #include "aggregator/memory_budget.h"
 #include "aggregator/metrics.h"
@@ -42,6 +44,10 @@ struct ServiceContext {
   std::shared_ptr<rdma::RdmaDevice> rdma;  // opened at startup when --transports lists rdma
 #endif
   std::atomic<bool> draining{false};
+  // Sessions still in their handshake, which Server::Stop ends instead of waiting for their deadline.
+  ConnectionSet handshakes;
+  // and how many of them one client address may have.
+  HandshakeLimit handshake_limit{options.max_handshakes_per_address};
 
   std::string RenderMetrics() { return metrics.Render(memory.reserved(), draining.load()); }
 };

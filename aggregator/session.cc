@@ -16,6 +16,7 @@
 
 #include "aggregator/job.h"
 #include "aggregator/job_registry.h"
+#include "aggregator/peer_text.h"
 #include "aggregator/service_context.h"
 #include "protocol/auth.h"
 #include "protocol/control.h"
@@ -69,6 +70,7 @@ Status ValidateHello(const proto::Hello& h, const ServerOptions& o) {
 Session::Session(tcp::Socket socket, JobRegistry& registry, ServiceContext& context)
     : socket_(std::move(socket)),
       executor_(socket_.get_executor()),
+      handshake_strand_(socket_.get_executor()),
       registry_(registry),
       context_(context),
       peer_(PeerName(socket_)) {}
@@ -78,8 +80,42 @@ void Session::Send(std::shared_ptr<const ByteBuffer> frame) {
   channel_->Send(std::move(frame));
 }
 
-void Session::Start() {
+void Session::Start(std::optional<HandshakeLimit::Slot> slot) {
+  handshake_slot_ = std::move(slot);
+  handshake_id_ = context_.handshakes.Add([weak = weak_from_this(), strand = handshake_strand_] {
+    asio::dispatch(strand, [weak] {
+      if (auto self = weak.lock()) self->StopHandshake();
+    });
+  });
+  if (!handshake_id_) {  // the server is stopping
+    boost::system::error_code ignored;
+    socket_.close(ignored);
+    return;
+  }
   asio::co_spawn(socket_.get_executor(), [self = shared_from_this()] { return self->Handshake(); }, asio::detached);
+}
+
+Session::~Session() {
+  if (handshake_id_ && !handshake_over_) context_.handshakes.Remove(*handshake_id_);
+}
+
+void Session::HandOverToJob() {
+  handshake_over_ = true;
+  if (handshake_id_) context_.handshakes.Remove(*handshake_id_);
+  handshake_slot_.reset();
+}
+
+void Session::StopHandshake() {
+  if (handshake_over_) return;  // the connection is the job strand's now
+  handshake_stopped_ = true;
+  if (channel_) {
+    // Refused, waiting for the worker to close: not any longer.
+    channel_->Abort();
+    if (close_grace_) close_grace_->cancel();
+    return;
+  }
+  boost::system::error_code ignored;
+  socket_.close(ignored);
 }
 
 void Session::SendControl(const proto::ControlMessage& message) {
@@ -91,9 +127,10 @@ void Session::Fail(const Status& error, uint64_t seq, const std::vector<uint32_t
   proto::ControlMessage message;
   proto::Error* e = message.mutable_error();
   e->set_code(ToProtoCode(error.code()));
-  e->set_message(error.message());
+  // Bounded, so that the Error always fits a CONTROL frame the worker can read, whatever it quotes.
+  e->set_message(CutText(error.message(), kMaxErrorMessage));
   e->set_seq(seq);
-  for (uint32_t r : ranks) e->add_ranks(r);
+  for (size_t i = 0; i < std::min(ranks.size(), kMaxErrorRanks); ++i) e->add_ranks(ranks[i]);
   SendControl(message);
   Close();
 }
@@ -167,6 +204,10 @@ asio::awaitable<void> Session::Handshake() {
     }
   }
   deadline.Cancel();
+  if (handshake_stopped_) {
+    spdlog::info("{}: handshake ended: the aggregator is stopping", got_hello ? Who() : "peer " + peer_);
+    co_return;
+  }
   if (deadline.expired()) {
     spdlog::warn("{}: no complete handshake within {} ms; connection dropped",
                  got_hello ? Who() : "peer " + peer_,
@@ -187,6 +228,7 @@ asio::awaitable<void> Session::Handshake() {
     RejectBeforeJoin(job.status().WithContext("job " + std::to_string(hello_.job_id())));
     co_return;
   }
+  HandOverToJob();
   auto self = shared_from_this();
   asio::co_spawn((*job)->strand(), [self, job = *job] { return self->ReadLoop(job); }, asio::detached);
 }
@@ -318,7 +360,7 @@ asio::awaitable<Status> Session::OfferShm(std::chrono::steady_clock::time_point 
   if (reply->body_case() != proto::ControlMessage::kTransportDecline) {
     co_return ProtocolError("expected TransportDecline (or the shm handoff) after TransportOffer");
   }
-  spdlog::debug("{}: no shared memory: {}", Who(), reply->transport_decline().reason());
+  spdlog::debug("{}: no shared memory: {}", Who(), PeerText(reply->transport_decline().reason()));
   co_return Status::Ok();
 }
 
@@ -338,7 +380,7 @@ asio::awaitable<Status> Session::OfferRdma(std::chrono::steady_clock::time_point
   Result<proto::ControlMessage> reply = co_await ReadControl();
   if (!reply.ok()) co_return reply.status();
   if (reply->body_case() == proto::ControlMessage::kTransportDecline) {
-    spdlog::debug("{}: no RDMA: {}", Who(), reply->transport_decline().reason());
+    spdlog::debug("{}: no RDMA: {}", Who(), PeerText(reply->transport_decline().reason()));
     co_return Status::Ok();
   }
   if (reply->body_case() != proto::ControlMessage::kTransportAccept) {

@@ -8,8 +8,10 @@
 #include <boost/asio/strand.hpp>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 
+#include "aggregator/handshake_limit.h"
 #include "core/status.h"
 #include "proto/control.pb.h"
 #include "transport/channel.h"
@@ -28,9 +30,11 @@ struct ServiceContext;
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::Socket socket, JobRegistry& registry, ServiceContext& context);
+  ~Session();
 
-  // Runs the session to completion; call through co_spawn on the session's own strand.
-  void Start();
+  // Runs the session to completion. `slot`: the place among its address's handshakes (--max-handshakes-per-address),
+  // given back when the handshake ends.
+  void Start(std::optional<HandshakeLimit::Slot> slot);
 
   const std::string& peer() const { return peer_; }
   uint32_t rank() const { return hello_.rank(); }
@@ -69,9 +73,20 @@ class Session : public std::enable_shared_from_this<Session> {
   std::unique_ptr<transport::Channel> MakeChannel(const boost::asio::any_io_executor& executor);
   boost::asio::awaitable<void> ReadLoop(std::shared_ptr<Job> job);
   void RejectBeforeJoin(const Status& error);
+  // The connection goes to its job (on the session strand): Server::Stop no longer ends it through
+  // context_.handshakes, and its address's handshake place is free. A refused connection keeps both until it is
+  // closed (its close grace), so that refusals cannot pile up connections past the limit.
+  void HandOverToJob();
+  // Server::Stop, on the session strand: closes the connection unless it went to its job.
+  void StopHandshake();
 
   tcp::Socket socket_;  // the handshake runs on it; then it moves into channel_
   boost::asio::any_io_executor executor_;  // the session strand, then the job strand
+  const boost::asio::any_io_executor handshake_strand_;  // the session strand
+  std::optional<uint64_t> handshake_id_;  // in context_.handshakes while the handshake runs
+  std::optional<HandshakeLimit::Slot> handshake_slot_;  // held until the connection goes to its job, or ends
+  bool handshake_over_ = false;           // on the session strand: the connection went to its job
+  bool handshake_stopped_ = false;        // on the session strand: Server::Stop closed the socket
   JobRegistry& registry_;
   ServiceContext& context_;
   std::string peer_;

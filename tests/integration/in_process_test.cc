@@ -2,7 +2,9 @@
 // tiny TCP send buffer, small shared-memory rings, the send-buffer variable checked, and a hand-driven rank that
 // leaves with a reason.
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
 #include <linux/capability.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -271,9 +273,100 @@ TEST(InProcess, RankThatLeftBetweenCollectivesIsReportedWithItsReason) {
   EXPECT_TRUE((*daemon)->Stop());
 }
 
+// A Goodbye's reason is the peer's own text, which the daemon logs and passes on to the other ranks: it is escaped
+// and cut first. It was passed on whole: a reason near the 64 KiB CONTROL limit made the other rank's PEER_LEFT
+// Error larger than that limit, so the rank failed on a frame it could not read instead of learning why; and a
+// newline in it started a forged line in the daemon's text log.
+TEST(InProcess, AGoodbyeReasonIsEscapedAndCutBeforeItIsPassedOn) {
+  auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+  const std::string address = (*daemon)->AddressList();
+  const int fd = ConnectToLoopback(address);
+  ASSERT_GE(fd, 0) << "cannot connect to " << address;
+  WorkerOptions options;
+  options.aggregators = {address};
+  options.job = 22;
+  options.rank = 0;
+  options.world_size = 2;
+  options.connect_timeout = options.join_timeout = options.collective_timeout = 10s;
+  auto rank0 = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  ASSERT_TRUE(SendControl(fd, RawHello(options.job, 1, 2, 1, options)));
+  std::unique_ptr<Worker> worker = rank0.get();
+
+  proto::ControlMessage goodbye;
+  goodbye.mutable_goodbye()->set_reason("disk full\n[2026-01-01 00:00:00.000] [info] forged line " +
+                                        std::string(65'400, 'x'));
+  ASSERT_LE(EncodeControl(goodbye).size() - kFrameHeaderSize, kMaxControlPayload);  // the daemon takes it
+  ASSERT_TRUE(SendControl(fd, goodbye));
+  ASSERT_TRUE(ReadUntilClosed(fd)) << "the daemon did not close rank 1's connection after its Goodbye";
+  close(fd);
+
+  std::vector<float> tensor(4096, 1.0f);
+  try {
+    worker->allreduce(std::span(tensor));
+    ADD_FAILURE() << "the collective ran without rank 1";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(e.code(), "PEER_LEFT") << what.substr(0, 300);
+    EXPECT_NE(what.find("rank 1 because: disk full\\x0a[2026-01-01 00:00:00.000] [info] forged line xxx"),
+              std::string::npos)
+        << what.substr(0, 300);
+    EXPECT_EQ(what.find("\n[2026-01-01"), std::string::npos) << "the reason's newline was passed on";
+    EXPECT_LT(what.size(), 4096u);
+    EXPECT_NE(what.find("xxx [...]"), std::string::npos) << what.substr(what.size() - std::min<size_t>(what.size(), 80));
+  }
+  worker.reset();
+  EXPECT_TRUE((*daemon)->Stop());
+}
+
 // A rank that says Goodbye before its job has formed frees its place: the job forms when the rank (or another
 // process for it) joins again, and the daemon never counts the place as taken (it used to, and crashed on a
 // null member when the last rank joined: ranks 0 and 1 join, 0 says Goodbye, 2 joins).
+// The reasons of ranks that left are quoted in the next Error (and the daemon's log) for at most 8 ranks: each is
+// cut to 1 KiB, but all of them were quoted, so a job of W ranks made a message (and one log line) of W KiB. Here
+// 9 of 10 hand-played ranks leave with 900-byte reasons, then rank 0 begins a collective.
+TEST(InProcess, TheReasonsOfAtMostEightRanksThatLeftAreQuoted) {
+  auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+  const std::string address = (*daemon)->AddressList();
+  constexpr uint32_t kRanks = 10;
+  constexpr uint64_t kJob = 26;
+  std::vector<int> fds;
+  for (uint32_t rank = 0; rank < kRanks; ++rank) {
+    fds.push_back(ConnectToLoopback(address));
+    ASSERT_GE(fds.back(), 0);
+    ASSERT_TRUE(SendControl(fds.back(), RawHello(kJob, rank, kRanks, 1)));
+  }
+  for (int fd : fds) {
+    const std::optional<RawFrame> ready = ReadFrame(fd);
+    ASSERT_TRUE(ready);
+    ASSERT_TRUE(DecodeControl(ready->payload)->has_job_ready());
+  }
+  for (uint32_t rank = 1; rank < kRanks; ++rank) {
+    proto::ControlMessage goodbye;
+    goodbye.mutable_goodbye()->set_reason("reason of rank " + std::to_string(rank) + ": " + std::string(900, 'x'));
+    ASSERT_TRUE(SendControl(fds[rank], goodbye));
+    ASSERT_TRUE(ReadUntilClosed(fds[rank])) << "rank " << rank << " was not closed after its Goodbye";
+  }
+  proto::ControlMessage begin;
+  begin.mutable_collective_begin()->set_seq(1);
+  *begin.mutable_collective_begin()->mutable_spec() = SpecToProto({4096, DType::kFloat32, ReduceOp::kSum, 256});
+  ASSERT_TRUE(SendControl(fds[0], begin));
+  const std::optional<RawFrame> frame = ReadFrame(fds[0]);
+  ASSERT_TRUE(frame);
+  Result<proto::ControlMessage> message = DecodeControl(frame->payload);
+  ASSERT_TRUE(message.ok() && message->has_error());
+  const std::string& text = message->error().message();
+  EXPECT_EQ(message->error().code(), proto::PEER_LEFT) << text.substr(0, 200);
+  EXPECT_NE(text.find("rank(s) 1,2,3,4,5,6,7,8,9 left the job"), std::string::npos) << text.substr(0, 200);
+  EXPECT_NE(text.find("rank 8 because: reason of rank 8: xxx"), std::string::npos);
+  EXPECT_EQ(text.find("reason of rank 9"), std::string::npos) << "more than 8 reasons quoted";
+  EXPECT_NE(text.find("; and 1 more)"), std::string::npos) << text.substr(text.size() - std::min<size_t>(text.size(), 80));
+  EXPECT_LT(text.size(), 8u * 1024 + 512);
+  for (int fd : fds) close(fd);
+  EXPECT_TRUE((*daemon)->Stop());
+}
+
 TEST(InProcess, GoodbyeBeforeTheJobFormedFreesThePlace) {
   auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
   ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
@@ -539,6 +632,10 @@ TEST(InProcess, AMemberThatDoesNotReadHoldsTheOthersBack) {
   auto rank0 = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
   ASSERT_TRUE(SendControl(fd, RawHello(options.job, 1, 2, 1, options)));
   std::unique_ptr<Worker> worker = rank0.get();
+  sockaddr_in local{};
+  socklen_t local_length = sizeof local;
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_length), 0);
+  const std::string rank1_address = "127.0.0.1:" + std::to_string(ntohs(local.sin_port));
 
   // Rank 1: the same collective, nothing to contribute in any column, and it never reads.
   const CollectiveSpec spec{16u << 20, DType::kFloat32, ReduceOp::kSum, options.block_size};
@@ -561,6 +658,8 @@ TEST(InProcess, AMemberThatDoesNotReadHoldsTheOthersBack) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), "DEADLINE_EXCEEDED") << e.what();
     EXPECT_NE(std::string(e.what()).find("rank(s) 1 do not read their RESULTs"), std::string::npos) << e.what();
+    // The error names the peer, to find the host.
+    EXPECT_NE(std::string(e.what()).find("(rank 1 at " + rank1_address + ")"), std::string::npos) << e.what();
   }
   close(fd);
   worker.reset();

@@ -103,6 +103,7 @@ class Daemon {
   std::string Metrics() const { return HttpGet(metrics_port_, "/metrics").body; }
   HttpReply Get(const std::string& path) const { return HttpGet(metrics_port_, path); }
   tools::Subprocess* process() { return process_.get(); }
+  uint16_t metrics_port() const { return metrics_port_; }
 
  private:
   static inline int counter_ = 0;
@@ -440,6 +441,60 @@ TEST(Service, OutOfDescriptorsTheListenersPauseInsteadOfSpinning) {
   for (const auto& e : RunJob(daemon.address(), 27, spec)) EXPECT_EQ(e, "");
 }
 
+// One client address may have --max-handshakes-per-address (here 16) connections in their handshake at once: the next
+// one gets RESOURCE_EXHAUSTED at once and is closed. Connections that never said Hello used to be taken without
+// bound, each holding a descriptor and a session until the handshake timeout, so one host could hold the
+// descriptors every other client needs. Places that free up are taken again.
+TEST(Service, ConnectionsInTheirHandshakeAreBoundedPerAddress) {
+  Daemon daemon({"--max-handshakes-per-address", "16"});
+  std::vector<int> silent;
+  for (int i = 0; i < 16; ++i) {
+    silent.push_back(ConnectToLoopback(daemon.address()));
+    ASSERT_GE(silent.back(), 0);
+  }
+  const int extra = ConnectToLoopback(daemon.address());
+  ASSERT_GE(extra, 0);
+  const std::optional<RawFrame> frame = ReadFrame(extra);
+  ASSERT_TRUE(frame) << "the 17th connection got no Error";
+  Result<proto::ControlMessage> message = DecodeControl(frame->payload);
+  ASSERT_TRUE(message.ok()) << message.status().ToString();
+  ASSERT_TRUE(message->has_error()) << message->DebugString();
+  EXPECT_EQ(message->error().code(), proto::RESOURCE_EXHAUSTED) << message->error().message();
+  EXPECT_NE(message->error().message().find("127.0.0.1 already has 16 connections in their handshake"),
+            std::string::npos)
+      << message->error().message();
+  EXPECT_TRUE(ReadUntilClosed(extra, 5s)) << "the refused connection was kept open";
+  close(extra);
+  for (int fd : silent) close(fd);
+  EXPECT_TRUE(Eventually([&] { return JoinError(daemon.address(), 60, "").first.empty(); }));
+}
+
+// A refused connection keeps its address's handshake place until it is closed: after its Error the daemon waits up
+// to 5 s for the client to close, holding the descriptor. It gave the place back as soon as it refused, so a client
+// that sent invalid Hellos and kept the connections open held any number of descriptors, 16 (here) at a time.
+TEST(Service, RefusedConnectionsKeepTheirHandshakePlaceUntilClosed) {
+  Daemon daemon({"--max-handshakes-per-address", "16"});
+  std::vector<int> refused;
+  for (int i = 0; i < 16; ++i) {
+    refused.push_back(ConnectToLoopback(daemon.address()));
+    ASSERT_GE(refused.back(), 0);
+    ASSERT_TRUE(SendControl(refused.back(), RawHello(80, 5, 2, 1)));  // rank 5 of 2
+    const std::optional<RawFrame> frame = ReadFrame(refused.back());
+    ASSERT_TRUE(frame);
+    ASSERT_TRUE(DecodeControl(frame->payload)->has_error());
+  }
+  const int extra = ConnectToLoopback(daemon.address());
+  ASSERT_GE(extra, 0);
+  const std::optional<RawFrame> frame = ReadFrame(extra);
+  ASSERT_TRUE(frame) << "the 17th connection got no Error";
+  Result<proto::ControlMessage> message = DecodeControl(frame->payload);
+  ASSERT_TRUE(message.ok() && message->has_error());
+  EXPECT_EQ(message->error().code(), proto::RESOURCE_EXHAUSTED) << message->error().message();
+  close(extra);
+  for (int fd : refused) close(fd);
+  EXPECT_TRUE(Eventually([&] { return JoinError(daemon.address(), 81, "").first.empty(); }));
+}
+
 TEST(Service, AggregatorsAndSecretFromEnvironmentAndDnsNames) {
   Daemon probe;
   const std::string secrets = probe.dir() + "/secrets";
@@ -494,6 +549,61 @@ TEST(Service, AllowedNetworksRefuseOtherClients) {
   }
   Daemon daemon({"--allow-network", "10.0.0.0/8,127.0.0.0/8"});
   EXPECT_EQ(JoinError(daemon.address(), 1, "").first, "");
+}
+
+// A job that never forms (here rank 1 of 2 never comes) ends at --formation-timeout-ms with DEADLINE_EXCEEDED
+// naming the ranks it waited for, and frees its place. It used to stay until its members closed their
+// connections: a peer that said Hello for --max-jobs job ids and stayed connected kept every other job out.
+TEST(Service, AJobThatNeverFormsEndsAndFreesItsPlace) {
+  Daemon daemon({"--max-jobs", "1", "--formation-timeout-ms", "1000"});
+  const int fd = ConnectToLoopback(daemon.address());
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendControl(fd, RawHello(40, 0, 2, 1)));
+  const std::optional<RawFrame> frame = ReadFrame(fd);  // bounded (20 s)
+  ASSERT_TRUE(frame) << "no Error for the job that did not form";
+  Result<proto::ControlMessage> message = DecodeControl(frame->payload);
+  ASSERT_TRUE(message.ok()) << message.status().ToString();
+  ASSERT_TRUE(message->has_error()) << message->DebugString();
+  EXPECT_EQ(message->error().code(), proto::DEADLINE_EXCEEDED) << message->error().message();
+  EXPECT_NE(message->error().message().find("job 40 did not form within 1000 ms"), std::string::npos)
+      << message->error().message();
+  EXPECT_NE(message->error().message().find("still waiting for rank(s) 1"), std::string::npos)
+      << message->error().message();
+  EXPECT_EQ(std::vector<uint32_t>(message->error().ranks().begin(), message->error().ranks().end()),
+            std::vector<uint32_t>{1});
+  EXPECT_TRUE(ReadUntilClosed(fd)) << "the daemon kept the connection of the job that did not form";
+  close(fd);
+  // Its place is free: another job forms and runs.
+  for (const auto& e : RunJob(daemon.address(), 41, {5000, 256, 0.5, tools::Overlap::kRandom, 2, 3})) {
+    EXPECT_EQ(e, "");
+  }
+}
+
+// The metrics endpoint serves at most 64 connections at once and closes the next one at once. It used to accept
+// every connection and keep each until its 10 s request deadline, so one client could hold any number of the
+// daemon's descriptors, which its data-plane listeners need too.
+TEST(Service, MetricsEndpointBoundsItsConnections) {
+  Daemon daemon;
+  std::vector<int> idle;
+  for (int i = 0; i < 64; ++i) {
+    idle.push_back(ConnectToLoopback(daemon.metrics_port()));
+    ASSERT_GE(idle.back(), 0);
+  }
+  const int extra = ConnectToLoopback(daemon.metrics_port());
+  ASSERT_GE(extra, 0);
+  EXPECT_TRUE(ReadUntilClosed(extra, 5s)) << "a 65th connection was kept open";
+  close(extra);
+  // A place that frees up is taken again.
+  close(idle.back());
+  idle.pop_back();
+  EXPECT_TRUE(Eventually([&] {
+    try {
+      return daemon.Get("/healthz").status == 200;
+    } catch (const std::exception&) {
+      return false;  // refused while the closed connection is still counted
+    }
+  }));
+  for (int fd : idle) close(fd);
 }
 
 TEST(Service, TensorLimitRefusesThatJobOnly) {
@@ -608,6 +718,57 @@ TEST(Service, SigtermDrainsRunningCollectiveThenExitsZero) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), "SHUTTING_DOWN") << e.what();
   }
+}
+
+// SIGTERM ends the connections that belong to no job: one in the middle of its handshake (here: it got its
+// AuthChallenge and never answers) and an idle keep-alive connection to the metrics endpoint. They used to keep the
+// drained daemon running, the first until the handshake timeout (10 s), the second until its request deadline
+// (10 s), renewed by every request, so a scraper polling faster than that kept the daemon from ever exiting.
+TEST(Service, SigtermEndsHandshakesAndHttpConnections) {
+  Daemon probe;  // for its directory
+  const std::string secrets = probe.dir() + "/secrets";
+  std::filesystem::create_directories(secrets);
+  std::ofstream(secrets + "/9") << "s3cret\n";
+  Daemon daemon({"--job-secrets-dir", secrets});
+  const int silent = ConnectToLoopback(daemon.address());
+  ASSERT_GE(silent, 0);
+  proto::ControlMessage hello = RawHello(9, 0, 2, 1);
+  hello.mutable_hello()->set_auth_nonce(std::string(32, 'n'));
+  ASSERT_TRUE(SendControl(silent, hello));
+  const std::optional<RawFrame> challenge = ReadFrame(silent);  // the handshake is under way
+  ASSERT_TRUE(challenge);
+  ASSERT_TRUE(DecodeControl(challenge->payload)->has_auth_challenge());
+  // And one refused, which the daemon would give 5 s to close.
+  const int refused = ConnectToLoopback(daemon.address());
+  ASSERT_GE(refused, 0);
+  ASSERT_TRUE(SendControl(refused, RawHello(10, 5, 2, 1)));  // rank 5 of 2
+  const std::optional<RawFrame> refusal = ReadFrame(refused);
+  ASSERT_TRUE(refusal);
+  ASSERT_TRUE(DecodeControl(refusal->payload)->has_error());
+
+  boost::asio::io_context io;
+  boost::beast::tcp_stream http_stream(io);
+  http_stream.expires_after(5s);
+  http_stream.connect({boost::asio::ip::make_address("127.0.0.1"), daemon.metrics_port()});
+  http::request<http::empty_body> request(http::verb::get, "/healthz", 11);
+  request.set(http::field::host, "127.0.0.1");
+  request.keep_alive(true);
+  http::write(http_stream, request);
+  boost::beast::flat_buffer buffer;
+  http::response<http::string_body> response;
+  http::read(http_stream, buffer, response);
+  ASSERT_EQ(response.result_int(), 200u);
+  ASSERT_TRUE(response.keep_alive());
+
+  const auto start = std::chrono::steady_clock::now();
+  daemon.process()->Signal(SIGTERM);
+  auto status = daemon.process()->Wait(5s);
+  ASSERT_TRUE(status.ok()) << "the daemon did not exit within 5 s of SIGTERM: " << status.status().ToString();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << tools::DescribeExit(*status);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s);
+  EXPECT_TRUE(ReadUntilClosed(silent, 1s));
+  close(silent);
+  close(refused);
 }
 
 TEST(Service, DrainDeadlineEndsStuckCollective) {

@@ -13,6 +13,7 @@
 #include "aggregator/logging.h"
 #include "aggregator/memory_budget.h"
 #include "aggregator/network_allowlist.h"
+#include "aggregator/peer_text.h"
 
 namespace sparsereduce::aggregator {
 namespace {
@@ -112,6 +113,34 @@ TEST_F(ConfigTest, InvalidConfigurationExitsWithCode2) {
   ExpectExit2({}, "MAX_JOBS");
 }
 
+// A deadline is the steady clock plus the setting in nanoseconds: a value that does not fit (10^13 ms, to mean
+// "never") wrapped around into the past, so every collective was aborted at once as having "made no progress for
+// 10000000000000 ms" (--stall-timeout-ms) and every job as not formed in time (--formation-timeout-ms); 0 dropped
+// every handshake. Such values are refused; up to 30 days are taken, and a drain deadline of 0.
+TEST_F(ConfigTest, TimeoutsOutsideTheirRangeAreRefused) {
+  for (const char* flag : {"--handshake-timeout-ms", "--stall-timeout-ms", "--formation-timeout-ms"}) {
+    ExpectExit2({flag, "10000000000000"}, flag);
+    ExpectExit2({flag, "0"}, flag);
+    ParseOk({flag, "2592000000"});
+  }
+  ExpectExit2({"--drain-timeout-ms", "10000000000000"}, "--drain-timeout-ms");
+  EXPECT_EQ(ParseOk({"--drain-timeout-ms", "0"}).drain_timeout.count(), 0);
+  EXPECT_EQ(ParseOk({"--stall-timeout-ms", "2592000000"}).server.stall_timeout, std::chrono::hours(24 * 30));
+  ExpectExit2({"--io-threads", "100000"}, "--io-threads");
+  ExpectExit2({"--max-handshakes-per-address", "0"}, "--max-handshakes-per-address");
+  EXPECT_EQ(ParseOk({"--max-handshakes-per-address", "500"}).server.max_handshakes_per_address, 500u);
+}
+
+// A job's members are a table of world_size entries, made at its first Hello by whoever sends it. With
+// --max-world-size 4000000000 a Hello for 4e9 ranks failed to allocate the table: the exception ended the Hello's
+// session without an Error (co_spawn's detached handler drops it) while its job kept its place. The limit is
+// bounded: 65536 ranks make a 1 MiB table.
+TEST_F(ConfigTest, WorldSizeLimitIsBounded) {
+  ExpectExit2({"--max-world-size", "4000000000"}, "--max-world-size");
+  ExpectExit2({"--max-world-size", "0"}, "--max-world-size");
+  EXPECT_EQ(ParseOk({"--max-world-size", "65536"}).server.max_world_size, 65536u);
+}
+
 TEST_F(ConfigTest, HelpListsEveryFlagWithItsVariableAndExitsZero) {
   auto result = Parse({"--help"});
   ASSERT_TRUE(std::holds_alternative<int>(result));
@@ -120,6 +149,18 @@ TEST_F(ConfigTest, HelpListsEveryFlagWithItsVariableAndExitsZero) {
                            "--job-secrets-dir", "--allow-network", "SPARSEREDUCE_MAX_JOBS"}) {
     EXPECT_NE(out_.str().find(flag), std::string::npos) << flag;
   }
+}
+
+// A peer's text on its way into logs and Errors: control characters and backslashes escaped, cut on a UTF-8
+// character boundary (a cut inside one would make the protobuf string invalid, and the frame unreadable).
+TEST(PeerText, EscapesAndCutsOnACharacterBoundary) {
+  EXPECT_EQ(PeerText("plain reason"), "plain reason");
+  EXPECT_EQ(PeerText("a\nb\r\x1b[31m\\"), "a\\x0ab\\x0d\\x1b[31m\\x5c");
+  EXPECT_EQ(PeerText(std::string(2000, 'x')), std::string(1024, 'x') + " [...]");
+  // "é" is two bytes: a cut after 3 bytes of "aéé" would split the second one.
+  EXPECT_EQ(CutText("a\xc3\xa9\xc3\xa9", 4), "a\xc3\xa9 [...]");
+  EXPECT_EQ(CutText("a\xc3\xa9\xc3\xa9", 5), "a\xc3\xa9\xc3\xa9");
+  EXPECT_EQ(CutText("abc", 0), " [...]");
 }
 
 TEST(NetworkAllowlist, MatchesV4V6AndMappedAddresses) {
