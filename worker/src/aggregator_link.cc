@@ -4,6 +4,7 @@
 #include <array>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/connect.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
@@ -27,6 +28,7 @@ AggregatorLink::AggregatorLink(asio::io_context& io, uint32_t index, std::string
       handler_(handler),
       options_(std::move(options)),
       socket_(io),
+      setup_cancel_(io),
       write_error_grace_(io) {}
 
 void AggregatorLink::UseChannel(std::unique_ptr<transport::Channel> channel) {
@@ -43,6 +45,7 @@ void AggregatorLink::UseChannel(std::unique_ptr<transport::Channel> channel) {
 
 void AggregatorLink::Abort() {
   closing_ = true;
+  setup_cancel_.cancel();
   write_error_grace_.cancel();
   if (channel_) {
     channel_->Abort();
@@ -56,6 +59,7 @@ std::string AggregatorLink::Name() const { return "aggregator " + std::to_string
 
 void AggregatorLink::Close() {
   closing_ = true;
+  setup_cancel_.cancel();  // a handoff in progress ends now, not at its deadline
   write_error_grace_.cancel();
   if (connected_) {
     channel_->CloseAfterFlush(/*both=*/true);
@@ -139,8 +143,18 @@ void AggregatorLink::Decline(const std::string& reason) {
 
 asio::awaitable<Status> AggregatorLink::TakeShmOffer(const proto::TransportOffer& offer) {
   const auto deadline = std::min(std::chrono::steady_clock::now() + options_.setup_timeout, join_deadline_);
-  Result<shm::ShmAttachment> attached =
-      co_await shm::AttachShm(io_.get_executor(), offer.shm_socket(), offer.token(), deadline);
+  if (closing_) co_return Status(StatusCode::kAborted, "the connection was closed");
+  // Close() ends the wait below (the handoff's own socket is out of its reach): without this a worker that failed
+  // or was cancelled meanwhile waited for the descriptors until the deadline, and so did its I/O thread and the
+  // constructor's failure path.
+  setup_cancel_.expires_at(std::chrono::steady_clock::time_point::max());
+  using namespace asio::experimental::awaitable_operators;
+  auto outcome = co_await (shm::AttachShm(io_.get_executor(), offer.shm_socket(), offer.token(), deadline) ||
+                           setup_cancel_.async_wait(asio::as_tuple(asio::use_awaitable)));
+  if (closing_ || outcome.index() == 1) {
+    co_return Status(StatusCode::kAborted, "the connection was closed while it moved to shared memory");
+  }
+  Result<shm::ShmAttachment> attached = std::move(std::get<0>(outcome));
   if (!attached.ok()) {
     // Unreachable socket: another host (or network namespace). Anything else is a broken handoff.
     if (attached.status().code() == StatusCode::kUnavailable && options_.transport == "auto") {
@@ -241,6 +255,7 @@ asio::awaitable<void> AggregatorLink::Run(proto::Hello hello, std::chrono::stead
         if (!closing_) handler_.OnFailure(*this, st);
         co_return;
       }
+      if (closing_) co_return;
       continue;
     }
     if (control->body_case() == proto::ControlMessage::kJobReady) job_ready_ = true;

@@ -123,6 +123,9 @@ class AggregatorLink {
   bool reading_result_data_ = false;
   std::vector<std::byte> result_table_;                 // ReadResult's, kept across frames
   std::vector<boost::asio::mutable_buffer> result_targets_;
+  // Ends a transport handoff in progress (TakeShmOffer) when the link is closed: the handoff waits on a socket of
+  // its own, which closing the connection does not reach. Waited on (never expiring) only during a handoff.
+  boost::asio::steady_timer setup_cancel_;
   // A write error is reported only after a grace period, so that an Error frame the aggregator sent before closing
   // (already in our receive buffer) is read and reported instead of the bare "broken pipe".
   boost::asio::steady_timer write_error_grace_;
