@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <cstring>
 #include <future>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "protocol/control.h"
+#include "protocol/frame.h"
 #include "protocol/frame_format.h"
 #include "sparsereduce/worker.h"
 #include "tests/integration/raw_peer.h"
@@ -145,6 +147,194 @@ TEST(WorkerLifecycle, AnotherAggregatorsErrorDuringAHandoffEndsTheConstructorAtO
   close(listener1);
 }
 
+
+// A Worker of one rank joined through a hand-played aggregator (`fd`, TCP).
+struct Joined {
+  int listener = -1;
+  int fd = -1;
+  std::unique_ptr<Worker> worker;
+  ~Joined() {
+    worker.reset();
+    if (fd >= 0) close(fd);
+    if (listener >= 0) close(listener);
+  }
+};
+
+void Join(WorkerOptions options, Joined* out, int receive_buffer = 0) {
+  uint16_t port = 0;
+  out->listener = ListenOnLoopback(&port, receive_buffer);
+  ASSERT_GE(out->listener, 0);
+  options.aggregators = {"127.0.0.1:" + std::to_string(port)};
+  options.world_size = 1;
+  options.transport = "tcp";
+  options.connect_timeout = options.join_timeout = 10s;
+  auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  out->fd = AcceptWithin(out->listener, 10s);
+  ASSERT_GE(out->fd, 0);
+  ASSERT_TRUE(ReadFrame(out->fd));  // Hello
+  proto::ControlMessage ready;
+  ready.mutable_job_ready()->set_protocol_version(kProtocolVersion);
+  ready.mutable_job_ready()->set_transport("tcp");
+  ASSERT_TRUE(SendControl(out->fd, ready));
+  ASSERT_EQ(joined.wait_for(10s), std::future_status::ready);
+  out->worker = joined.get();
+}
+
+// One block of 4 floats, one slot, one block per message: the collective is CollectiveBegin, the announce and one
+// CONTRIBUTION, answered by CollectiveAccepted, the announce reply and one RESULT.
+WorkerOptions OneBlockShape(uint64_t job) {
+  WorkerOptions options;
+  options.job = job;
+  options.block_size = 4;
+  options.slots = 1;
+  options.blocks_per_message = 1;
+  options.window = 1;
+  options.collective_timeout = 1s;
+  return options;
+}
+
+// Reads the worker's three frames of a one-block collective and answers up to the RESULT's header and entry table
+// and `data_bytes_sent` of its 16 data bytes.
+void AnswerOneBlockPartly(int fd, uint64_t job, size_t data_bytes_sent) {
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(ReadFrame(fd)) << "frame " << i;  // begin, announce, contribution
+  proto::ControlMessage accepted;
+  accepted.mutable_collective_accepted()->set_seq(1);
+  ASSERT_TRUE(SendControl(fd, accepted));
+  const FrameHeader header{FrameType::kResult, 0, 0, job, 1, 1};
+  const std::array announce_reply{Entry{0, 0, 0}};
+  const ByteBuffer reply = EncodeDataFrame(header, announce_reply, {});
+  ASSERT_TRUE(WriteAll(fd, reply.span()));
+  const std::array sum{7.0f, 7.0f, 7.0f, 7.0f};
+  const std::array result_entry{Entry{0, kEndOfColumn, 16}};
+  const std::array<std::span<const std::byte>, 1> data{std::as_bytes(std::span(sum))};
+  const ByteBuffer result = EncodeDataFrame(header, result_entry, data);
+  ASSERT_TRUE(WriteAll(fd, result.span().first(kFrameHeaderSize + kEntrySize + data_bytes_sent)));
+}
+
+// An aggregator that stops in the middle of a RESULT's data: the collective timeout still ends the collective, and
+// the caller gets its input back although part of the RESULT already landed in the tensor.
+TEST(WorkerLifecycle, AResultThatStopsMidFrameEndsAtTheCollectiveTimeout) {
+  Joined j;
+  ASSERT_NO_FATAL_FAILURE(Join(OneBlockShape(42), &j));
+  std::vector<float> tensor{1.0f, 2.0f, 3.0f, 4.0f};
+  const std::vector<float> input = tensor;
+  auto done = j.worker->allreduce_async(std::span(tensor));
+  ASSERT_NO_FATAL_FAILURE(AnswerOneBlockPartly(j.fd, 42, 8));
+  ASSERT_EQ(done.wait_for(10s), std::future_status::ready) << "the collective timeout (1 s) did not end it";
+  try {
+    done.get();
+    ADD_FAILURE() << "a RESULT cut short completed the collective";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "DEADLINE_EXCEEDED") << e.what();
+    EXPECT_NE(std::string(e.what()).find("job 42 rank 0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("aggregator 0"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(tensor, input);
+}
+
+// The same aggregator closing the connection mid-frame: a protocol error naming the aggregator, input restored.
+TEST(WorkerLifecycle, AnAggregatorClosingMidFrameFailsTheCollectiveAndRestoresTheInput) {
+  Joined j;
+  ASSERT_NO_FATAL_FAILURE(Join(OneBlockShape(43), &j));
+  std::vector<float> tensor{1.0f, 2.0f, 3.0f, 4.0f};
+  const std::vector<float> input = tensor;
+  auto done = j.worker->allreduce_async(std::span(tensor));
+  ASSERT_NO_FATAL_FAILURE(AnswerOneBlockPartly(j.fd, 43, 8));
+  shutdown(j.fd, SHUT_WR);
+  ASSERT_EQ(done.wait_for(10s), std::future_status::ready);
+  try {
+    done.get();
+    ADD_FAILURE() << "a RESULT cut short completed the collective";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "PROTOCOL_VIOLATION") << e.what();
+    EXPECT_NE(std::string(e.what()).find("aggregator 0"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(tensor, input);
+}
+
+// An aggregator that stops reading: the worker's writes block with frames that point into the tensor, and the
+// collective timeout must still end the collective (and put the input back); then the Worker goes at once.
+TEST(WorkerLifecycle, AnAggregatorThatStopsReadingEndsAtTheCollectiveTimeout) {
+  WorkerOptions options;
+  options.job = 44;
+  options.tcp_send_buffer = 4096;
+  options.collective_timeout = 1s;
+  Joined j;
+  ASSERT_NO_FATAL_FAILURE(Join(options, &j, /*receive_buffer=*/4096));
+  std::vector<float> tensor(4 << 20);
+  for (size_t i = 0; i < tensor.size(); ++i) tensor[i] = static_cast<float>(i % 1000) + 1.0f;
+  const std::vector<float> input = tensor;
+  auto done = j.worker->allreduce_async(std::span(tensor));
+  ASSERT_EQ(done.wait_for(10s), std::future_status::ready) << "the collective timeout (1 s) did not end it";
+  try {
+    done.get();
+    ADD_FAILURE() << "completed without an aggregator";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "DEADLINE_EXCEEDED") << e.what();
+  }
+  EXPECT_TRUE(tensor == input);
+  auto destroyed = std::async(std::launch::async, [&] { j.worker.reset(); });
+  EXPECT_EQ(destroyed.wait_for(5s), std::future_status::ready) << "the destructor hung";
+}
+
+// Destroying the Worker while another thread waits for a collective whose writes are blocked: the waiting thread
+// gets ABORTED with its input back, and the destructor returns.
+TEST(WorkerLifecycle, DestroyingTheWorkerWhileACollectiveWaitsOnBlockedWrites) {
+  WorkerOptions options;
+  options.job = 45;
+  options.tcp_send_buffer = 4096;
+  options.collective_timeout = 60s;
+  Joined j;
+  ASSERT_NO_FATAL_FAILURE(Join(options, &j, /*receive_buffer=*/4096));
+  std::vector<float> tensor(4 << 20);
+  for (size_t i = 0; i < tensor.size(); ++i) tensor[i] = static_cast<float>(i % 1000) + 1.0f;
+  const std::vector<float> input = tensor;
+  std::vector<float> queued(1000, 1.0f);
+  auto done = j.worker->allreduce_async(std::span(tensor));
+  auto waiter = std::async(std::launch::async, [&]() -> std::string {
+    try {
+      done.get();
+      return "completed";
+    } catch (const Error& e) {
+      return e.code();
+    }
+  });
+  auto second = j.worker->allreduce_async(std::span(queued));
+  ASSERT_TRUE(ReadFrame(j.fd));  // the collective is under way
+  auto destroyed = std::async(std::launch::async, [&] { j.worker.reset(); });
+  ASSERT_EQ(destroyed.wait_for(10s), std::future_status::ready) << "the destructor hung";
+  ASSERT_EQ(waiter.wait_for(1s), std::future_status::ready);
+  EXPECT_EQ(waiter.get(), "ABORTED");
+  EXPECT_THROW(second.get(), Error);
+  EXPECT_TRUE(tensor == input);
+}
+
+// An aggregator that accepts the connection and never answers: the constructor ends at the join deadline.
+TEST(WorkerLifecycle, ASilentAggregatorEndsTheConstructorAtTheJoinDeadline) {
+  uint16_t port = 0;
+  const int listener = ListenOnLoopback(&port);
+  ASSERT_GE(listener, 0);
+  WorkerOptions options;
+  options.aggregators = {"127.0.0.1:" + std::to_string(port)};
+  options.job = 46;
+  options.world_size = 1;
+  options.connect_timeout = 500ms;
+  options.join_timeout = 500ms;
+  const auto start = std::chrono::steady_clock::now();
+  auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  const int fd = AcceptWithin(listener, 10s);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(joined.wait_for(10s), std::future_status::ready) << "the constructor outlived its join deadline";
+  try {
+    joined.get();
+    ADD_FAILURE() << "joined without a JobReady";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "DEADLINE_EXCEEDED") << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  close(fd);
+  close(listener);
+}
 
 }  // namespace
 }  // namespace sparsereduce::testing
