@@ -336,5 +336,43 @@ TEST(WorkerLifecycle, ASilentAggregatorEndsTheConstructorAtTheJoinDeadline) {
   close(listener);
 }
 
+// A worker holding the job's secret takes no transport offer from an aggregator that has not authenticated
+// (docs/PROTOCOL.md §10.1: the offer comes after authentication): it fails UNAUTHENTICATED naming the aggregator,
+// without connecting to the socket the offer names. It used to take the offer, connect to that socket and wait
+// there for descriptors to map, and failed only at the join deadline.
+TEST(WorkerLifecycle, ATransportOfferBeforeAuthenticationIsRefused) {
+  uint16_t port = 0;
+  const int listener = ListenOnLoopback(&port);
+  ASSERT_GE(listener, 0);
+  const std::string name = UniqueName("offer-before-auth");
+  const int shm_listener = ListenOnAbstract(name);
+  ASSERT_GE(shm_listener, 0) << std::strerror(errno);
+
+  WorkerOptions options;
+  options.aggregators = {"127.0.0.1:" + std::to_string(port)};
+  options.job = 47;
+  options.world_size = 1;
+  options.transport = "auto";
+  options.secret = "the job's secret";
+  options.connect_timeout = options.join_timeout = 3s;
+  auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  const int fd = AcceptWithin(listener, 10s);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(ReadFrame(fd));  // Hello, with an auth nonce
+  ASSERT_TRUE(SendControl(fd, ShmOffer(name)));  // no AuthChallenge first
+  ASSERT_EQ(joined.wait_for(10s), std::future_status::ready);
+  try {
+    joined.get();
+    ADD_FAILURE() << "joined without a JobReady";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "UNAUTHENTICATED") << e.what();
+    EXPECT_NE(std::string(e.what()).find("aggregator 0"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(AcceptWithin(shm_listener, 0ms), 0) << "the worker connected to the unauthenticated offer's socket";
+  close(fd);
+  close(shm_listener);
+  close(listener);
+}
+
 }  // namespace
 }  // namespace sparsereduce::testing

@@ -251,6 +251,10 @@ asio::awaitable<void> AggregatorLink::Run(proto::Hello hello, std::chrono::stead
       co_return;
     }
     if (control->body_case() == proto::ControlMessage::kTransportOffer) {
+      if (Status st = handler_.TransportOfferAllowed(*this); !st.ok()) {
+        handler_.OnFailure(*this, st);
+        co_return;
+      }
       if (Status st = co_await TakeOffer(control->transport_offer()); !st.ok()) {
         if (!closing_) handler_.OnFailure(*this, st);
         co_return;

@@ -29,6 +29,9 @@ class AggregatorLink {
   struct Handler {
     virtual ~Handler() = default;
     virtual void OnControl(AggregatorLink& link, const proto::ControlMessage& message) = 0;
+    // Whether the link may take a TransportOffer now (the offer comes after authentication, docs/PROTOCOL.md §10.1),
+    // or the reason it may not.
+    virtual Status TransportOfferAllowed(AggregatorLink& link) = 0;
     // Largest RESULT payload acceptable now, or the reason none is.
     virtual Result<uint64_t> ResultLimit(AggregatorLink& link, const FrameHeader& header) = 0;
     // A RESULT in two steps, so that its data lands where it belongs without a buffer in between: BeginResult gets

@@ -44,6 +44,7 @@ class Worker::Impl : public AggregatorLink::Handler {
   // AggregatorLink::Handler (I/O thread)
   void OnControl(AggregatorLink& link, const proto::ControlMessage& message) override;
   void OnAuthChallenge(AggregatorLink& link, const proto::AuthChallenge& challenge);
+  Status TransportOfferAllowed(AggregatorLink& link) override;
   Result<uint64_t> ResultLimit(AggregatorLink& link, const FrameHeader& header) override;
   bool BeginResult(AggregatorLink& link, const FrameHeader& header, std::span<const std::byte> table,
                    std::vector<boost::asio::mutable_buffer>* targets) override;
@@ -356,6 +357,17 @@ void Worker::Impl::OnAuthChallenge(AggregatorLink& link, const proto::AuthChalle
   proto::ControlMessage response;
   response.mutable_auth_response()->set_client_proof(auth::ClientProof(options_.secret, transcript));
   link.Send(EncodeControl(response));
+}
+
+Status Worker::Impl::TransportOfferAllowed(AggregatorLink& link) {
+  // A worker with a secret takes no offer from an aggregator that has not proved it holds the secret: it would
+  // otherwise connect to a socket and map memory that an impostor named.
+  if (!options_.secret.empty() && !link_authenticated_[link.index()]) {
+    return Status(StatusCode::kUnauthenticated,
+                  "offered a transport before proving it holds the job's secret (the offer comes after "
+                  "authentication)");
+  }
+  return Status::Ok();
 }
 
 void Worker::Impl::OnControl(AggregatorLink& link, const proto::ControlMessage& message) {
