@@ -14,6 +14,7 @@
 #include <memory>
 #include <stop_token>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "protocol/control.h"
@@ -372,6 +373,42 @@ TEST(WorkerLifecycle, ATransportOfferBeforeAuthenticationIsRefused) {
   close(fd);
   close(shm_listener);
   close(listener);
+}
+
+// A cancelled join stops retrying a refused connection at once. The pause between attempts (growing to 1 s) was
+// a timer of its own that Close() did not reach, so the constructor returned only after the pause.
+TEST(WorkerLifecycle, CancelWhileRetryingAConnectionEndsTheConstructorAtOnce) {
+  uint16_t port = 0;
+  const int probe = ListenOnLoopback(&port);
+  ASSERT_GE(probe, 0);
+  close(probe);  // connections to the port are refused from now on
+
+  std::stop_source stop;
+  WorkerOptions options;
+  options.aggregators = {"127.0.0.1:" + std::to_string(port)};
+  options.job = 48;
+  options.world_size = 1;
+  options.connect_timeout = options.join_timeout = 15s;
+  options.cancel = stop.get_token();
+  const auto start = std::chrono::steady_clock::now();
+  auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  // The scenario, not a synchronization: by now the link has been refused for 2.5 s and waits in one of its 1 s
+  // pauses between attempts (20 + 40 + ... + 640 ms, then 1 s each: this one ends about 3.26 s after the start).
+  std::this_thread::sleep_until(start + 2500ms);
+  ASSERT_NE(joined.wait_for(0s), std::future_status::ready) << "the constructor ended before it was cancelled";
+  stop.request_stop();
+  const auto cancelled = std::chrono::steady_clock::now();
+  ASSERT_EQ(joined.wait_for(10s), std::future_status::ready) << "the cancelled constructor went on retrying";
+  const auto took = std::chrono::steady_clock::now() - cancelled;
+  try {
+    joined.get();
+    ADD_FAILURE() << "joined without an aggregator";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "ABORTED") << e.what();
+  }
+  EXPECT_LT(took, 300ms) << "the constructor returned "
+                         << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                         << " ms after the cancel";
 }
 
 }  // namespace

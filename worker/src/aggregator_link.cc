@@ -28,6 +28,7 @@ AggregatorLink::AggregatorLink(asio::io_context& io, uint32_t index, std::string
       handler_(handler),
       options_(std::move(options)),
       socket_(io),
+      retry_timer_(io),
       setup_cancel_(io),
       write_error_grace_(io) {}
 
@@ -45,6 +46,7 @@ void AggregatorLink::UseChannel(std::unique_ptr<transport::Channel> channel) {
 
 void AggregatorLink::Abort() {
   closing_ = true;
+  retry_timer_.cancel();
   setup_cancel_.cancel();
   write_error_grace_.cancel();
   if (channel_) {
@@ -59,6 +61,7 @@ std::string AggregatorLink::Name() const { return "aggregator " + std::to_string
 
 void AggregatorLink::Close() {
   closing_ = true;
+  retry_timer_.cancel();   // a link waiting to retry its connection stops now, not after the pause
   setup_cancel_.cancel();  // a handoff in progress ends now, not at its deadline
   write_error_grace_.cancel();
   if (connected_) {
@@ -73,7 +76,6 @@ asio::awaitable<Status> AggregatorLink::Connect(std::chrono::steady_clock::time_
   Result<sparsereduce::tcp::HostPort> hp = sparsereduce::tcp::ParseHostPort(address_);
   if (!hp.ok()) co_return hp.status();
   tcp::resolver resolver(io_);
-  asio::steady_timer backoff_timer(io_);
   auto backoff = std::chrono::milliseconds(20);
   std::string last_error;
   while (!closing_) {
@@ -116,8 +118,10 @@ asio::awaitable<Status> AggregatorLink::Connect(std::chrono::steady_clock::time_
       socket_.close(ignored);
     }
     if (std::chrono::steady_clock::now() + backoff >= deadline) break;
-    backoff_timer.expires_after(backoff);
-    co_await backoff_timer.async_wait(asio::as_tuple(asio::use_awaitable));
+    if (closing_) break;
+    // Close() cancels the pause (it was a local timer: a link closed meanwhile waited up to a second more).
+    retry_timer_.expires_after(backoff);
+    co_await retry_timer_.async_wait(asio::as_tuple(asio::use_awaitable));
     backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
   }
   co_return Status(StatusCode::kUnavailable, "cannot connect: " + last_error);

@@ -126,6 +126,8 @@ class AggregatorLink {
   bool reading_result_data_ = false;
   std::vector<std::byte> result_table_;                 // ReadResult's, kept across frames
   std::vector<boost::asio::mutable_buffer> result_targets_;
+  // The pause between connection attempts; Close() cancels it, so a closed link stops retrying at once.
+  boost::asio::steady_timer retry_timer_;
   // Ends a transport handoff in progress (TakeShmOffer) when the link is closed: the handoff waits on a socket of
   // its own, which closing the connection does not reach. Waited on (never expiring) only during a handoff.
   boost::asio::steady_timer setup_cancel_;
