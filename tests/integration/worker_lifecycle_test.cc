@@ -411,5 +411,107 @@ TEST(WorkerLifecycle, CancelWhileRetryingAConnectionEndsTheConstructorAtOnce) {
                          << " ms after the cancel";
 }
 
+// A worker holding the job's secret refuses a JobReady from an aggregator that never authenticated.
+TEST(WorkerLifecycle, AJobReadyBeforeAuthenticationIsRefused) {
+  uint16_t port = 0;
+  const int listener = ListenOnLoopback(&port);
+  ASSERT_GE(listener, 0);
+  WorkerOptions options;
+  options.aggregators = {"127.0.0.1:" + std::to_string(port)};
+  options.job = 49;
+  options.world_size = 1;
+  options.transport = "tcp";
+  options.secret = "the job's secret";
+  options.connect_timeout = options.join_timeout = 10s;
+  auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  const int fd = AcceptWithin(listener, 10s);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(ReadFrame(fd));  // Hello
+  proto::ControlMessage ready;
+  ready.mutable_job_ready()->set_protocol_version(kProtocolVersion);
+  ready.mutable_job_ready()->set_transport("tcp");
+  ASSERT_TRUE(SendControl(fd, ready));
+  ASSERT_EQ(joined.wait_for(10s), std::future_status::ready);
+  try {
+    joined.get();
+    ADD_FAILURE() << "joined an unauthenticated aggregator";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "UNAUTHENTICATED") << e.what();
+    EXPECT_NE(std::string(e.what()).find("job 49 rank 0: aggregator 0"), std::string::npos) << e.what();
+  }
+  close(fd);
+  close(listener);
+}
+
+// What a misbehaving aggregator may send during a one-block collective, after the worker's three frames.
+enum class Misstep { kAcceptedOutOfOrder, kResultForABlockNeverAnnounced, kResultAfterError };
+
+class HostileCollective : public ::testing::TestWithParam<Misstep> {};
+
+TEST_P(HostileCollective, FailsNamingTheAggregatorAndRestoresTheInput) {
+  const uint64_t job = 50 + static_cast<uint64_t>(GetParam());
+  Joined j;
+  WorkerOptions options = OneBlockShape(job);
+  options.collective_timeout = 10s;
+  ASSERT_NO_FATAL_FAILURE(Join(options, &j));
+  std::vector<float> tensor{1.0f, 2.0f, 3.0f, 4.0f};
+  const std::vector<float> input = tensor;
+  auto done = j.worker->allreduce_async(std::span(tensor));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(ReadFrame(j.fd)) << "frame " << i;  // begin, announce, contribution
+  const FrameHeader header{FrameType::kResult, 0, 0, job, 1, 1};
+  const std::array announce_reply{Entry{0, 0, 0}};
+  const std::array sum{7.0f, 7.0f, 7.0f, 7.0f};
+  const std::array<std::span<const std::byte>, 1> data{std::as_bytes(std::span(sum))};
+  std::string code, text;
+  switch (GetParam()) {
+    case Misstep::kAcceptedOutOfOrder: {
+      proto::ControlMessage accepted;
+      accepted.mutable_collective_accepted()->set_seq(2);
+      ASSERT_TRUE(SendControl(j.fd, accepted));
+      code = "PROTOCOL_VIOLATION";
+      text = "accepted collective 2 unexpectedly";
+      break;
+    }
+    case Misstep::kResultForABlockNeverAnnounced: {
+      ASSERT_TRUE(WriteAll(j.fd, EncodeDataFrame(header, announce_reply, {}).span()));
+      const std::array stray{Entry{5, kEndOfColumn, 16}};
+      ASSERT_TRUE(WriteAll(j.fd, EncodeDataFrame(header, stray, data).span()));
+      code = "PROTOCOL_VIOLATION";
+      text = "block 5";
+      break;
+    }
+    case Misstep::kResultAfterError: {
+      ASSERT_TRUE(WriteAll(j.fd, EncodeDataFrame(header, announce_reply, {}).span()));
+      proto::ControlMessage error;
+      error.mutable_error()->set_code(proto::PEER_LEFT);
+      error.mutable_error()->set_message("rank 1 left");
+      ASSERT_TRUE(SendControl(j.fd, error));
+      const std::array result{Entry{0, kEndOfColumn, 16}};
+      ASSERT_TRUE(WriteAll(j.fd, EncodeDataFrame(header, result, data).span()));
+      code = "PEER_LEFT";
+      text = "rank 1 left";
+      break;
+    }
+  }
+  ASSERT_EQ(done.wait_for(10s), std::future_status::ready) << "the worker did not fail";
+  try {
+    done.get();
+    ADD_FAILURE() << "the collective completed";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    EXPECT_NE(std::string(e.what()).find("job " + std::to_string(job) + " rank 0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("aggregator 0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(tensor, input);
+  std::vector<float> later(4, 1.0f);
+  EXPECT_THROW(j.worker->allreduce(std::span(later)), Error);  // the Worker is unusable after a failure
+  EXPECT_EQ(later, std::vector<float>(4, 1.0f));
+}
+
+INSTANTIATE_TEST_SUITE_P(WorkerLifecycle, HostileCollective,
+                         ::testing::Values(Misstep::kAcceptedOutOfOrder, Misstep::kResultForABlockNeverAnnounced,
+                                           Misstep::kResultAfterError));
+
 }  // namespace
 }  // namespace sparsereduce::testing
