@@ -3,6 +3,8 @@
 // fails, whatever phase of the handshake a connection is in. Every wait here is bounded: a Worker that hangs fails
 // the test instead of hanging it.
 #include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -512,6 +514,47 @@ TEST_P(HostileCollective, FailsNamingTheAggregatorAndRestoresTheInput) {
 INSTANTIATE_TEST_SUITE_P(WorkerLifecycle, HostileCollective,
                          ::testing::Values(Misstep::kAcceptedOutOfOrder, Misstep::kResultForABlockNeverAnnounced,
                                            Misstep::kResultAfterError));
+
+// An aggregator whose host drops the worker's SYNs (here: a listener whose accept queue is full) fails the
+// constructor at the connect timeout with an error that says so. It said "cannot connect: Operation canceled", the
+// text of the attempt the deadline cut off.
+TEST(WorkerLifecycle, AConnectionThatIsNeverAnsweredFailsSayingSo) {
+  uint16_t port = 0;
+  const int listener = ListenOnLoopback(&port);
+  ASSERT_GE(listener, 0);
+  ASSERT_EQ(listen(listener, 0), 0);  // a backlog of one: once it is full, further SYNs are dropped
+  std::vector<int> fillers;
+  for (int i = 0; i < 4; ++i) {
+    const int c = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    ASSERT_GE(c, 0);
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(port);
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    (void)connect(c, reinterpret_cast<const sockaddr*>(&to), sizeof to);
+    fillers.push_back(c);
+  }
+  WorkerOptions options;
+  options.aggregators = {"127.0.0.1:" + std::to_string(port)};
+  options.job = 55;
+  options.world_size = 1;
+  options.connect_timeout = 1s;
+  options.join_timeout = 5s;
+  auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  ASSERT_EQ(joined.wait_for(10s), std::future_status::ready);
+  try {
+    joined.get();
+    ADD_FAILURE() << "joined without an aggregator";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "UNAVAILABLE") << e.what();
+    const std::string what = e.what();
+    EXPECT_NE(what.find("aggregator 0"), std::string::npos) << what;
+    EXPECT_EQ(what.find("Operation canceled"), std::string::npos) << what;
+    EXPECT_NE(what.find("no answer within the connect timeout"), std::string::npos) << what;
+  }
+  for (const int c : fillers) close(c);
+  close(listener);
+}
 
 }  // namespace
 }  // namespace sparsereduce::testing

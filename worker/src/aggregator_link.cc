@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <memory>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
@@ -88,14 +89,21 @@ asio::awaitable<Status> AggregatorLink::Connect(std::chrono::steady_clock::time_
       last_error = "cannot resolve " + hp->host + ": " + rec.message();
     } else {
       // Bound each attempt by the deadline: a SYN to a silent host would otherwise wait for the kernel's timeout.
+      // `cut` outlives this frame: an expiry already queued when the attempt ends finds `ended` and does nothing.
+      struct AttemptCut {
+        bool ended = false;
+        bool fired = false;
+      };
+      auto cut = std::make_shared<AttemptCut>();
       asio::steady_timer attempt_timer(io_, deadline);
-      attempt_timer.async_wait([this](const boost::system::error_code& ec) {
-        if (!ec) {
-          boost::system::error_code ignored;
-          socket_.close(ignored);
-        }
+      attempt_timer.async_wait([this, cut](const boost::system::error_code& ec) {
+        if (ec || cut->ended) return;
+        cut->fired = true;
+        boost::system::error_code ignored;
+        socket_.close(ignored);
       });
       auto [cec, endpoint] = co_await asio::async_connect(socket_, endpoints, asio::as_tuple(asio::use_awaitable));
+      cut->ended = true;
       attempt_timer.cancel();
       if (!cec) {
         boost::system::error_code ignored;
@@ -113,7 +121,10 @@ asio::awaitable<Status> AggregatorLink::Connect(std::chrono::steady_clock::time_
         (void)sparsereduce::tcp::ApplyLiveness(socket_, {});
         co_return Status::Ok();
       }
-      last_error = cec.message();
+      // A cut attempt reports why, not the "Operation canceled" of the socket the deadline closed.
+      last_error = cut->fired ? "no answer within the connect timeout (the host drops or does not answer the "
+                                "connection request)"
+                              : cec.message();
       boost::system::error_code ignored;
       socket_.close(ignored);
     }
