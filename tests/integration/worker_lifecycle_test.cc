@@ -556,5 +556,45 @@ TEST(WorkerLifecycle, AConnectionThatIsNeverAnsweredFailsSayingSo) {
   close(listener);
 }
 
+// Timeouts meant as "wait as long as it takes" (milliseconds::max()) must not overflow into deadlines in the
+// past: the Worker joins, and its collective runs, as with any long timeout.
+TEST(WorkerLifecycle, TheLongestTimeoutsDoNotOverflow) {
+  WorkerOptions options = OneBlockShape(56);
+  options.collective_timeout = std::chrono::milliseconds::max();
+  uint16_t port = 0;
+  const int listener = ListenOnLoopback(&port);
+  ASSERT_GE(listener, 0);
+  options.aggregators = {"127.0.0.1:" + std::to_string(port)};
+  options.world_size = 1;
+  options.transport = "tcp";
+  options.connect_timeout = options.join_timeout = std::chrono::milliseconds::max();
+  auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  const int fd = AcceptWithin(listener, 10s);
+  ASSERT_GE(fd, 0) << "the worker did not connect";
+  ASSERT_TRUE(ReadFrame(fd));  // Hello
+  proto::ControlMessage ready;
+  ready.mutable_job_ready()->set_protocol_version(kProtocolVersion);
+  ready.mutable_job_ready()->set_transport("tcp");
+  ASSERT_TRUE(SendControl(fd, ready));
+  ASSERT_EQ(joined.wait_for(10s), std::future_status::ready);
+  std::unique_ptr<Worker> worker;
+  try {
+    worker = joined.get();
+  } catch (const Error& e) {
+    close(fd);
+    close(listener);
+    FAIL() << e.what();
+  }
+  std::vector<float> tensor{1.0f, 2.0f, 3.0f, 4.0f};
+  auto done = worker->allreduce_async(std::span(tensor));
+  ASSERT_NO_FATAL_FAILURE(AnswerOneBlockPartly(fd, 56, 16));  // the whole RESULT
+  ASSERT_EQ(done.wait_for(10s), std::future_status::ready);
+  EXPECT_NO_THROW(done.get());
+  EXPECT_EQ(tensor, std::vector<float>(4, 7.0f));
+  worker.reset();
+  close(fd);
+  close(listener);
+}
+
 }  // namespace
 }  // namespace sparsereduce::testing

@@ -157,7 +157,8 @@ void AggregatorLink::Decline(const std::string& reason) {
 }
 
 asio::awaitable<Status> AggregatorLink::TakeShmOffer(const proto::TransportOffer& offer) {
-  const auto deadline = std::min(std::chrono::steady_clock::now() + options_.setup_timeout, join_deadline_);
+  const auto deadline =
+      std::min(DeadlineAfter(std::chrono::steady_clock::now(), options_.setup_timeout), join_deadline_);
   if (closing_) co_return Status(StatusCode::kAborted, "the connection was closed");
   // Close() ends the wait below (the handoff's own socket is out of its reach): without this a worker that failed
   // or was cancelled meanwhile waited for the descriptors until the deadline, and so did its I/O thread and the

@@ -24,6 +24,19 @@
 
 namespace sparsereduce::worker {
 
+// `from` + `timeout`, saturating at the latest time point: a timeout meant as "as long as it takes"
+// (milliseconds::max()) would otherwise overflow, in nanoseconds, into a deadline in the past. A timeout of zero or
+// less is `from`.
+inline std::chrono::steady_clock::time_point DeadlineAfter(std::chrono::steady_clock::time_point from,
+                                                           std::chrono::milliseconds timeout) {
+  using std::chrono::steady_clock;
+  if (timeout <= std::chrono::milliseconds::zero()) return from;
+  if (timeout >= std::chrono::duration_cast<std::chrono::milliseconds>(steady_clock::time_point::max() - from)) {
+    return steady_clock::time_point::max();
+  }
+  return from + timeout;
+}
+
 class AggregatorLink {
  public:
   struct Handler {

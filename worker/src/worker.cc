@@ -175,8 +175,9 @@ Worker::Impl::Impl(WorkerOptions options)
   link_authenticated_.assign(links_.size(), false);
   for (size_t a = 0; a < links_.size() && !options_.secret.empty(); ++a) auth_nonces_.push_back(auth::RandomNonce());
   std::future<void> joined = joined_.get_future();
-  const auto connect_deadline = std::chrono::steady_clock::now() + options_.connect_timeout;
-  asio::post(io_, [this, connect_deadline] {
+  const auto connect_deadline = worker::DeadlineAfter(std::chrono::steady_clock::now(), options_.connect_timeout);
+  const auto join_deadline = worker::DeadlineAfter(connect_deadline, options_.join_timeout);
+  asio::post(io_, [this, connect_deadline, join_deadline] {
     for (auto& link : links_) {
       proto::Hello hello;
       hello.set_protocol_version(kProtocolVersion);
@@ -191,10 +192,10 @@ Worker::Impl::Impl(WorkerOptions options)
       if (!options_.secret.empty()) hello.set_auth_nonce(auth_nonces_[link->index()]);
       if (options_.transport == "auto" || options_.transport == "shm") hello.add_transports(shm::kShmCapability);
       if (options_.transport == "rdma") hello.add_transports("rdma");
-      asio::co_spawn(io_, link->Run(hello, connect_deadline, connect_deadline + options_.join_timeout),
+      asio::co_spawn(io_, link->Run(hello, connect_deadline, join_deadline),
                      asio::detached);
     }
-    deadline_.expires_at(connect_deadline + options_.join_timeout);
+    deadline_.expires_at(join_deadline);
     deadline_.async_wait([this](const boost::system::error_code& ec) {
       if (ec || !join_pending_) return;
       std::string waiting;
@@ -291,7 +292,7 @@ void Worker::Impl::StartNext() {
     std::memcpy(copy.data(), begin_frame.data(), begin_frame.size());
     link->Send(std::move(copy));
   }
-  deadline_.expires_after(options_.collective_timeout);
+  deadline_.expires_at(worker::DeadlineAfter(a.start, options_.collective_timeout));
   deadline_.async_wait([this, seq](const boost::system::error_code& ec) {
     if (ec || !active_ || active_->collective->seq() != seq) return;
     std::string waiting;
