@@ -14,12 +14,14 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <future>
 #include <optional>
+#include <stdexcept>
 #include <thread>
 #include <utility>
 
@@ -82,6 +84,85 @@ TEST(InProcess, TwoJobsInOneProcess) {
     }
   }
   for (auto& t : threads) t.join();
+  for (const auto& f : failures) EXPECT_EQ(f, "");
+  EXPECT_TRUE((*daemon)->Stop());
+}
+
+// The public API from several threads at once: every rank's Worker takes allreduce_async and allreduce calls from
+// three threads while a fourth reads last_stats(). The collectives of a rank then run in whatever order the calls
+// arrived, which is fine here because every tensor of a rank holds the same values and has the same size.
+TEST(InProcess, ConcurrentCallersShareOneWorker) {
+  auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+  constexpr uint32_t kRanks = 2;
+  constexpr int kCallers = 3;
+  constexpr int kCalls = 4;
+  std::vector<std::string> failures(kRanks);
+  std::vector<std::thread> ranks;
+  for (uint32_t rank = 0; rank < kRanks; ++rank) {
+    ranks.emplace_back([&, rank] {
+      try {
+        WorkerOptions options;
+        options.aggregators = {(*daemon)->AddressList()};
+        options.job = 60;
+        options.rank = rank;
+        options.world_size = kRanks;
+        options.connect_timeout = options.join_timeout = options.collective_timeout = 20s;
+        Worker worker(options);
+        std::atomic<bool> stop_polling{false};
+        std::string poll_failure;
+        std::thread poller([&] {
+          uint64_t last = 0;
+          while (!stop_polling.load()) {
+            const CollectiveStats stats = worker.last_stats();
+            if (stats.seq < last) poll_failure = "last_stats went back from seq " + std::to_string(last);
+            last = stats.seq;
+            std::this_thread::yield();
+          }
+        });
+        std::vector<std::string> caller_failures(kCallers);
+        std::vector<std::thread> callers;
+        for (int c = 0; c < kCallers; ++c) {
+          callers.emplace_back([&, c] {
+            std::vector<std::vector<float>> tensors(kCalls, std::vector<float>(10000, static_cast<float>(rank + 1)));
+            std::vector<std::future<void>> futures;
+            try {
+              for (int i = 0; i < kCalls; ++i) {
+                if (i % 2 == 0) {
+                  futures.push_back(worker.allreduce_async(std::span(tensors[i])));
+                } else {
+                  worker.allreduce(std::span(tensors[i]));
+                }
+              }
+              for (auto& f : futures) {
+                if (f.wait_for(30s) != std::future_status::ready) throw std::runtime_error("a collective hung");
+                f.get();
+              }
+              for (const auto& t : tensors) {
+                if (t != std::vector<float>(10000, 3.0f)) throw std::runtime_error("wrong sum");
+              }
+            } catch (const std::exception& e) {
+              caller_failures[c] = e.what();
+            }
+          });
+        }
+        for (auto& t : callers) t.join();
+        stop_polling.store(true);
+        poller.join();
+        failures[rank] = poll_failure;
+        for (const auto& f : caller_failures) {
+          if (!f.empty() && failures[rank].empty()) failures[rank] = f;
+        }
+        if (failures[rank].empty() && worker.last_stats().seq != kCallers * kCalls) {
+          failures[rank] = "last_stats().seq " + std::to_string(worker.last_stats().seq) + " after " +
+                           std::to_string(kCallers * kCalls) + " collectives";
+        }
+      } catch (const std::exception& e) {
+        failures[rank] = e.what();
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
   for (const auto& f : failures) EXPECT_EQ(f, "");
   EXPECT_TRUE((*daemon)->Stop());
 }

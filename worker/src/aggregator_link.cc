@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <array>
+#include <memory>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/connect.hpp>
+#include <boost/asio/experimental/awaitable_operators.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
@@ -27,6 +29,8 @@ AggregatorLink::AggregatorLink(asio::io_context& io, uint32_t index, std::string
       handler_(handler),
       options_(std::move(options)),
       socket_(io),
+      retry_timer_(io),
+      setup_cancel_(io),
       write_error_grace_(io) {}
 
 void AggregatorLink::UseChannel(std::unique_ptr<transport::Channel> channel) {
@@ -43,6 +47,8 @@ void AggregatorLink::UseChannel(std::unique_ptr<transport::Channel> channel) {
 
 void AggregatorLink::Abort() {
   closing_ = true;
+  retry_timer_.cancel();
+  setup_cancel_.cancel();
   write_error_grace_.cancel();
   if (channel_) {
     channel_->Abort();
@@ -56,6 +62,8 @@ std::string AggregatorLink::Name() const { return "aggregator " + std::to_string
 
 void AggregatorLink::Close() {
   closing_ = true;
+  retry_timer_.cancel();   // a link waiting to retry its connection stops now, not after the pause
+  setup_cancel_.cancel();  // a handoff in progress ends now, not at its deadline
   write_error_grace_.cancel();
   if (connected_) {
     channel_->CloseAfterFlush(/*both=*/true);
@@ -69,7 +77,6 @@ asio::awaitable<Status> AggregatorLink::Connect(std::chrono::steady_clock::time_
   Result<sparsereduce::tcp::HostPort> hp = sparsereduce::tcp::ParseHostPort(address_);
   if (!hp.ok()) co_return hp.status();
   tcp::resolver resolver(io_);
-  asio::steady_timer backoff_timer(io_);
   auto backoff = std::chrono::milliseconds(20);
   std::string last_error;
   while (!closing_) {
@@ -82,14 +89,21 @@ asio::awaitable<Status> AggregatorLink::Connect(std::chrono::steady_clock::time_
       last_error = "cannot resolve " + hp->host + ": " + rec.message();
     } else {
       // Bound each attempt by the deadline: a SYN to a silent host would otherwise wait for the kernel's timeout.
+      // `cut` outlives this frame: an expiry already queued when the attempt ends finds `ended` and does nothing.
+      struct AttemptCut {
+        bool ended = false;
+        bool fired = false;
+      };
+      auto cut = std::make_shared<AttemptCut>();
       asio::steady_timer attempt_timer(io_, deadline);
-      attempt_timer.async_wait([this](const boost::system::error_code& ec) {
-        if (!ec) {
-          boost::system::error_code ignored;
-          socket_.close(ignored);
-        }
+      attempt_timer.async_wait([this, cut](const boost::system::error_code& ec) {
+        if (ec || cut->ended) return;
+        cut->fired = true;
+        boost::system::error_code ignored;
+        socket_.close(ignored);
       });
       auto [cec, endpoint] = co_await asio::async_connect(socket_, endpoints, asio::as_tuple(asio::use_awaitable));
+      cut->ended = true;
       attempt_timer.cancel();
       if (!cec) {
         boost::system::error_code ignored;
@@ -107,13 +121,18 @@ asio::awaitable<Status> AggregatorLink::Connect(std::chrono::steady_clock::time_
         (void)sparsereduce::tcp::ApplyLiveness(socket_, {});
         co_return Status::Ok();
       }
-      last_error = cec.message();
+      // A cut attempt reports why, not the "Operation canceled" of the socket the deadline closed.
+      last_error = cut->fired ? "no answer within the connect timeout (the host drops or does not answer the "
+                                "connection request)"
+                              : cec.message();
       boost::system::error_code ignored;
       socket_.close(ignored);
     }
     if (std::chrono::steady_clock::now() + backoff >= deadline) break;
-    backoff_timer.expires_after(backoff);
-    co_await backoff_timer.async_wait(asio::as_tuple(asio::use_awaitable));
+    if (closing_) break;
+    // Close() cancels the pause (it was a local timer: a link closed meanwhile waited up to a second more).
+    retry_timer_.expires_after(backoff);
+    co_await retry_timer_.async_wait(asio::as_tuple(asio::use_awaitable));
     backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
   }
   co_return Status(StatusCode::kUnavailable, "cannot connect: " + last_error);
@@ -138,9 +157,20 @@ void AggregatorLink::Decline(const std::string& reason) {
 }
 
 asio::awaitable<Status> AggregatorLink::TakeShmOffer(const proto::TransportOffer& offer) {
-  const auto deadline = std::min(std::chrono::steady_clock::now() + options_.setup_timeout, join_deadline_);
-  Result<shm::ShmAttachment> attached =
-      co_await shm::AttachShm(io_.get_executor(), offer.shm_socket(), offer.token(), deadline);
+  const auto deadline =
+      std::min(DeadlineAfter(std::chrono::steady_clock::now(), options_.setup_timeout), join_deadline_);
+  if (closing_) co_return Status(StatusCode::kAborted, "the connection was closed");
+  // Close() ends the wait below (the handoff's own socket is out of its reach): without this a worker that failed
+  // or was cancelled meanwhile waited for the descriptors until the deadline, and so did its I/O thread and the
+  // constructor's failure path.
+  setup_cancel_.expires_at(std::chrono::steady_clock::time_point::max());
+  using namespace asio::experimental::awaitable_operators;
+  auto outcome = co_await (shm::AttachShm(io_.get_executor(), offer.shm_socket(), offer.token(), deadline) ||
+                           setup_cancel_.async_wait(asio::as_tuple(asio::use_awaitable)));
+  if (closing_ || outcome.index() == 1) {
+    co_return Status(StatusCode::kAborted, "the connection was closed while it moved to shared memory");
+  }
+  Result<shm::ShmAttachment> attached = std::move(std::get<0>(outcome));
   if (!attached.ok()) {
     // Unreachable socket: another host (or network namespace). Anything else is a broken handoff.
     if (attached.status().code() == StatusCode::kUnavailable && options_.transport == "auto") {
@@ -237,10 +267,15 @@ asio::awaitable<void> AggregatorLink::Run(proto::Hello hello, std::chrono::stead
       co_return;
     }
     if (control->body_case() == proto::ControlMessage::kTransportOffer) {
+      if (Status st = handler_.TransportOfferAllowed(*this); !st.ok()) {
+        handler_.OnFailure(*this, st);
+        co_return;
+      }
       if (Status st = co_await TakeOffer(control->transport_offer()); !st.ok()) {
         if (!closing_) handler_.OnFailure(*this, st);
         co_return;
       }
+      if (closing_) co_return;
       continue;
     }
     if (control->body_case() == proto::ControlMessage::kJobReady) job_ready_ = true;

@@ -24,11 +24,27 @@
 
 namespace sparsereduce::worker {
 
+// `from` + `timeout`, saturating at the latest time point: a timeout meant as "as long as it takes"
+// (milliseconds::max()) would otherwise overflow, in nanoseconds, into a deadline in the past. A timeout of zero or
+// less is `from`.
+inline std::chrono::steady_clock::time_point DeadlineAfter(std::chrono::steady_clock::time_point from,
+                                                           std::chrono::milliseconds timeout) {
+  using std::chrono::steady_clock;
+  if (timeout <= std::chrono::milliseconds::zero()) return from;
+  if (timeout >= std::chrono::duration_cast<std::chrono::milliseconds>(steady_clock::time_point::max() - from)) {
+    return steady_clock::time_point::max();
+  }
+  return from + timeout;
+}
+
 class AggregatorLink {
  public:
   struct Handler {
     virtual ~Handler() = default;
     virtual void OnControl(AggregatorLink& link, const proto::ControlMessage& message) = 0;
+    // Whether the link may take a TransportOffer now (the offer comes after authentication, docs/PROTOCOL.md §10.1),
+    // or the reason it may not.
+    virtual Status TransportOfferAllowed(AggregatorLink& link) = 0;
     // Largest RESULT payload acceptable now, or the reason none is.
     virtual Result<uint64_t> ResultLimit(AggregatorLink& link, const FrameHeader& header) = 0;
     // A RESULT in two steps, so that its data lands where it belongs without a buffer in between: BeginResult gets
@@ -123,6 +139,11 @@ class AggregatorLink {
   bool reading_result_data_ = false;
   std::vector<std::byte> result_table_;                 // ReadResult's, kept across frames
   std::vector<boost::asio::mutable_buffer> result_targets_;
+  // The pause between connection attempts; Close() cancels it, so a closed link stops retrying at once.
+  boost::asio::steady_timer retry_timer_;
+  // Ends a transport handoff in progress (TakeShmOffer) when the link is closed: the handoff waits on a socket of
+  // its own, which closing the connection does not reach. Waited on (never expiring) only during a handoff.
+  boost::asio::steady_timer setup_cancel_;
   // A write error is reported only after a grace period, so that an Error frame the aggregator sent before closing
   // (already in our receive buffer) is read and reported instead of the bare "broken pipe".
   boost::asio::steady_timer write_error_grace_;

@@ -44,6 +44,7 @@ class Worker::Impl : public AggregatorLink::Handler {
   // AggregatorLink::Handler (I/O thread)
   void OnControl(AggregatorLink& link, const proto::ControlMessage& message) override;
   void OnAuthChallenge(AggregatorLink& link, const proto::AuthChallenge& challenge);
+  Status TransportOfferAllowed(AggregatorLink& link) override;
   Result<uint64_t> ResultLimit(AggregatorLink& link, const FrameHeader& header) override;
   bool BeginResult(AggregatorLink& link, const FrameHeader& header, std::span<const std::byte> table,
                    std::vector<boost::asio::mutable_buffer>* targets) override;
@@ -174,8 +175,9 @@ Worker::Impl::Impl(WorkerOptions options)
   link_authenticated_.assign(links_.size(), false);
   for (size_t a = 0; a < links_.size() && !options_.secret.empty(); ++a) auth_nonces_.push_back(auth::RandomNonce());
   std::future<void> joined = joined_.get_future();
-  const auto connect_deadline = std::chrono::steady_clock::now() + options_.connect_timeout;
-  asio::post(io_, [this, connect_deadline] {
+  const auto connect_deadline = worker::DeadlineAfter(std::chrono::steady_clock::now(), options_.connect_timeout);
+  const auto join_deadline = worker::DeadlineAfter(connect_deadline, options_.join_timeout);
+  asio::post(io_, [this, connect_deadline, join_deadline] {
     for (auto& link : links_) {
       proto::Hello hello;
       hello.set_protocol_version(kProtocolVersion);
@@ -190,10 +192,10 @@ Worker::Impl::Impl(WorkerOptions options)
       if (!options_.secret.empty()) hello.set_auth_nonce(auth_nonces_[link->index()]);
       if (options_.transport == "auto" || options_.transport == "shm") hello.add_transports(shm::kShmCapability);
       if (options_.transport == "rdma") hello.add_transports("rdma");
-      asio::co_spawn(io_, link->Run(hello, connect_deadline, connect_deadline + options_.join_timeout),
+      asio::co_spawn(io_, link->Run(hello, connect_deadline, join_deadline),
                      asio::detached);
     }
-    deadline_.expires_at(connect_deadline + options_.join_timeout);
+    deadline_.expires_at(join_deadline);
     deadline_.async_wait([this](const boost::system::error_code& ec) {
       if (ec || !join_pending_) return;
       std::string waiting;
@@ -290,7 +292,7 @@ void Worker::Impl::StartNext() {
     std::memcpy(copy.data(), begin_frame.data(), begin_frame.size());
     link->Send(std::move(copy));
   }
-  deadline_.expires_after(options_.collective_timeout);
+  deadline_.expires_at(worker::DeadlineAfter(a.start, options_.collective_timeout));
   deadline_.async_wait([this, seq](const boost::system::error_code& ec) {
     if (ec || !active_ || active_->collective->seq() != seq) return;
     std::string waiting;
@@ -356,6 +358,17 @@ void Worker::Impl::OnAuthChallenge(AggregatorLink& link, const proto::AuthChalle
   proto::ControlMessage response;
   response.mutable_auth_response()->set_client_proof(auth::ClientProof(options_.secret, transcript));
   link.Send(EncodeControl(response));
+}
+
+Status Worker::Impl::TransportOfferAllowed(AggregatorLink& link) {
+  // A worker with a secret takes no offer from an aggregator that has not proved it holds the secret: it would
+  // otherwise connect to a socket and map memory that an impostor named.
+  if (!options_.secret.empty() && !link_authenticated_[link.index()]) {
+    return Status(StatusCode::kUnauthenticated,
+                  "offered a transport before proving it holds the job's secret (the offer comes after "
+                  "authentication)");
+  }
+  return Status::Ok();
 }
 
 void Worker::Impl::OnControl(AggregatorLink& link, const proto::ControlMessage& message) {

@@ -94,7 +94,8 @@ struct WorkerOptions {
   // tensor's blocks hold their input or their sum (part of it where a read was cut short); collectives queued
   // behind the failed one are untouched. For jobs that restart from a checkpoint anyway.
   bool restore_on_failure = true;
-  // Connecting keeps retrying (the aggregator may not be up yet) until this passes.
+  // Connecting keeps retrying (the aggregator may not be up yet) until this passes. Like the other timeouts below,
+  // std::chrono::milliseconds::max() means no limit.
   std::chrono::milliseconds connect_timeout{30'000};
   // How long, beyond connect_timeout, to wait for the other ranks to join: the job must have formed within
   // connect_timeout + join_timeout of the constructor's start, since other ranks may still be retrying to connect.

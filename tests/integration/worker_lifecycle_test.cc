@@ -1,0 +1,600 @@
+// The Worker's lifecycle against aggregators played by hand (raw_peer.h): every way its constructor, a collective
+// or its destructor can end must end within its timeouts, or at once when it is cancelled or another aggregator
+// fails, whatever phase of the handshake a connection is in. Every wait here is bounded: a Worker that hangs fails
+// the test instead of hanging it.
+#include <gtest/gtest.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <memory>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "protocol/control.h"
+#include "protocol/frame.h"
+#include "protocol/frame_format.h"
+#include "sparsereduce/worker.h"
+#include "tests/integration/raw_peer.h"
+
+namespace sparsereduce::testing {
+namespace {
+
+using namespace std::chrono_literals;
+
+// accept() bounded by `timeout`; -1 when nobody connected.
+int AcceptWithin(int listener, std::chrono::milliseconds timeout) {
+  pollfd p{listener, POLLIN, 0};
+  if (poll(&p, 1, static_cast<int>(timeout.count())) != 1) return -1;
+  return accept(listener, nullptr, nullptr);
+}
+
+std::string UniqueName(const std::string& what) {
+  return "sparsereduce-test/" + what + "/" + std::to_string(getpid());
+}
+
+proto::ControlMessage ShmOffer(const std::string& name) {
+  proto::ControlMessage offer;
+  offer.mutable_transport_offer()->set_kind("shm");
+  offer.mutable_transport_offer()->set_shm_socket(name);
+  offer.mutable_transport_offer()->set_token(std::string(16, 't'));
+  return offer;
+}
+
+// A worker in the middle of taking a shared-memory offer (it connected to the offer's socket and presented its
+// token; the aggregator never hands the segment over) leaves at once when the join is cancelled. Close() did not
+// reach the handoff, which went on waiting for the descriptors until the connect timeout, and with it the I/O
+// thread and the cancelled constructor.
+TEST(WorkerLifecycle, CancelDuringASharedMemoryHandoffEndsTheConstructorAtOnce) {
+  uint16_t port = 0;
+  const int listener = ListenOnLoopback(&port);
+  ASSERT_GE(listener, 0);
+  const std::string name = UniqueName("cancel-handoff");
+  const int shm_listener = ListenOnAbstract(name);
+  ASSERT_GE(shm_listener, 0) << std::strerror(errno);
+
+  std::stop_source stop;
+  WorkerOptions options;
+  options.aggregators = {"127.0.0.1:" + std::to_string(port)};
+  options.job = 40;
+  options.world_size = 1;
+  options.transport = "auto";
+  options.connect_timeout = options.join_timeout = 15s;  // bounds the test if the Worker hangs
+  options.cancel = stop.get_token();
+  auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  const int fd = AcceptWithin(listener, 10s);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(ReadFrame(fd));  // Hello
+  ASSERT_TRUE(SendControl(fd, ShmOffer(name)));
+  const int shm_fd = AcceptWithin(shm_listener, 10s);
+  ASSERT_GE(shm_fd, 0) << "the worker did not take the offer";
+  char token[16];
+  ASSERT_TRUE(ReadExactly(shm_fd, token, sizeof token));  // the worker now waits for the descriptors
+
+  stop.request_stop();
+  const auto cancelled = std::chrono::steady_clock::now();
+  const bool ended = joined.wait_for(5s) == std::future_status::ready;
+  EXPECT_TRUE(ended) << "the constructor was still waiting 5 s after its join was cancelled during a handoff";
+  try {
+    joined.get();  // after the connect timeout at the latest
+    ADD_FAILURE() << "joined without a JobReady";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "ABORTED") << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - cancelled, 5s);
+  close(shm_fd);
+  close(fd);
+  close(shm_listener);
+  close(listener);
+}
+
+// The same when another aggregator refuses the job while the first connection takes its offer: the constructor
+// throws that aggregator's error at once instead of after the handoff's deadline.
+TEST(WorkerLifecycle, AnotherAggregatorsErrorDuringAHandoffEndsTheConstructorAtOnce) {
+  uint16_t port0 = 0, port1 = 0;
+  const int listener0 = ListenOnLoopback(&port0);
+  const int listener1 = ListenOnLoopback(&port1);
+  ASSERT_GE(listener0, 0);
+  ASSERT_GE(listener1, 0);
+  const std::string name = UniqueName("error-during-handoff");
+  const int shm_listener = ListenOnAbstract(name);
+  ASSERT_GE(shm_listener, 0) << std::strerror(errno);
+
+  WorkerOptions options;
+  options.aggregators = {"127.0.0.1:" + std::to_string(port0), "127.0.0.1:" + std::to_string(port1)};
+  options.job = 41;
+  options.world_size = 1;
+  options.transport = "auto";
+  options.connect_timeout = options.join_timeout = 15s;
+  auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  const int fd0 = AcceptWithin(listener0, 10s);
+  const int fd1 = AcceptWithin(listener1, 10s);
+  ASSERT_GE(fd0, 0);
+  ASSERT_GE(fd1, 0);
+  ASSERT_TRUE(ReadFrame(fd0));  // Hello
+  ASSERT_TRUE(ReadFrame(fd1));
+  ASSERT_TRUE(SendControl(fd0, ShmOffer(name)));
+  const int shm_fd = AcceptWithin(shm_listener, 10s);
+  ASSERT_GE(shm_fd, 0) << "the worker did not take the offer";
+  char token[16];
+  ASSERT_TRUE(ReadExactly(shm_fd, token, sizeof token));
+
+  proto::ControlMessage error;
+  error.mutable_error()->set_code(proto::JOB_CONFIG_MISMATCH);
+  error.mutable_error()->set_message("job 41 is configured otherwise");
+  ASSERT_TRUE(SendControl(fd1, error));
+  const auto refused = std::chrono::steady_clock::now();
+  const bool ended = joined.wait_for(5s) == std::future_status::ready;
+  EXPECT_TRUE(ended) << "the constructor was still waiting 5 s after aggregator 1 refused the job";
+  try {
+    joined.get();
+    ADD_FAILURE() << "joined without a JobReady";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "JOB_CONFIG_MISMATCH") << e.what();
+    EXPECT_NE(std::string(e.what()).find("aggregator 1"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - refused, 5s);
+  close(shm_fd);
+  close(fd0);
+  close(fd1);
+  close(shm_listener);
+  close(listener0);
+  close(listener1);
+}
+
+
+// A Worker of one rank joined through a hand-played aggregator (`fd`, TCP).
+struct Joined {
+  int listener = -1;
+  int fd = -1;
+  std::unique_ptr<Worker> worker;
+  ~Joined() {
+    worker.reset();
+    if (fd >= 0) close(fd);
+    if (listener >= 0) close(listener);
+  }
+};
+
+void Join(WorkerOptions options, Joined* out, int receive_buffer = 0) {
+  uint16_t port = 0;
+  out->listener = ListenOnLoopback(&port, receive_buffer);
+  ASSERT_GE(out->listener, 0);
+  options.aggregators = {"127.0.0.1:" + std::to_string(port)};
+  options.world_size = 1;
+  options.transport = "tcp";
+  options.connect_timeout = options.join_timeout = 10s;
+  auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  out->fd = AcceptWithin(out->listener, 10s);
+  ASSERT_GE(out->fd, 0);
+  ASSERT_TRUE(ReadFrame(out->fd));  // Hello
+  proto::ControlMessage ready;
+  ready.mutable_job_ready()->set_protocol_version(kProtocolVersion);
+  ready.mutable_job_ready()->set_transport("tcp");
+  ASSERT_TRUE(SendControl(out->fd, ready));
+  ASSERT_EQ(joined.wait_for(10s), std::future_status::ready);
+  out->worker = joined.get();
+}
+
+// One block of 4 floats, one slot, one block per message: the collective is CollectiveBegin, the announce and one
+// CONTRIBUTION, answered by CollectiveAccepted, the announce reply and one RESULT.
+WorkerOptions OneBlockShape(uint64_t job) {
+  WorkerOptions options;
+  options.job = job;
+  options.block_size = 4;
+  options.slots = 1;
+  options.blocks_per_message = 1;
+  options.window = 1;
+  options.collective_timeout = 1s;
+  return options;
+}
+
+// Reads the worker's three frames of a one-block collective and answers up to the RESULT's header and entry table
+// and `data_bytes_sent` of its 16 data bytes.
+void AnswerOneBlockPartly(int fd, uint64_t job, size_t data_bytes_sent) {
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(ReadFrame(fd)) << "frame " << i;  // begin, announce, contribution
+  proto::ControlMessage accepted;
+  accepted.mutable_collective_accepted()->set_seq(1);
+  ASSERT_TRUE(SendControl(fd, accepted));
+  const FrameHeader header{FrameType::kResult, 0, 0, job, 1, 1};
+  const std::array announce_reply{Entry{0, 0, 0}};
+  const ByteBuffer reply = EncodeDataFrame(header, announce_reply, {});
+  ASSERT_TRUE(WriteAll(fd, reply.span()));
+  const std::array sum{7.0f, 7.0f, 7.0f, 7.0f};
+  const std::array result_entry{Entry{0, kEndOfColumn, 16}};
+  const std::array<std::span<const std::byte>, 1> data{std::as_bytes(std::span(sum))};
+  const ByteBuffer result = EncodeDataFrame(header, result_entry, data);
+  ASSERT_TRUE(WriteAll(fd, result.span().first(kFrameHeaderSize + kEntrySize + data_bytes_sent)));
+}
+
+// An aggregator that stops in the middle of a RESULT's data: the collective timeout still ends the collective, and
+// the caller gets its input back although part of the RESULT already landed in the tensor.
+TEST(WorkerLifecycle, AResultThatStopsMidFrameEndsAtTheCollectiveTimeout) {
+  Joined j;
+  ASSERT_NO_FATAL_FAILURE(Join(OneBlockShape(42), &j));
+  std::vector<float> tensor{1.0f, 2.0f, 3.0f, 4.0f};
+  const std::vector<float> input = tensor;
+  auto done = j.worker->allreduce_async(std::span(tensor));
+  ASSERT_NO_FATAL_FAILURE(AnswerOneBlockPartly(j.fd, 42, 8));
+  ASSERT_EQ(done.wait_for(10s), std::future_status::ready) << "the collective timeout (1 s) did not end it";
+  try {
+    done.get();
+    ADD_FAILURE() << "a RESULT cut short completed the collective";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "DEADLINE_EXCEEDED") << e.what();
+    EXPECT_NE(std::string(e.what()).find("job 42 rank 0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("aggregator 0"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(tensor, input);
+}
+
+// The same aggregator closing the connection mid-frame: a protocol error naming the aggregator, input restored.
+TEST(WorkerLifecycle, AnAggregatorClosingMidFrameFailsTheCollectiveAndRestoresTheInput) {
+  Joined j;
+  ASSERT_NO_FATAL_FAILURE(Join(OneBlockShape(43), &j));
+  std::vector<float> tensor{1.0f, 2.0f, 3.0f, 4.0f};
+  const std::vector<float> input = tensor;
+  auto done = j.worker->allreduce_async(std::span(tensor));
+  ASSERT_NO_FATAL_FAILURE(AnswerOneBlockPartly(j.fd, 43, 8));
+  shutdown(j.fd, SHUT_WR);
+  ASSERT_EQ(done.wait_for(10s), std::future_status::ready);
+  try {
+    done.get();
+    ADD_FAILURE() << "a RESULT cut short completed the collective";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "PROTOCOL_VIOLATION") << e.what();
+    EXPECT_NE(std::string(e.what()).find("aggregator 0"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(tensor, input);
+}
+
+// An aggregator that stops reading: the worker's writes block with frames that point into the tensor, and the
+// collective timeout must still end the collective (and put the input back); then the Worker goes at once.
+TEST(WorkerLifecycle, AnAggregatorThatStopsReadingEndsAtTheCollectiveTimeout) {
+  WorkerOptions options;
+  options.job = 44;
+  options.tcp_send_buffer = 4096;
+  options.collective_timeout = 1s;
+  Joined j;
+  ASSERT_NO_FATAL_FAILURE(Join(options, &j, /*receive_buffer=*/4096));
+  std::vector<float> tensor(4 << 20);
+  for (size_t i = 0; i < tensor.size(); ++i) tensor[i] = static_cast<float>(i % 1000) + 1.0f;
+  const std::vector<float> input = tensor;
+  auto done = j.worker->allreduce_async(std::span(tensor));
+  ASSERT_EQ(done.wait_for(10s), std::future_status::ready) << "the collective timeout (1 s) did not end it";
+  try {
+    done.get();
+    ADD_FAILURE() << "completed without an aggregator";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "DEADLINE_EXCEEDED") << e.what();
+  }
+  EXPECT_TRUE(tensor == input);
+  auto destroyed = std::async(std::launch::async, [&] { j.worker.reset(); });
+  EXPECT_EQ(destroyed.wait_for(5s), std::future_status::ready) << "the destructor hung";
+}
+
+// Destroying the Worker while another thread waits for a collective whose writes are blocked: the waiting thread
+// gets ABORTED with its input back, and the destructor returns.
+TEST(WorkerLifecycle, DestroyingTheWorkerWhileACollectiveWaitsOnBlockedWrites) {
+  WorkerOptions options;
+  options.job = 45;
+  options.tcp_send_buffer = 4096;
+  options.collective_timeout = 60s;
+  Joined j;
+  ASSERT_NO_FATAL_FAILURE(Join(options, &j, /*receive_buffer=*/4096));
+  std::vector<float> tensor(4 << 20);
+  for (size_t i = 0; i < tensor.size(); ++i) tensor[i] = static_cast<float>(i % 1000) + 1.0f;
+  const std::vector<float> input = tensor;
+  std::vector<float> queued(1000, 1.0f);
+  auto done = j.worker->allreduce_async(std::span(tensor));
+  auto waiter = std::async(std::launch::async, [&]() -> std::string {
+    try {
+      done.get();
+      return "completed";
+    } catch (const Error& e) {
+      return e.code();
+    }
+  });
+  auto second = j.worker->allreduce_async(std::span(queued));
+  ASSERT_TRUE(ReadFrame(j.fd));  // the collective is under way
+  auto destroyed = std::async(std::launch::async, [&] { j.worker.reset(); });
+  ASSERT_EQ(destroyed.wait_for(10s), std::future_status::ready) << "the destructor hung";
+  ASSERT_EQ(waiter.wait_for(1s), std::future_status::ready);
+  EXPECT_EQ(waiter.get(), "ABORTED");
+  EXPECT_THROW(second.get(), Error);
+  EXPECT_TRUE(tensor == input);
+}
+
+// An aggregator that accepts the connection and never answers: the constructor ends at the join deadline.
+TEST(WorkerLifecycle, ASilentAggregatorEndsTheConstructorAtTheJoinDeadline) {
+  uint16_t port = 0;
+  const int listener = ListenOnLoopback(&port);
+  ASSERT_GE(listener, 0);
+  WorkerOptions options;
+  options.aggregators = {"127.0.0.1:" + std::to_string(port)};
+  options.job = 46;
+  options.world_size = 1;
+  options.connect_timeout = 500ms;
+  options.join_timeout = 500ms;
+  const auto start = std::chrono::steady_clock::now();
+  auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  const int fd = AcceptWithin(listener, 10s);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(joined.wait_for(10s), std::future_status::ready) << "the constructor outlived its join deadline";
+  try {
+    joined.get();
+    ADD_FAILURE() << "joined without a JobReady";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "DEADLINE_EXCEEDED") << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
+  close(fd);
+  close(listener);
+}
+
+// A worker holding the job's secret takes no transport offer from an aggregator that has not authenticated
+// (docs/PROTOCOL.md §10.1: the offer comes after authentication): it fails UNAUTHENTICATED naming the aggregator,
+// without connecting to the socket the offer names. It used to take the offer, connect to that socket and wait
+// there for descriptors to map, and failed only at the join deadline.
+TEST(WorkerLifecycle, ATransportOfferBeforeAuthenticationIsRefused) {
+  uint16_t port = 0;
+  const int listener = ListenOnLoopback(&port);
+  ASSERT_GE(listener, 0);
+  const std::string name = UniqueName("offer-before-auth");
+  const int shm_listener = ListenOnAbstract(name);
+  ASSERT_GE(shm_listener, 0) << std::strerror(errno);
+
+  WorkerOptions options;
+  options.aggregators = {"127.0.0.1:" + std::to_string(port)};
+  options.job = 47;
+  options.world_size = 1;
+  options.transport = "auto";
+  options.secret = "the job's secret";
+  options.connect_timeout = options.join_timeout = 3s;
+  auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  const int fd = AcceptWithin(listener, 10s);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(ReadFrame(fd));  // Hello, with an auth nonce
+  ASSERT_TRUE(SendControl(fd, ShmOffer(name)));  // no AuthChallenge first
+  ASSERT_EQ(joined.wait_for(10s), std::future_status::ready);
+  try {
+    joined.get();
+    ADD_FAILURE() << "joined without a JobReady";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "UNAUTHENTICATED") << e.what();
+    EXPECT_NE(std::string(e.what()).find("aggregator 0"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(AcceptWithin(shm_listener, 0ms), 0) << "the worker connected to the unauthenticated offer's socket";
+  close(fd);
+  close(shm_listener);
+  close(listener);
+}
+
+// A cancelled join stops retrying a refused connection at once. The pause between attempts (growing to 1 s) was
+// a timer of its own that Close() did not reach, so the constructor returned only after the pause.
+TEST(WorkerLifecycle, CancelWhileRetryingAConnectionEndsTheConstructorAtOnce) {
+  uint16_t port = 0;
+  const int probe = ListenOnLoopback(&port);
+  ASSERT_GE(probe, 0);
+  close(probe);  // connections to the port are refused from now on
+
+  std::stop_source stop;
+  WorkerOptions options;
+  options.aggregators = {"127.0.0.1:" + std::to_string(port)};
+  options.job = 48;
+  options.world_size = 1;
+  options.connect_timeout = options.join_timeout = 15s;
+  options.cancel = stop.get_token();
+  const auto start = std::chrono::steady_clock::now();
+  auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  // The scenario, not a synchronization: by now the link has been refused for 2.5 s and waits in one of its 1 s
+  // pauses between attempts (20 + 40 + ... + 640 ms, then 1 s each: this one ends about 3.26 s after the start).
+  std::this_thread::sleep_until(start + 2500ms);
+  ASSERT_NE(joined.wait_for(0s), std::future_status::ready) << "the constructor ended before it was cancelled";
+  stop.request_stop();
+  const auto cancelled = std::chrono::steady_clock::now();
+  ASSERT_EQ(joined.wait_for(10s), std::future_status::ready) << "the cancelled constructor went on retrying";
+  const auto took = std::chrono::steady_clock::now() - cancelled;
+  try {
+    joined.get();
+    ADD_FAILURE() << "joined without an aggregator";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "ABORTED") << e.what();
+  }
+  EXPECT_LT(took, 300ms) << "the constructor returned "
+                         << std::chrono::duration_cast<std::chrono::milliseconds>(took).count()
+                         << " ms after the cancel";
+}
+
+// A worker holding the job's secret refuses a JobReady from an aggregator that never authenticated.
+TEST(WorkerLifecycle, AJobReadyBeforeAuthenticationIsRefused) {
+  uint16_t port = 0;
+  const int listener = ListenOnLoopback(&port);
+  ASSERT_GE(listener, 0);
+  WorkerOptions options;
+  options.aggregators = {"127.0.0.1:" + std::to_string(port)};
+  options.job = 49;
+  options.world_size = 1;
+  options.transport = "tcp";
+  options.secret = "the job's secret";
+  options.connect_timeout = options.join_timeout = 10s;
+  auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  const int fd = AcceptWithin(listener, 10s);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(ReadFrame(fd));  // Hello
+  proto::ControlMessage ready;
+  ready.mutable_job_ready()->set_protocol_version(kProtocolVersion);
+  ready.mutable_job_ready()->set_transport("tcp");
+  ASSERT_TRUE(SendControl(fd, ready));
+  ASSERT_EQ(joined.wait_for(10s), std::future_status::ready);
+  try {
+    joined.get();
+    ADD_FAILURE() << "joined an unauthenticated aggregator";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "UNAUTHENTICATED") << e.what();
+    EXPECT_NE(std::string(e.what()).find("job 49 rank 0: aggregator 0"), std::string::npos) << e.what();
+  }
+  close(fd);
+  close(listener);
+}
+
+// What a misbehaving aggregator may send during a one-block collective, after the worker's three frames.
+enum class Misstep { kAcceptedOutOfOrder, kResultForABlockNeverAnnounced, kResultAfterError };
+
+class HostileCollective : public ::testing::TestWithParam<Misstep> {};
+
+TEST_P(HostileCollective, FailsNamingTheAggregatorAndRestoresTheInput) {
+  const uint64_t job = 50 + static_cast<uint64_t>(GetParam());
+  Joined j;
+  WorkerOptions options = OneBlockShape(job);
+  options.collective_timeout = 10s;
+  ASSERT_NO_FATAL_FAILURE(Join(options, &j));
+  std::vector<float> tensor{1.0f, 2.0f, 3.0f, 4.0f};
+  const std::vector<float> input = tensor;
+  auto done = j.worker->allreduce_async(std::span(tensor));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(ReadFrame(j.fd)) << "frame " << i;  // begin, announce, contribution
+  const FrameHeader header{FrameType::kResult, 0, 0, job, 1, 1};
+  const std::array announce_reply{Entry{0, 0, 0}};
+  const std::array sum{7.0f, 7.0f, 7.0f, 7.0f};
+  const std::array<std::span<const std::byte>, 1> data{std::as_bytes(std::span(sum))};
+  std::string code, text;
+  switch (GetParam()) {
+    case Misstep::kAcceptedOutOfOrder: {
+      proto::ControlMessage accepted;
+      accepted.mutable_collective_accepted()->set_seq(2);
+      ASSERT_TRUE(SendControl(j.fd, accepted));
+      code = "PROTOCOL_VIOLATION";
+      text = "accepted collective 2 unexpectedly";
+      break;
+    }
+    case Misstep::kResultForABlockNeverAnnounced: {
+      ASSERT_TRUE(WriteAll(j.fd, EncodeDataFrame(header, announce_reply, {}).span()));
+      const std::array stray{Entry{5, kEndOfColumn, 16}};
+      ASSERT_TRUE(WriteAll(j.fd, EncodeDataFrame(header, stray, data).span()));
+      code = "PROTOCOL_VIOLATION";
+      text = "block 5";
+      break;
+    }
+    case Misstep::kResultAfterError: {
+      ASSERT_TRUE(WriteAll(j.fd, EncodeDataFrame(header, announce_reply, {}).span()));
+      proto::ControlMessage error;
+      error.mutable_error()->set_code(proto::PEER_LEFT);
+      error.mutable_error()->set_message("rank 1 left");
+      ASSERT_TRUE(SendControl(j.fd, error));
+      const std::array result{Entry{0, kEndOfColumn, 16}};
+      ASSERT_TRUE(WriteAll(j.fd, EncodeDataFrame(header, result, data).span()));
+      code = "PEER_LEFT";
+      text = "rank 1 left";
+      break;
+    }
+  }
+  ASSERT_EQ(done.wait_for(10s), std::future_status::ready) << "the worker did not fail";
+  try {
+    done.get();
+    ADD_FAILURE() << "the collective completed";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    EXPECT_NE(std::string(e.what()).find("job " + std::to_string(job) + " rank 0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("aggregator 0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(tensor, input);
+  std::vector<float> later(4, 1.0f);
+  EXPECT_THROW(j.worker->allreduce(std::span(later)), Error);  // the Worker is unusable after a failure
+  EXPECT_EQ(later, std::vector<float>(4, 1.0f));
+}
+
+INSTANTIATE_TEST_SUITE_P(WorkerLifecycle, HostileCollective,
+                         ::testing::Values(Misstep::kAcceptedOutOfOrder, Misstep::kResultForABlockNeverAnnounced,
+                                           Misstep::kResultAfterError));
+
+// An aggregator whose host drops the worker's SYNs (here: a listener whose accept queue is full) fails the
+// constructor at the connect timeout with an error that says so. It said "cannot connect: Operation canceled", the
+// text of the attempt the deadline cut off.
+TEST(WorkerLifecycle, AConnectionThatIsNeverAnsweredFailsSayingSo) {
+  uint16_t port = 0;
+  const int listener = ListenOnLoopback(&port);
+  ASSERT_GE(listener, 0);
+  ASSERT_EQ(listen(listener, 0), 0);  // a backlog of one: once it is full, further SYNs are dropped
+  std::vector<int> fillers;
+  for (int i = 0; i < 4; ++i) {
+    const int c = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    ASSERT_GE(c, 0);
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(port);
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    (void)connect(c, reinterpret_cast<const sockaddr*>(&to), sizeof to);
+    fillers.push_back(c);
+  }
+  WorkerOptions options;
+  options.aggregators = {"127.0.0.1:" + std::to_string(port)};
+  options.job = 55;
+  options.world_size = 1;
+  options.connect_timeout = 1s;
+  options.join_timeout = 5s;
+  auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  ASSERT_EQ(joined.wait_for(10s), std::future_status::ready);
+  try {
+    joined.get();
+    ADD_FAILURE() << "joined without an aggregator";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "UNAVAILABLE") << e.what();
+    const std::string what = e.what();
+    EXPECT_NE(what.find("aggregator 0"), std::string::npos) << what;
+    EXPECT_EQ(what.find("Operation canceled"), std::string::npos) << what;
+    EXPECT_NE(what.find("no answer within the connect timeout"), std::string::npos) << what;
+  }
+  for (const int c : fillers) close(c);
+  close(listener);
+}
+
+// Timeouts meant as "wait as long as it takes" (milliseconds::max()) must not overflow into deadlines in the
+// past: the Worker joins, and its collective runs, as with any long timeout.
+TEST(WorkerLifecycle, TheLongestTimeoutsDoNotOverflow) {
+  WorkerOptions options = OneBlockShape(56);
+  options.collective_timeout = std::chrono::milliseconds::max();
+  uint16_t port = 0;
+  const int listener = ListenOnLoopback(&port);
+  ASSERT_GE(listener, 0);
+  options.aggregators = {"127.0.0.1:" + std::to_string(port)};
+  options.world_size = 1;
+  options.transport = "tcp";
+  options.connect_timeout = options.join_timeout = std::chrono::milliseconds::max();
+  auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  const int fd = AcceptWithin(listener, 10s);
+  ASSERT_GE(fd, 0) << "the worker did not connect";
+  ASSERT_TRUE(ReadFrame(fd));  // Hello
+  proto::ControlMessage ready;
+  ready.mutable_job_ready()->set_protocol_version(kProtocolVersion);
+  ready.mutable_job_ready()->set_transport("tcp");
+  ASSERT_TRUE(SendControl(fd, ready));
+  ASSERT_EQ(joined.wait_for(10s), std::future_status::ready);
+  std::unique_ptr<Worker> worker;
+  try {
+    worker = joined.get();
+  } catch (const Error& e) {
+    close(fd);
+    close(listener);
+    FAIL() << e.what();
+  }
+  std::vector<float> tensor{1.0f, 2.0f, 3.0f, 4.0f};
+  auto done = worker->allreduce_async(std::span(tensor));
+  ASSERT_NO_FATAL_FAILURE(AnswerOneBlockPartly(fd, 56, 16));  // the whole RESULT
+  ASSERT_EQ(done.wait_for(10s), std::future_status::ready);
+  EXPECT_NO_THROW(done.get());
+  EXPECT_EQ(tensor, std::vector<float>(4, 7.0f));
+  worker.reset();
+  close(fd);
+  close(listener);
+}
+
+}  // namespace
+}  // namespace sparsereduce::testing
