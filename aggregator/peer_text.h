@@ -11,6 +11,8 @@
 #include <string>
 #include <string_view>
 
+#include "core/cut_text.h"
+
 namespace sparsereduce::aggregator {
 
 inline constexpr size_t kMaxPeerText = 1024;
@@ -18,15 +20,6 @@ inline constexpr size_t kMaxPeerText = 1024;
 // below 2^21.
 inline constexpr size_t kMaxErrorMessage = 16 * 1024;
 inline constexpr size_t kMaxErrorRanks = 4096;
-
-// `text` cut to at most `max_bytes` (on a UTF-8 character boundary, so that it stays a valid protobuf string),
-// followed by " [...]" when something was cut.
-inline std::string CutText(std::string_view text, size_t max_bytes) {
-  if (text.size() <= max_bytes) return std::string(text);
-  size_t end = max_bytes;
-  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;  // not inside a character
-  return std::string(text.substr(0, end)) + " [...]";
-}
 
 // A peer's text for logs and messages: control characters (newlines included) and backslashes written as \xNN,
 // then cut to `max_bytes` with CutText.

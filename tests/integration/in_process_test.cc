@@ -659,7 +659,11 @@ TEST(InProcess, ALongErrorReachesTheOtherAggregatorCutInAGoodbye) {
   ASSERT_TRUE(ReadFrame(fds[0]));  // CollectiveBegin
   proto::ControlMessage error;
   error.mutable_error()->set_code(proto::RESOURCE_EXHAUSTED);
-  error.mutable_error()->set_message("out of memory: " + std::string(60'000, 'x'));
+  // 3-byte characters (U+20AC): the cut must not split one, or the Goodbye is not valid UTF-8 and the aggregator's
+  // parser refuses it (it did with 2 of 3 possible cut positions).
+  std::string euros;
+  for (int i = 0; i < 20'000; ++i) euros += "\xe2\x82\xac";
+  error.mutable_error()->set_message("out of memory: xxx " + euros);
   error.mutable_error()->set_seq(1);
   ASSERT_TRUE(SendControl(fds[0], error));
   try {

@@ -12,6 +12,7 @@
 #include <optional>
 #include <thread>
 
+#include "core/cut_text.h"
 #include "core/dtype.h"
 #include "protocol/auth.h"
 #include "protocol/control.h"
@@ -523,9 +524,7 @@ void Worker::Impl::Fail(const Status& status, AggregatorLink* origin) {
   proto::ControlMessage goodbye;
   // Within a CONTROL frame's limit (64 KiB) whatever the message: it may quote an aggregator's Error at length.
   constexpr size_t kMaxReason = 4096;
-  goodbye.mutable_goodbye()->set_reason(status.message().size() <= kMaxReason
-                                            ? status.message()
-                                            : status.message().substr(0, kMaxReason) + " [...]");
+  goodbye.mutable_goodbye()->set_reason(CutText(status.message(), kMaxReason));
   for (auto& link : links_) {
     link->DropQueued();
     if (link.get() != origin && link->connected()) link->Send(EncodeControl(goodbye));
