@@ -364,10 +364,13 @@ TEST(Service, CancelledJoinLeavesTheJobAtOnce) {
     }
   }
 
-  auto [worker0, worker1] = JoinPair(daemon.address(), 26);
+  // Not a structured binding: clang 14 refuses lambdas that capture one.
+  std::pair<std::unique_ptr<Worker>, std::unique_ptr<Worker>> pair = JoinPair(daemon.address(), 26);
+  Worker& worker0 = *pair.first;
+  Worker& worker1 = *pair.second;
   std::vector<float> a(1000, 1.0f), b(1000, 2.0f);
-  auto sum1 = std::async(std::launch::async, [&] { worker1->allreduce(std::span(b)); });
-  worker0->allreduce(std::span(a));
+  auto sum1 = std::async(std::launch::async, [&] { worker1.allreduce(std::span(b)); });
+  worker0.allreduce(std::span(a));
   sum1.get();
   EXPECT_EQ(a, std::vector<float>(1000, 3.0f));
 }
