@@ -530,6 +530,9 @@ void Worker::Impl::Fail(const Status& status, AggregatorLink* origin) {
     if (link.get() != origin && link->connected()) link->Send(EncodeControl(goodbye));
     link->Close();
   }
+  // Delivered already: dropping the queues above left every writer idle. A grace timer now would only keep the
+  // I/O thread (and a destructor waiting for it) busy for its 500 ms.
+  if (!failure_) return;
   // Frames in flight may point into the caller's tensor: the failure is delivered once they are written, or after
   // a short grace period with the sockets closed.
   failure_grace_.expires_after(std::chrono::milliseconds(500));
