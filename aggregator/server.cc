@@ -8,6 +8,7 @@
 #include "aggregator/job.h"
 #include "aggregator/session.h"
 #include "protocol/control.h"
+#include "transport/tcp/endpoint.h"
 #include "transport/tcp/listener.h"
 
 namespace sparsereduce::aggregator {
@@ -31,7 +32,7 @@ NetworkAllowlist ParseAllowlist(const std::vector<std::string>& cidrs, Status* s
 // debug, so that the refusals cannot flood the log; counted in sparsereduce_errors_total.
 void RefuseBusyAddress(tcp::socket socket, const tcp::endpoint& remote, ServiceContext& context) {
   const std::string address = remote.address().to_string();
-  const std::string peer = (remote.address().is_v6() ? "[" + address + "]" : address) + ":" + std::to_string(remote.port());
+  const std::string peer = sparsereduce::tcp::HostPort{address, remote.port()}.ToString();
   const std::string text = "client " + peer + ": " + address + " already has " +
                            std::to_string(context.handshake_limit.per_address()) +
                            " connections in their handshake (--max-handshakes-per-address); connection refused";

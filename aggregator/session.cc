@@ -22,6 +22,7 @@
 #include "protocol/control.h"
 #include "transport/deadline.h"
 #include "transport/tcp/channel.h"
+#include "transport/tcp/endpoint.h"
 
 namespace sparsereduce::aggregator {
 
@@ -33,8 +34,7 @@ std::string PeerName(const tcp::Socket& socket) {
   boost::system::error_code ec;
   auto endpoint = socket.remote_endpoint(ec);
   if (ec) return "?";
-  const std::string address = endpoint.address().to_string();
-  return (endpoint.address().is_v6() ? "[" + address + "]" : address) + ":" + std::to_string(endpoint.port());
+  return sparsereduce::tcp::HostPort{endpoint.address().to_string(), endpoint.port()}.ToString();
 }
 
 Status ValidateHello(const proto::Hello& h, const ServerOptions& o) {
@@ -96,17 +96,17 @@ void Session::Start(std::optional<HandshakeLimit::Slot> slot) {
 }
 
 Session::~Session() {
-  if (handshake_id_ && !handshake_over_) context_.handshakes.Remove(*handshake_id_);
+  if (handshake_id_) context_.handshakes.Remove(*handshake_id_);
 }
 
 void Session::HandOverToJob() {
-  handshake_over_ = true;
   if (handshake_id_) context_.handshakes.Remove(*handshake_id_);
+  handshake_id_.reset();
   handshake_slot_.reset();
 }
 
 void Session::StopHandshake() {
-  if (handshake_over_) return;  // the connection is the job strand's now
+  if (!handshake_id_) return;  // the connection is the job strand's now
   handshake_stopped_ = true;
   if (channel_) {
     // Refused, waiting for the worker to close: not any longer.

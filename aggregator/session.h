@@ -83,9 +83,10 @@ class Session : public std::enable_shared_from_this<Session> {
   tcp::Socket socket_;  // the handshake runs on it; then it moves into channel_
   boost::asio::any_io_executor executor_;  // the session strand, then the job strand
   const boost::asio::any_io_executor handshake_strand_;  // the session strand
-  std::optional<uint64_t> handshake_id_;  // in context_.handshakes while the handshake runs
+  // In context_.handshakes while the handshake runs (on the session strand); reset when the connection goes to its
+  // job.
+  std::optional<uint64_t> handshake_id_;
   std::optional<HandshakeLimit::Slot> handshake_slot_;  // held until the connection goes to its job, or ends
-  bool handshake_over_ = false;           // on the session strand: the connection went to its job
   bool handshake_stopped_ = false;        // on the session strand: Server::Stop closed the socket
   JobRegistry& registry_;
   ServiceContext& context_;
