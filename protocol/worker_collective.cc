@@ -61,8 +61,13 @@ bool WorkerCollective::StartSlot(uint32_t aggregator, uint32_t slot, std::vector
     layout_.ForEachRun(aggregator, slot, [&](uint64_t first, uint64_t count) {
       const uint64_t first_element = first * spec_.block_size;
       const uint64_t elements = std::min<uint64_t>(count * spec_.block_size, spec_.element_count - first_element);
-      nonzero_blocks_ += ScanBlocks(tensor_.data() + first_element * dtype.size, elements, spec_.block_size, dtype,
-                                    std::span(flags_).subspan(first, count));
+      const uint64_t nonzero = ScanBlocks(tensor_.data() + first_element * dtype.size, elements, spec_.block_size,
+                                          dtype, std::span(flags_).subspan(first, count));
+      nonzero_blocks_ += nonzero;
+      const uint64_t run_bytes = elements * dtype.size, full_bytes = count * spec_.block_size * dtype.size;
+      uint64_t nonzero_bytes = nonzero * spec_.block_size * dtype.size;
+      if (flags_[first + count - 1] & kBlockNonzero) nonzero_bytes -= full_bytes - run_bytes;  // a partial last block
+      zero_bytes_scanned_ += run_bytes - nonzero_bytes;
     });
   }
   const size_t first = frames->size();

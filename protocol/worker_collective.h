@@ -49,6 +49,9 @@ class WorkerCollective {
   uint64_t seq() const { return seq_; }
   uint64_t num_blocks() const { return flags_.size(); }
   uint64_t nonzero_blocks() const { return nonzero_blocks_; }  // the blocks this worker sends (of started slots)
+  // Bytes of all-zero blocks StartSlot has scanned so far (0 with a codec): the scan reads those whole, while a
+  // nonzero block costs it only up to its first nonzero element.
+  uint64_t zero_bytes_scanned() const { return zero_bytes_scanned_; }
   uint64_t selected_blocks() const { return encoder_ ? encoder_->selected_blocks() : 0; }
 
   // The first frames (announce and the window's CONTRIBUTIONs) of every slot of `aggregator`.
@@ -122,6 +125,7 @@ class WorkerCollective {
   ColumnLayout layout_;
   std::vector<uint8_t> flags_;  // ScanBlocks flags plus kBlockReceived and kBlockBackedUp
   uint64_t nonzero_blocks_ = 0;
+  uint64_t zero_bytes_scanned_ = 0;
   bool restorable_;
   std::vector<WorkerSchedule> schedules_;
   // Original bytes of sent blocks and of overwritten blocks that were not all-zero bits, in the order they were

@@ -59,7 +59,7 @@ class Worker(_Worker):
     """A member of a sparsereduce job: Worker(aggregators, job, rank, world_size, *, secret='',
     block_size=256, slots=8, blocks_per_message=128, window=1, connect_timeout=30.0, join_timeout=60.0,
     collective_timeout=60.0, transport='', rdma_device='', rdma_port=1, rdma_gid_index=-1, tcp_send_buffer=0,
-    restore_on_failure=True, codec=Codec('none'), codec_seed=0), timeouts in seconds.
+    restore_on_failure=True, yield_while_scanning=False, codec=Codec('none'), codec_seed=0), timeouts in seconds.
 
     transport: 'auto' (shared memory with aggregators on this host, TCP otherwise), 'tcp', 'shm' or 'rdma'; empty
     means SPARSEREDUCE_TRANSPORT, else 'auto'. `worker.transports` tells what each connection uses.
@@ -68,6 +68,9 @@ class Worker(_Worker):
     restore_on_failure: when an allreduce raises, the array holds its input again, bit for bit (a copy of its
     nonzero blocks per collective); False skips the copy, and a failed allreduce leaves the array partly
     overwritten with sums.
+    yield_while_scanning: give the core up between the slots it scans (per MiB of all-zero blocks), so that the
+    workers of a job that share cores all announce their first blocks early; off by default, since it also hands
+    the core to any other busy thread (README, "Worker library (C++)").
 
     codec: the compression of float32 allreduces that do not name one: a Codec, or a name ('none', 'fp16',
     'bf16', '3lc', 'diana', 'topk', 'adaptive'); every rank must use the same. codec_seed seeds DIANA's rounding.

@@ -424,7 +424,7 @@ PYBIND11_MODULE(_sparsereduce, m) {
                        std::string secret, uint32_t block_size, uint32_t slots, uint32_t blocks_per_message,
                        uint32_t window, double connect_timeout, double join_timeout, double collective_timeout,
                        std::string transport, std::string rdma_device, uint32_t rdma_port, int32_t rdma_gid_index,
-                       uint32_t tcp_send_buffer, bool restore_on_failure, CodecOptions codec,
+                       uint32_t tcp_send_buffer, bool restore_on_failure, bool yield_while_scanning, CodecOptions codec,
                        uint64_t codec_seed) {
              WorkerOptions o;
              o.aggregators = std::move(aggregators);
@@ -445,6 +445,7 @@ PYBIND11_MODULE(_sparsereduce, m) {
              o.rdma_gid_index = rdma_gid_index;
              o.tcp_send_buffer = tcp_send_buffer;
              o.restore_on_failure = restore_on_failure;
+             o.yield_while_scanning = yield_while_scanning;
              o.codec = std::move(codec);
              o.codec_seed = codec_seed;
              return std::make_unique<PyWorker>(std::move(o));
@@ -454,7 +455,8 @@ PYBIND11_MODULE(_sparsereduce, m) {
            py::arg("blocks_per_message") = 128, py::arg("window") = 1, py::arg("connect_timeout") = 30.0,
            py::arg("join_timeout") = 60.0, py::arg("collective_timeout") = 60.0, py::arg("transport") = "",
            py::arg("rdma_device") = "", py::arg("rdma_port") = 1, py::arg("rdma_gid_index") = -1,
-           py::arg("tcp_send_buffer") = 0, py::arg("restore_on_failure") = true, py::arg("codec") = CodecOptions{},
+           py::arg("tcp_send_buffer") = 0, py::arg("restore_on_failure") = true,
+           py::arg("yield_while_scanning") = false, py::arg("codec") = CodecOptions{},
            py::arg("codec_seed") = 0)
       .def("allreduce", &PyWorker::Allreduce, py::arg("array"), py::arg("key") = 0, py::arg("codec") = py::none(),
            "Sum `array` over all ranks, in place (GIL released while waiting). `key` names the tensor across calls "

@@ -187,6 +187,21 @@ def test_restore_on_failure_off_sums_the_same(aggregator, job, codec):
     np.testing.assert_array_equal(results[0], results[1])
 
 
+@pytest.mark.parametrize("yield_while_scanning", [True, False])
+def test_yield_while_scanning_sums_the_same(aggregator, job, yield_while_scanning):
+    n = 2_000_000  # 8 MB, 80 % zero blocks: a few MiB of zero blocks, so the worker that yields does
+
+    def rank(r):
+        with sparsereduce.Worker([aggregator], job, r, 2, yield_while_scanning=yield_while_scanning, **FAST) as w:
+            a = sparse_array(r, n, np.float32)
+            w.allreduce(a)
+            return a
+
+    expected = rank_order_sum([sparse_array(q, n, np.float32) for q in range(2)])
+    for a in run_ranks(2, rank):
+        np.testing.assert_array_equal(a, expected)
+
+
 def test_unknown_transport_is_refused(aggregator, job):
     with pytest.raises(sparsereduce.Error, match="unknown transport 'carrier-pigeon'") as raised:
         sparsereduce.Worker([aggregator], job, 0, 1, transport="carrier-pigeon", **FAST)

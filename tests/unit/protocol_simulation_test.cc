@@ -329,6 +329,41 @@ TEST(ProtocolSimulation, UnrestorableCollectivesCopyNothingAndSumExactly) {
   EXPECT_TRUE(some_overwritten);  // the cuts did fall after RESULTs landed
 }
 
+// zero_bytes_scanned (what WorkerOptions::yield_while_scanning counts) grows as the slots start and ends at the
+// bytes of the tensor's all-zero blocks, whether the partial last block is zero or not.
+TEST(WorkerCollectiveScan, ZeroBytesScannedCountTheZeroBlocks) {
+  const JobShape shape{2, 3, 4, 8};
+  const CollectiveSpec spec{100'003, DType::kFloat32, ReduceOp::kSum, 256};
+  const uint64_t blocks = (spec.element_count + 255) / 256;
+  for (const bool last_block_nonzero : {false, true}) {
+    std::vector<float> values(spec.element_count, 0.0f);
+    uint64_t zero_bytes = 0;
+    for (uint64_t b = 0; b < blocks; ++b) {
+      const uint64_t begin = b * 256, end = std::min<uint64_t>(begin + 256, spec.element_count);
+      const bool nonzero = b + 1 == blocks ? last_block_nonzero : b % 3 == 0;
+      if (nonzero) {
+        values[end - 1] = 1.0f;
+      } else {
+        zero_bytes += (end - begin) * sizeof(float);
+      }
+    }
+    values[256 + 5] = -0.0f;  // block 1 stays a zero block: -0.0 compares equal to zero
+    std::span<std::byte> tensor(reinterpret_cast<std::byte*>(values.data()), values.size() * sizeof(float));
+    WorkerCollective collective(shape, 1, 1, spec, tensor);
+    EXPECT_EQ(collective.zero_bytes_scanned(), 0u);
+    std::vector<OutgoingFrame> frames;
+    uint64_t before = 0;
+    for (uint32_t slot = 0; slot < shape.slots; ++slot) {
+      for (uint32_t aggregator = 0; aggregator < shape.num_aggregators; ++aggregator) {
+        collective.StartSlot(aggregator, slot, &frames);
+        EXPECT_GT(collective.zero_bytes_scanned(), before) << "aggregator " << aggregator << " slot " << slot;
+        before = collective.zero_bytes_scanned();
+      }
+    }
+    EXPECT_EQ(collective.zero_bytes_scanned(), zero_bytes) << "last block nonzero: " << last_block_nonzero;
+  }
+}
+
 // A steady loop hands each collective's memory to the next: nothing per-tensor is allocated again.
 TEST(WorkerCollectiveScratch, NextCollectiveReusesTheMemory) {
   const JobShape shape{2, 1, 2, 4};

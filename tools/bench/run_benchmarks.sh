@@ -6,7 +6,9 @@
 #   tools/bench/run_benchmarks.sh [all|density|colocated|sizes|codecs|loopback|transports|torch|kernels]...
 #
 # Environment: BUILD_DIR (default build), OUT (results folder), ITERS (default 5), WARMUP (2), RATE (1gbit),
-# SIZE (64M), SR_FLAGS (extra sparsereduce-perf flags, e.g. "--slots 16"). Results: $OUT/*.json and $OUT/tables.md. Every namespace is deleted on exit, also on failure/Ctrl-C.
+# SIZE (64M), SR_FLAGS (extra sparsereduce-perf flags, e.g. "--slots 16"), YIELD (1). Results: $OUT/*.json and $OUT/tables.md. Every namespace is deleted on exit, also on failure/Ctrl-C.
+# The testbed's hosts, and the loopback runs' processes, share this machine's cores, so every sparsereduce-perf run
+# passes --yield-while-scanning $YIELD (the worker option for workers that share cores; BENCHMARKS.md, Method).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=$(cd "${BUILD_DIR:-$ROOT/build}" && pwd)
@@ -15,6 +17,7 @@ ITERS=${ITERS:-5}
 WARMUP=${WARMUP:-2}
 RATE=${RATE:-1gbit}
 SIZE=${SIZE:-64M}
+YIELD=${YIELD:-1}
 AGG=$BUILD/aggregator/sparsereduce-aggregator
 PERF=$BUILD/tools/sparsereduce-perf
 GLOO=$BUILD/bench/gloo/sparsereduce-gloo-bench
@@ -61,7 +64,7 @@ sparse_run() {
     [[ $r == 0 ]] && extra=(--json "$OUT/$tag.json")
     testbed_exec "$NAME" "$h" timeout 600 "$PERF" --aggregators "$AGG_LIST" --job "$JOB" --rank "$r" \
       --world-size "$world" -b "$minb" -e "$maxb" -f 4 -n "$ITERS" -w "$WARMUP" -c 0 --density "$density" \
-      --overlap "$overlap" ${SR_FLAGS:-} "${extra[@]}" > "$OUT/$tag.rank$r.txt" 2>&1 &
+      --overlap "$overlap" --yield-while-scanning "$YIELD" ${SR_FLAGS:-} "${extra[@]}" > "$OUT/$tag.rank$r.txt" 2>&1 &
     pids+=($!)
     r=$((r + 1))
   done
@@ -148,7 +151,8 @@ loopback() {  # CPU bound: no namespaces, no shaping
   for transport in shm tcp; do
     for d in 1 0.1 0.01; do
       "$PERF" --spawn 4,1 --aggregator-bin "$AGG" -b "$SIZE" -e "$SIZE" -n "$ITERS" -w "$WARMUP" -c 0 \
-        --transport "$transport" --density "$d" --json "$OUT/loopback.$transport.$d.json" | tail -1 >&2
+        --transport "$transport" --density "$d" --yield-while-scanning "$YIELD" \
+        --json "$OUT/loopback.$transport.$d.json" | tail -1 >&2
     done
   done
 }

@@ -48,6 +48,7 @@ struct Config {
   std::string transport;  // empty: SPARSEREDUCE_TRANSPORT, else auto
   std::string tcp_send_buffer = "0";  // 0: SPARSEREDUCE_TCP_SEND_BUFFER, else the kernel's autotuning
   bool restore_on_failure = true;
+  bool yield_while_scanning = false;
   sparsereduce::CodecOptions codec;
 };
 
@@ -144,6 +145,9 @@ void PrintHeader(const Config& c, const std::vector<std::string>& transports) {
               c.codec.name.c_str());
   if (c.tcp_send_buffer != "0") std::printf("# tcp send buffer %s per aggregator connection\n", c.tcp_send_buffer.c_str());
   if (!c.restore_on_failure) std::printf("# restore on failure off: no copy of the input's nonzero blocks\n");
+  if (c.yield_while_scanning) {
+    std::printf("# yield while scanning: a sched_yield between slots, per MiB of zero blocks scanned\n");
+  }
   std::printf("# time: median over %u iterations of the slowest rank; GB = 1e9 B; busbw = algbw*2(n-1)/n; "
               "sent/recv: bytes on the wire per rank 0\n", c.iters);
   std::printf("#%11s %12s %6s %6s %11s %12s %12s %7s %8s %7s %12s %12s\n", "size", "count", "type", "redop",
@@ -166,7 +170,8 @@ void WriteJson(const Config& c, const std::vector<Row>& rows) {
       << ",\"dtype\":\"" << c.dtype << "\",\"density\":" << c.density << ",\"overlap\":\"" << c.overlap
       << "\",\"block_size\":" << c.block_size << ",\"codec\":\"" << c.codec.name << "\",\"slots\":" << c.slots
       << ",\"blocks_per_message\":" << c.blocks_per_message << ",\"window\":" << c.window << ",\"tcp_send_buffer\":\"" << c.tcp_send_buffer
-      << "\",\"restore_on_failure\":" << (c.restore_on_failure ? "true" : "false") << ",\"results\":[";
+      << "\",\"restore_on_failure\":" << (c.restore_on_failure ? "true" : "false")
+      << ",\"yield_while_scanning\":" << (c.yield_while_scanning ? "true" : "false") << ",\"results\":[";
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     out << (i ? "," : "") << "{\"size\":" << r.size << ",\"count\":" << r.count
@@ -203,6 +208,7 @@ int RunRank(const Config& c) {
   options.transport = c.transport;
   options.tcp_send_buffer = static_cast<uint32_t>(*tcp_send_buffer);
   options.restore_on_failure = c.restore_on_failure;
+  options.yield_while_scanning = c.yield_while_scanning;
   options.codec = c.codec;
   options.connect_timeout = options.join_timeout = options.collective_timeout =
       std::chrono::milliseconds(c.timeout_ms);
@@ -325,6 +331,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--restore-on-failure", c.restore_on_failure,
                  "1: a failed allreduce gives the input back (a copy of the nonzero blocks per collective); 0: no copy")
+      ->capture_default_str();
+  app.add_option("--yield-while-scanning", c.yield_while_scanning,
+                 "1: each worker gives its core up between the slots it scans (per MiB of zero blocks), so that "
+                 "workers sharing cores all announce their first slots early; 0: no yield")
       ->capture_default_str();
   app.add_option("--codec", c.codec.name, "none, fp16, bf16, 3lc, diana, topk or adaptive (float only)")
       ->check(CLI::IsMember({"none", "fp16", "bf16", "3lc", "diana", "topk", "adaptive"}))
