@@ -4,7 +4,6 @@
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
-#include <boost/asio/detached.hpp>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -17,6 +16,7 @@
 #include <memory>
 #include <optional>
 
+#include "core/exception_text.h"
 #include "transport/tcp/listener.h"
 
 namespace sparsereduce::aggregator {
@@ -102,7 +102,12 @@ Result<tcp::endpoint> HttpEndpoint::Listen(const std::string& address) {
   return acceptor_->local_endpoint();
 }
 
-void HttpEndpoint::Start() { asio::co_spawn(strand_, AcceptLoop(), asio::detached); }
+void HttpEndpoint::Start() {
+  asio::co_spawn(strand_, AcceptLoop(), [](std::exception_ptr error) {
+    // /healthz stops answering with it, so a liveness probe restarts the daemon.
+    if (error) spdlog::error("metrics endpoint: stopped accepting: {}", ExceptionText(error));
+  });
+}
 
 void HttpEndpoint::Stop() {
   asio::dispatch(strand_, [this] {
@@ -138,7 +143,11 @@ asio::awaitable<void> HttpEndpoint::AcceptLoop() {
       connection->socket().close(ignored);
       continue;
     }
-    asio::co_spawn(executor, Serve(std::move(connection), handlers_, connections_, *id), asio::detached);
+    asio::co_spawn(executor, Serve(std::move(connection), handlers_, connections_, *id),
+                   [](std::exception_ptr error) {  // the connection closes as the coroutine's frame goes
+                     if (error) spdlog::error("metrics endpoint: a connection ended by an exception: {}",
+                                              ExceptionText(error));
+                   });
   }
 }
 

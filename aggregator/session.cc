@@ -3,7 +3,6 @@
 #include <spdlog/spdlog.h>
 
 #include <boost/asio/co_spawn.hpp>
-#include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <chrono>
@@ -18,6 +17,7 @@
 #include "aggregator/job_registry.h"
 #include "aggregator/peer_text.h"
 #include "aggregator/service_context.h"
+#include "core/exception_text.h"
 #include "protocol/auth.h"
 #include "protocol/control.h"
 #include "transport/deadline.h"
@@ -92,7 +92,10 @@ void Session::Start(std::optional<HandshakeLimit::Slot> slot) {
     socket_.close(ignored);
     return;
   }
-  asio::co_spawn(socket_.get_executor(), [self = shared_from_this()] { return self->Handshake(); }, asio::detached);
+  asio::co_spawn(socket_.get_executor(), [self = shared_from_this()] { return self->Handshake(); },
+                 [self = shared_from_this()](std::exception_ptr error) {
+                   if (error) self->EndOnException("the handshake", nullptr, error);
+                 });
 }
 
 Session::~Session() {
@@ -230,7 +233,30 @@ asio::awaitable<void> Session::Handshake() {
   }
   HandOverToJob();
   auto self = shared_from_this();
-  asio::co_spawn((*job)->strand(), [self, job = *job] { return self->ReadLoop(job); }, asio::detached);
+  SpawnReadLoop(*job);
+}
+
+void Session::SpawnReadLoop(const std::shared_ptr<Job>& job) {
+  asio::co_spawn(
+      job->strand(), [self = shared_from_this(), job] { return self->ReadLoop(job); },
+      [self = shared_from_this(), job](std::exception_ptr error) {
+        if (error) self->EndOnException("the read loop", job, error);
+      });
+}
+
+void Session::EndOnException(const char* what, const std::shared_ptr<Job>& job, const std::exception_ptr& error) {
+  const Status status(StatusCode::kInternal, std::string(what) + " ended by an exception: " + ExceptionText(error));
+  spdlog::error("{}: {}", hello_.world_size() > 0 ? Who() : "peer " + peer_, status.message());
+  context_.metrics.Error(status.code());
+  if (job) job->OnDisconnect(hello_.rank(), this, status);  // the job's strand: its other ranks learn at once
+  if (channel_ && !closed_) {
+    Fail(status, 0, {});  // the worker is told; the close grace ends the connection, as nothing reads it any more
+  } else if (channel_) {
+    channel_->Abort();  // closing already, and the read loop that would have seen the worker close is gone
+  } else {
+    boost::system::error_code ignored;
+    socket_.close(ignored);
+  }
 }
 
 // Errors are returned without naming the job, rank and peer: Handshake adds Who() to every one.
@@ -419,8 +445,7 @@ asio::awaitable<void> Session::ReadLoop(std::shared_ptr<Job> job) {
     }
     std::shared_ptr<Job> fresh = *replaced;
     if (fresh->strand() != job->strand()) {
-      auto self = shared_from_this();
-      asio::co_spawn(fresh->strand(), [self, fresh] { return self->ReadLoop(fresh); }, asio::detached);
+      SpawnReadLoop(fresh);
       co_return;
     }
     job = fresh;

@@ -72,6 +72,11 @@ class Session : public std::enable_shared_from_this<Session> {
   // The channel for the rest of the connection, on `executor`: over the shm segment handed off, or over socket_.
   std::unique_ptr<transport::Channel> MakeChannel(const boost::asio::any_io_executor& executor);
   boost::asio::awaitable<void> ReadLoop(std::shared_ptr<Job> job);
+  // Runs ReadLoop on the job's strand.
+  void SpawnReadLoop(const std::shared_ptr<Job>& job);
+  // An exception escaped Handshake or ReadLoop (core/exception_text.h), on their strand: logged, the job (when
+  // the connection had gone to one) loses the rank, and the connection ends with an INTERNAL Error.
+  void EndOnException(const char* what, const std::shared_ptr<Job>& job, const std::exception_ptr& error);
   void RejectBeforeJoin(const Status& error);
   // The connection goes to its job (on the session strand): Server::Stop no longer ends it through
   // context_.handshakes, and its address's handshake place is free. A refused connection keeps both until it is

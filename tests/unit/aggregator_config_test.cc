@@ -5,6 +5,10 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +18,7 @@
 #include "aggregator/memory_budget.h"
 #include "aggregator/network_allowlist.h"
 #include "aggregator/peer_text.h"
+#include "core/exception_text.h"
 
 namespace sparsereduce::aggregator {
 namespace {
@@ -161,6 +166,19 @@ TEST(PeerText, EscapesAndCutsOnACharacterBoundary) {
   EXPECT_EQ(CutText("a\xc3\xa9\xc3\xa9", 4), "a\xc3\xa9 [...]");
   EXPECT_EQ(CutText("a\xc3\xa9\xc3\xa9", 5), "a\xc3\xa9\xc3\xa9");
   EXPECT_EQ(CutText("abc", 0), " [...]");
+}
+
+// What the co_spawn completion handlers of the daemon's and the worker's coroutines log instead of dropping it.
+TEST(ExceptionText, NamesWhatEscapedACoroutine) {
+  boost::asio::io_context io;
+  std::vector<std::string> texts;
+  auto note = [&texts](std::exception_ptr error) { texts.push_back(error ? ExceptionText(error) : "none"); };
+  using Coroutine = boost::asio::awaitable<void>;
+  boost::asio::co_spawn(io, []() -> Coroutine { throw std::runtime_error("out of frames"); co_return; }, note);
+  boost::asio::co_spawn(io, []() -> Coroutine { throw 7; co_return; }, note);
+  boost::asio::co_spawn(io, []() -> Coroutine { co_return; }, note);
+  io.run();
+  EXPECT_EQ(texts, (std::vector<std::string>{"out of frames", "an exception that is not a std::exception", "none"}));
 }
 
 TEST(NetworkAllowlist, MatchesV4V6AndMappedAddresses) {

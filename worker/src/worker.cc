@@ -3,7 +3,6 @@
 #include <sched.h>
 
 #include <boost/asio/co_spawn.hpp>
-#include <boost/asio/detached.hpp>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
@@ -15,6 +14,7 @@
 #include <thread>
 
 #include "core/cut_text.h"
+#include "core/exception_text.h"
 #include "core/dtype.h"
 #include "protocol/auth.h"
 #include "protocol/control.h"
@@ -203,7 +203,13 @@ Worker::Impl::Impl(WorkerOptions options)
       if (options_.transport == "auto" || options_.transport == "shm") hello.add_transports(shm::kShmCapability);
       if (options_.transport == "rdma") hello.add_transports("rdma");
       asio::co_spawn(io_, link->Run(hello, connect_deadline, join_deadline),
-                     asio::detached);
+                     [this, link = link.get()](std::exception_ptr error) {  // on the I/O thread
+                       if (error) {
+                         Fail(Status(StatusCode::kInternal,
+                                     link->Name() + ": the connection ended by an exception: " + ExceptionText(error)),
+                              link);
+                       }
+                     });
     }
     deadline_.expires_at(join_deadline);
     deadline_.async_wait([this](const boost::system::error_code& ec) {
