@@ -232,7 +232,6 @@ asio::awaitable<void> Session::Handshake() {
     co_return;
   }
   HandOverToJob();
-  auto self = shared_from_this();
   SpawnReadLoop(*job);
 }
 

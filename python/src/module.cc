@@ -424,8 +424,8 @@ PYBIND11_MODULE(_sparsereduce, m) {
                        std::string secret, uint32_t block_size, uint32_t slots, uint32_t blocks_per_message,
                        uint32_t window, double connect_timeout, double join_timeout, double collective_timeout,
                        std::string transport, std::string rdma_device, uint32_t rdma_port, int32_t rdma_gid_index,
-                       uint32_t tcp_send_buffer, bool restore_on_failure, bool yield_while_scanning, CodecOptions codec,
-                       uint64_t codec_seed) {
+                       uint32_t tcp_send_buffer, bool restore_on_failure, bool yield_while_scanning,
+                       CodecOptions codec, uint64_t codec_seed) {
              WorkerOptions o;
              o.aggregators = std::move(aggregators);
              o.job = job;
