@@ -3,10 +3,10 @@
 # network namespaces with 1 Gbit/s tbf-shaped links, plus loopback and kernel micro-benchmarks. Needs root and a
 # Release build (make build) and the baselines (bash scripts/install-bench-deps.sh; cmake re-run picks up Gloo).
 #
-#   tools/bench/run_benchmarks.sh [all|density|colocated|sizes|codecs|loopback|transports|torch|kernels]...
+#   tools/bench/run_benchmarks.sh [all|targets|density|colocated|sizes|codecs|loopback|transports|torch|kernels]...
 #
 # Environment: BUILD_DIR (default build), OUT (results folder), ITERS (default 5), WARMUP (2), RATE (1gbit),
-# SIZE (64M), SR_FLAGS (extra sparsereduce-perf flags, e.g. "--slots 16"), YIELD (1). Results: $OUT/*.json and $OUT/tables.md. Every namespace is deleted on exit, also on failure/Ctrl-C.
+# SIZE (64M), SR_FLAGS (extra sparsereduce-perf flags, e.g. "--slots 16"), YIELD (1), ROUNDS (5, of `targets`). Results: $OUT/*.json and $OUT/tables.md. Every namespace is deleted on exit, also on failure/Ctrl-C.
 # The testbed's hosts, and the loopback runs' processes, share this machine's cores, so every sparsereduce-perf run
 # passes --yield-while-scanning $YIELD (the worker option for workers that share cores; BENCHMARKS.md, Method).
 set -euo pipefail
@@ -18,6 +18,7 @@ WARMUP=${WARMUP:-2}
 RATE=${RATE:-1gbit}
 SIZE=${SIZE:-64M}
 YIELD=${YIELD:-1}
+ROUNDS=${ROUNDS:-5}
 AGG=$BUILD/aggregator/sparsereduce-aggregator
 PERF=$BUILD/tools/sparsereduce-perf
 GLOO=$BUILD/bench/gloo/sparsereduce-gloo-bench
@@ -177,6 +178,30 @@ torch_sparse() {  # PyTorch's gloo all_reduce of a sparse COO tensor (allgather-
     -n "$ITERS" -w "$WARMUP" --json "$OUT/loopback.torch_sparse.json" >&2
 }
 
+# The points of issue 3's targets, ROUNDS times, each round with a Gloo run of its own just before, so that every
+# ratio compares runs of the same minutes (tables.py takes the median of the per-round ratios): separate layout,
+# then loopback dense over shared memory against Gloo on loopback.
+targets() {
+  log "targets: $ROUNDS rounds of Gloo ring and 100 %, 10 % random, 10 % full, 1 % random (8 hosts at $RATE), then loopback"
+  testbed_up "$NAME" 8 --rate "$RATE" >/dev/null
+  start_aggregators 1 2 3 4
+  local round point
+  for round in $(seq 1 "$ROUNDS"); do
+    gloo_run "targets.r$round.gloo" ring "$SIZE" "$SIZE" 5 6 7 8
+    for point in 1:random 0.1:random 0.1:full 0.01:random; do
+      sparse_run "targets.r$round.${point#*:}.${point%%:*}" "${point%%:*}" "${point#*:}" "$SIZE" "$SIZE" 5 6 7 8
+    done
+  done
+  stop_aggregators
+  testbed_down "$NAME"
+  for round in $(seq 1 "$ROUNDS"); do
+    "$GLOO" --spawn 4 -b "$SIZE" -e "$SIZE" -n "$ITERS" -w "$WARMUP" -c 0 \
+      --json "$OUT/targets.r$round.loopback.gloo.json" | tail -1 >&2
+    "$PERF" --spawn 4,1 --aggregator-bin "$AGG" -b "$SIZE" -e "$SIZE" -n "$ITERS" -w "$WARMUP" -c 0 --density 1 \
+      --transport shm --yield-while-scanning "$YIELD" --json "$OUT/targets.r$round.loopback.shm.json" | tail -1 >&2
+  done
+}
+
 kernels() {
   [[ -x $KERNELS && -x $CODEC_BENCH ]] || { log "no $KERNELS or $CODEC_BENCH (Google Benchmark missing)"; return 0; }
   log "kernels"
@@ -185,9 +210,10 @@ kernels() {
 }
 
 what=("$@")
-[[ ${#what[@]} == 0 || ${what[0]} == all ]] && what=(density colocated sizes codecs loopback transports torch kernels)
+[[ ${#what[@]} == 0 || ${what[0]} == all ]] && what=(targets density colocated sizes codecs loopback transports torch kernels)
 for w in "${what[@]}"; do
   case $w in
+    targets) targets ;;
     density) density_sweep ;;
     colocated) colocated_sweep ;;
     sizes) size_sweep ;;

@@ -78,6 +78,67 @@ def sweep(out, layout, rate):
     return lines
 
 
+def median(values):
+    v = sorted(values)
+    return (v[(len(v) - 1) // 2] + v[len(v) // 2]) / 2 if v else None
+
+
+# Issue 3's targets: (tag, label, ratio kind, threshold). "time" ratios are time / Gloo's time (at most the
+# threshold); "speed-up" ratios are Gloo's time / time (at least the threshold).
+TARGETS = [
+    ("random.1", "100 % random", "time", 0.75),
+    ("random.0.1", "10 % random", "speed-up", 3.5),
+    ("full.0.1", "10 % full", "speed-up", 12.0),
+    ("random.0.01", "1 % random", "speed-up", 25.0),
+]
+
+
+def targets(out, rate):
+    """The `targets` part: every round has its own Gloo run; ratios are taken per round, then their median."""
+    rounds = sorted({int(m.group(1)) for name in os.listdir(out)
+                     if (m := re.fullmatch(r"targets\.r([0-9]+)\..*\.json", name))})
+    if not rounds:
+        return []
+    lines = [f"{len(rounds)} rounds; each ratio is the median of the per-round ratios to the Gloo run of the same "
+             "round (ring, 4 ranks on the worker hosts; on loopback, 4 ranks over TCP).\n",
+             "| point | Gloo (ms) | time (ms) | per-round ratios | ratio | target | met | % of link bound |",
+             "|---|---|---|---|---|---|---|---|"]
+
+    def row(label, kind, threshold, pairs, bounds):
+        if not pairs:
+            return f"| {label} | failed | | | | | | |"
+        ratios = [t / g if kind == "time" else g / t for g, t in pairs]
+        ratio = median(ratios)
+        met = ratio <= threshold if kind == "time" else ratio >= threshold
+        bound = median(bounds) if bounds else None
+        sign = "≤" if kind == "time" else "≥"
+        unit = "x Gloo's time" if kind == "time" else "x faster"
+        return (f"| {label} | {median([g for g, _ in pairs]) / 1e3:.1f} | {median([t for _, t in pairs]) / 1e3:.1f} | "
+                f"{', '.join(f'{r:.2f}' for r in ratios)} | **{ratio:.2f}** {unit} | {sign} {threshold:g} | "
+                f"{'yes' if met else 'no'} | " + (f"{bound:.0f} % |" if bound is not None else "- |"))
+
+    for tag, label, kind, threshold in TARGETS:
+        pairs, bounds = [], []
+        for n in rounds:
+            g = first(load(os.path.join(out, f"targets.r{n}.gloo.json")))
+            doc = load(os.path.join(out, f"targets.r{n}.{tag}.json"))
+            r = first(doc)
+            if not g or not r:
+                continue
+            pairs.append((g["time_us_median"], r["time_us_median"]))
+            if rate:
+                bounds.append(link_bound_bytes(r, "separate", doc) * 8 / rate * 1e6 / r["time_us_median"] * 100)
+        lines.append(row(label, kind, threshold, pairs, bounds))
+    pairs = []
+    for n in rounds:
+        g = first(load(os.path.join(out, f"targets.r{n}.loopback.gloo.json")))
+        r = first(load(os.path.join(out, f"targets.r{n}.loopback.shm.json")))
+        if g and r:
+            pairs.append((g["time_us_median"], r["time_us_median"]))
+    lines.append(row("loopback dense, shm", "time", 1.0, pairs, []))
+    return lines + ["", "Every point is also to reach 85 % of its link bound; the kernels' target is in \"Kernels\".", ""]
+
+
 def sizes(out, rate):
     gloo = load(os.path.join(out, "sizes.gloo.ring.json"))
     dense = load(os.path.join(out, "sizes.dense.json"))
@@ -210,6 +271,7 @@ def main():
     a = ap.parse_args()
     rate = rate_bps(a.rate)
     sections = [
+        ("Targets (issue 3), W = A = 4 on their own hosts", targets(a.out, rate)),
         ("Density sweep, W = 4 workers and A = 4 aggregators on their own hosts", sweep(a.out, "separate", rate)),
         ("Density sweep, colocated (one worker and one aggregator per host)", sweep(a.out, "colocated", rate)),
         ("Size sweep (separate hosts)", sizes(a.out, rate)),
