@@ -103,9 +103,13 @@ Result<tcp::endpoint> HttpEndpoint::Listen(const std::string& address) {
 }
 
 void HttpEndpoint::Start() {
-  asio::co_spawn(strand_, AcceptLoop(), [](std::exception_ptr error) {
-    // /healthz stops answering with it, so a liveness probe restarts the daemon.
-    if (error) spdlog::error("metrics endpoint: stopped accepting: {}", ExceptionText(error));
+  asio::co_spawn(strand_, AcceptLoop(), [this](std::exception_ptr error) {  // on strand_
+    if (!error) return;
+    spdlog::error("metrics endpoint: stopped accepting: {}", ExceptionText(error));
+    // Closed, so that connections are refused rather than left in the backlog: /healthz fails at once and a
+    // liveness probe restarts the daemon.
+    boost::system::error_code ignored;
+    if (acceptor_) acceptor_->close(ignored);
   });
 }
 

@@ -144,6 +144,10 @@ void Session::Close() {
   // Only the sending side: the read loop keeps draining what the worker still sends until it closes, so the
   // close never turns into a reset that could destroy the Error frame before the worker reads it.
   channel_->CloseAfterFlush(/*both=*/false);
+  ArmCloseGrace();
+}
+
+void Session::ArmCloseGrace() {
   close_grace_ = std::make_shared<asio::steady_timer>(executor_, std::chrono::seconds(5));
   close_grace_->async_wait([self = shared_from_this(), timer = close_grace_](const boost::system::error_code& ec) {
     if (ec) return;
@@ -244,17 +248,24 @@ void Session::SpawnReadLoop(const std::shared_ptr<Job>& job) {
 }
 
 void Session::EndOnException(const char* what, const std::shared_ptr<Job>& job, const std::exception_ptr& error) {
-  const Status status(StatusCode::kInternal, std::string(what) + " ended by an exception: " + ExceptionText(error));
-  spdlog::error("{}: {}", hello_.world_size() > 0 ? Who() : "peer " + peer_, status.message());
-  context_.metrics.Error(status.code());
-  if (job) job->OnDisconnect(hello_.rank(), this, status);  // the job's strand: its other ranks learn at once
-  if (channel_ && !closed_) {
-    Fail(status, 0, {});  // the worker is told; the close grace ends the connection, as nothing reads it any more
-  } else if (channel_) {
-    channel_->Abort();  // closing already, and the read loop that would have seen the worker close is gone
-  } else {
-    boost::system::error_code ignored;
-    socket_.close(ignored);
+  try {
+    const Status status(StatusCode::kInternal, std::string(what) + " ended by an exception: " + ExceptionText(error));
+    spdlog::error("{}: {}", hello_.world_size() > 0 ? Who() : "peer " + peer_, status.message());
+    context_.metrics.Error(status.code());
+    if (channel_ && !closed_) {
+      // First, so that the job's abort below (which would tell this worker PEER_LEFT about itself) passes it by.
+      // Nothing reads the connection any more: the close grace ends it.
+      Fail(status, 0, {});
+    } else if (channel_) {
+      ArmCloseGrace();  // closing already; the read loop's exit cancelled the grace that would have ended it
+    } else {
+      boost::system::error_code ignored;
+      socket_.close(ignored);
+    }
+    if (job) job->OnDisconnect(hello_.rank(), this, status);  // the job's strand: its other ranks learn at once
+  } catch (...) {
+    // A second exception (std::bad_alloc again): nothing more can be done here, and it must not leave the
+    // io_context's run, which would end the daemon for every job.
   }
 }
 
@@ -442,12 +453,9 @@ asio::awaitable<void> Session::ReadLoop(std::shared_ptr<Job> job) {
       Fail(replaced.status(), 0, {hello_.rank()});
       co_return;
     }
-    std::shared_ptr<Job> fresh = *replaced;
-    if (fresh->strand() != job->strand()) {
-      SpawnReadLoop(fresh);
-      co_return;
-    }
-    job = fresh;
+    // The fresh job's own read loop (on its strand), so that the exception handler names the job it runs for.
+    SpawnReadLoop(*replaced);
+    co_return;
   }
 
   const uint32_t rank = hello_.rank();

@@ -77,6 +77,8 @@ class Session : public std::enable_shared_from_this<Session> {
   // An exception escaped Handshake or ReadLoop (core/exception_text.h), on their strand: logged, the job (when
   // the connection had gone to one) loses the rank, and the connection ends with an INTERNAL Error.
   void EndOnException(const char* what, const std::shared_ptr<Job>& job, const std::exception_ptr& error);
+  // After Close: the connection is aborted unless the worker closes it within 5 s.
+  void ArmCloseGrace();
   void RejectBeforeJoin(const Status& error);
   // The connection goes to its job (on the session strand): Server::Stop no longer ends it through
   // context_.handshakes, and its address's handshake place is free. A refused connection keeps both until it is

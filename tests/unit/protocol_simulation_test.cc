@@ -330,37 +330,49 @@ TEST(ProtocolSimulation, UnrestorableCollectivesCopyNothingAndSumExactly) {
 }
 
 // zero_bytes_scanned (what WorkerOptions::yield_while_scanning counts) grows as the slots start and ends at the
-// bytes of the tensor's all-zero blocks, whether the partial last block is zero or not.
+// bytes of the tensor's all-zero blocks, whether the partial last block is zero or not; also for a tensor shorter
+// than a row of columns and for 2- and 8-byte elements.
 TEST(WorkerCollectiveScan, ZeroBytesScannedCountTheZeroBlocks) {
   const JobShape shape{2, 3, 4, 8};
-  const CollectiveSpec spec{100'003, DType::kFloat32, ReduceOp::kSum, 256};
-  const uint64_t blocks = (spec.element_count + 255) / 256;
-  for (const bool last_block_nonzero : {false, true}) {
-    std::vector<float> values(spec.element_count, 0.0f);
-    uint64_t zero_bytes = 0;
-    for (uint64_t b = 0; b < blocks; ++b) {
-      const uint64_t begin = b * 256, end = std::min<uint64_t>(begin + 256, spec.element_count);
-      const bool nonzero = b + 1 == blocks ? last_block_nonzero : b % 3 == 0;
-      if (nonzero) {
-        values[end - 1] = 1.0f;
-      } else {
-        zero_bytes += (end - begin) * sizeof(float);
+  struct Case {
+    DType dtype;
+    uint32_t element_size;
+    uint64_t elements;
+  };
+  for (const Case c : {Case{DType::kFloat32, 4, 100'003}, Case{DType::kFloat16, 2, 1'000},
+                       Case{DType::kFloat64, 8, 20'001}}) {
+    const CollectiveSpec spec{c.elements, c.dtype, ReduceOp::kSum, 256};
+    const uint64_t blocks = (spec.element_count + 255) / 256;
+    for (const bool last_block_nonzero : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "dtype " << static_cast<int>(c.dtype) << ", " << c.elements
+                                      << " elements, last block nonzero: " << last_block_nonzero);
+      std::vector<std::byte> tensor(spec.element_count * c.element_size, std::byte{0});
+      uint64_t zero_bytes = 0, nonzero_blocks = 0;
+      for (uint64_t b = 0; b < blocks; ++b) {
+        const uint64_t begin = b * 256, end = std::min<uint64_t>(begin + 256, spec.element_count);
+        const bool nonzero = b + 1 == blocks ? last_block_nonzero : b % 3 == 0;
+        if (nonzero) {
+          ++nonzero_blocks;
+          tensor[(end - 1) * c.element_size] = std::byte{1};  // the lowest mantissa bit of the block's last element
+        } else {
+          zero_bytes += (end - begin) * c.element_size;
+          tensor[begin * c.element_size + c.element_size - 1] = std::byte{0x80};  // -0.0: still a zero block
+        }
       }
-    }
-    values[256 + 5] = -0.0f;  // block 1 stays a zero block: -0.0 compares equal to zero
-    std::span<std::byte> tensor(reinterpret_cast<std::byte*>(values.data()), values.size() * sizeof(float));
-    WorkerCollective collective(shape, 1, 1, spec, tensor);
-    EXPECT_EQ(collective.zero_bytes_scanned(), 0u);
-    std::vector<OutgoingFrame> frames;
-    uint64_t before = 0;
-    for (uint32_t slot = 0; slot < shape.slots; ++slot) {
-      for (uint32_t aggregator = 0; aggregator < shape.num_aggregators; ++aggregator) {
-        collective.StartSlot(aggregator, slot, &frames);
-        EXPECT_GT(collective.zero_bytes_scanned(), before) << "aggregator " << aggregator << " slot " << slot;
-        before = collective.zero_bytes_scanned();
+      WorkerCollective collective(shape, 1, 1, spec, tensor);
+      EXPECT_EQ(collective.zero_bytes_scanned(), 0u);
+      std::vector<OutgoingFrame> frames;
+      uint64_t before = 0;
+      for (uint32_t slot = 0; slot < shape.slots; ++slot) {
+        for (uint32_t aggregator = 0; aggregator < shape.num_aggregators; ++aggregator) {
+          collective.StartSlot(aggregator, slot, &frames);
+          EXPECT_GE(collective.zero_bytes_scanned(), before);
+          before = collective.zero_bytes_scanned();
+        }
       }
+      EXPECT_EQ(collective.zero_bytes_scanned(), zero_bytes);
+      EXPECT_EQ(collective.nonzero_blocks(), nonzero_blocks);
     }
-    EXPECT_EQ(collective.zero_bytes_scanned(), zero_bytes) << "last block nonzero: " << last_block_nonzero;
   }
 }
 

@@ -204,10 +204,14 @@ Worker::Impl::Impl(WorkerOptions options)
       if (options_.transport == "rdma") hello.add_transports("rdma");
       asio::co_spawn(io_, link->Run(hello, connect_deadline, join_deadline),
                      [this, link = link.get()](std::exception_ptr error) {  // on the I/O thread
-                       if (error) {
+                       if (!error) return;
+                       try {
                          Fail(Status(StatusCode::kInternal,
                                      link->Name() + ": the connection ended by an exception: " + ExceptionText(error)),
                               link);
+                       } catch (...) {
+                         // A second exception (std::bad_alloc again) must not leave the I/O thread's run, which
+                         // would terminate the process; the collective's timeout still ends the wait.
                        }
                      });
     }
