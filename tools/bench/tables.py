@@ -4,6 +4,7 @@ import argparse
 import json
 import os
 import re
+from statistics import median
 
 
 def load(path):
@@ -76,11 +77,6 @@ def sweep(out, layout, rate):
                 + (f"{bound:.1f} | {bound / t * 100:.0f} % |" if bound else "- | - |"))
         lines.append("")
     return lines
-
-
-def median(values):
-    v = sorted(values)
-    return (v[(len(v) - 1) // 2] + v[len(v) // 2]) / 2 if v else None
 
 
 # Issue 3's targets: (tag, label, ratio kind, threshold). "time" ratios are time / Gloo's time (at most the
