@@ -252,6 +252,10 @@ Result<uint64_t> Job::CheckContribution(uint32_t rank, const FrameHeader& header
     return ProtocolError("CONTRIBUTION payload of " + std::to_string(header.payload_length) +
                          " bytes exceeds the collective's limit of " + std::to_string(limit));
   }
+  if (header.entry_count > shape_.blocks_per_message) {
+    return ProtocolError("CONTRIBUTION of " + std::to_string(header.entry_count) + " entries, more than the job's " +
+                         std::to_string(shape_.blocks_per_message) + " blocks per message");
+  }
   return limit;
 }
 
@@ -513,7 +517,9 @@ void Job::OnDisconnect(uint32_t rank, const Session* session, const Status& reas
     ReleaseIfEmpty();
     return;
   }
-  if (reason.code() == StatusCode::kProtocolViolation) {
+  // A frame of another version mid-stream is as much a violation as a malformed one (docs/PROTOCOL.md §9): the rank
+  // gets the Error, the others learn it broke the protocol.
+  if (reason.code() == StatusCode::kProtocolViolation || reason.code() == StatusCode::kVersionMismatch) {
     Violation(rank, reason);
     return;
   }

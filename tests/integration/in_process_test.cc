@@ -787,6 +787,85 @@ std::optional<proto::ControlMessage> ReadControlFrame(int fd) {
   return std::move(*message);
 }
 
+// docs/PROTOCOL.md §9: a frame of another version is refused with VERSION_MISMATCH also after the job formed, and
+// the job ends as for any violation. A mid-stream version error used to count as the rank leaving: between
+// collectives it departed without an Error, and the other ranks later read that it had left.
+TEST(InProcess, AFrameOfAnotherVersionAfterTheJobFormedIsAVersionMismatch) {
+  auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+  const std::string address = (*daemon)->AddressList();
+  const int fd = ConnectToLoopback(address);
+  ASSERT_GE(fd, 0) << "cannot connect to " << address;
+  WorkerOptions options;
+  options.aggregators = {address};
+  options.job = 24;
+  options.world_size = 2;
+  options.connect_timeout = options.join_timeout = options.collective_timeout = 10s;
+  auto rank0 = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  ASSERT_TRUE(SendControl(fd, RawHello(options.job, 1, 2, 1, options)));
+  std::unique_ptr<Worker> worker = rank0.get();
+  const std::optional<proto::ControlMessage> ready = ReadControlFrame(fd);
+  ASSERT_TRUE(ready && ready->has_job_ready());
+
+  proto::ControlMessage goodbye;
+  goodbye.mutable_goodbye()->set_reason("done");
+  ByteBuffer frame = EncodeControl(goodbye);
+  frame.data()[4] = std::byte{2};  // the header's version byte
+  ASSERT_TRUE(WriteAll(fd, std::span(frame.data(), frame.size())));
+  const std::optional<proto::ControlMessage> error = ReadControlFrame(fd);
+  close(fd);
+  ASSERT_TRUE(error && error->has_error()) << "rank 1 got no Error for its frame of version 2";
+  EXPECT_EQ(error->error().code(), proto::VERSION_MISMATCH);
+  EXPECT_NE(error->error().message().find("frame version 2"), std::string::npos) << error->error().message();
+
+  std::vector<float> tensor(4096, 1.0f);
+  try {
+    worker->allreduce(std::span(tensor));
+    ADD_FAILURE() << "the collective ran without rank 1";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "PEER_LEFT") << e.what();
+    EXPECT_NE(std::string(e.what()).find("broke the protocol"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("frame version 2"), std::string::npos) << e.what();
+  }
+  worker.reset();
+  EXPECT_TRUE((*daemon)->Stop());
+}
+
+// The header of a CONTRIBUTION with more entries than the job's K (blocks per message) is refused before its
+// payload is read (docs/PROTOCOL.md §3): only its header is sent here, and the Error comes at once. The daemon
+// used to read the payload first and decode the whole table.
+TEST(InProcess, AContributionOfMoreThanKEntriesIsRefusedBeforeItsPayload) {
+  auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+  const std::string address = (*daemon)->AddressList();
+  const int fd = ConnectToLoopback(address);
+  ASSERT_GE(fd, 0) << "cannot connect to " << address;
+  WorkerOptions options;
+  options.blocks_per_message = 4;
+  ASSERT_TRUE(SendControl(fd, RawHello(25, 0, 1, 1, options)));
+  const std::optional<proto::ControlMessage> ready = ReadControlFrame(fd);
+  ASSERT_TRUE(ready && ready->has_job_ready());
+  proto::ControlMessage begin;
+  begin.mutable_collective_begin()->set_seq(1);
+  *begin.mutable_collective_begin()->mutable_spec() = SpecToProto({4096, DType::kFloat32, ReduceOp::kSum, 256});
+  ASSERT_TRUE(SendControl(fd, begin));
+  const uint32_t entries = options.blocks_per_message + 1;
+  std::array<std::byte, kFrameHeaderSize> header{};
+  EncodeFrameHeader({FrameType::kContribution, kEntrySize * entries, 0, 25, 1, entries}, header.data());
+  ASSERT_TRUE(WriteAll(fd, header));
+
+  std::optional<proto::ControlMessage> reply;
+  do {
+    reply = ReadControlFrame(fd);  // CollectiveAccepted first, then the Error
+  } while (reply && reply->has_collective_accepted());
+  close(fd);
+  ASSERT_TRUE(reply && reply->has_error()) << "no Error for a header of 5 entries without its payload";
+  EXPECT_EQ(reply->error().code(), proto::PROTOCOL_VIOLATION);
+  EXPECT_NE(reply->error().message().find("CONTRIBUTION of 5 entries, more than the job's 4 blocks per message"),
+            std::string::npos)
+      << reply->error().message();
+}
+
 // A Hello of a one-rank job listing one transport: "shm2" as a Worker of this build does, "shm" as one of the
 // previous build (which expected eventfd wake-ups).
 proto::ControlMessage ShmHello(uint64_t job, const std::string& capability) {

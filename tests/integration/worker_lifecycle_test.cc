@@ -524,6 +524,33 @@ INSTANTIATE_TEST_SUITE_P(WorkerLifecycle, HostileCollective,
                          ::testing::Values(Misstep::kAcceptedOutOfOrder, Misstep::kResultForABlockNeverAnnounced,
                                            Misstep::kResultAfterError));
 
+// The header of a RESULT with more entries than the job's K (blocks per message) is refused before its payload is
+// read (docs/PROTOCOL.md §3): only the header is sent, and the worker fails at once rather than at its collective
+// timeout. With one block of 256 elements, 2 entries without data stay within the payload limit of one block.
+TEST(WorkerLifecycle, AResultOfMoreThanKEntriesIsRefusedBeforeItsPayload) {
+  Joined j;
+  WorkerOptions options = OneBlockShape(46);
+  options.block_size = 256;
+  options.collective_timeout = 10s;
+  ASSERT_NO_FATAL_FAILURE(Join(options, &j));
+  std::vector<float> tensor(256, 1.0f);
+  auto done = j.worker->allreduce_async(std::span(tensor));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(ReadFrame(j.fd)) << "frame " << i;  // begin, announce, contribution
+  std::array<std::byte, kFrameHeaderSize> header{};
+  EncodeFrameHeader({FrameType::kResult, 2 * kEntrySize, 0, 46, 1, 2}, header.data());
+  ASSERT_TRUE(WriteAll(j.fd, header));
+  ASSERT_EQ(done.wait_for(5s), std::future_status::ready) << "the worker waited for the payload";
+  try {
+    done.get();
+    ADD_FAILURE() << "the collective completed";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "PROTOCOL_VIOLATION") << e.what();
+    EXPECT_NE(std::string(e.what()).find("sent a RESULT of 2 entries, more than the job's 1 blocks per message"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // An aggregator whose host drops the worker's SYNs (here: a listener whose accept queue is full) fails the
 // constructor at the connect timeout with an error that says so. It said "cannot connect: Operation canceled", the
 // text of the attempt the deadline cut off.

@@ -1,7 +1,8 @@
 // What every transport::Channel does, run over each transport (as Gloo parameterizes its transport tests): frames
 // of any size and any number of gather parts arrive intact and in order, Discard skips exactly one payload,
-// ReadInto scatters a payload exactly, end of stream after a flush, a frame cut short is a protocol error,
-// DropQueued keeps the stream framed. Then what is particular to TCP's read-ahead reader and gathering writer.
+// ReadInto scatters a payload exactly, end of stream after a flush, a frame cut short is a protocol error (read,
+// scattered or dropped), DropQueued keeps the stream framed. Then what is particular to TCP's read-ahead reader and
+// gathering writer.
 // Every test runs its io_context for a bounded time.
 #include <sys/socket.h>
 #include <unistd.h>
@@ -222,6 +223,27 @@ TEST_P(ChannelTest, ReadIntoAFrameCutShortIsAProtocolError) {
     std::vector<std::byte> a(60), b(header->payload_length - 60);
     const std::array targets{asio::buffer(a), asio::buffer(b)};
     Status st = co_await pair.aggregator->ReadInto(targets);
+    EXPECT_EQ(st.code(), StatusCode::kProtocolViolation) << st.ToString();
+    EXPECT_NE(st.message().find("closed inside a frame"), std::string::npos) << st.ToString();
+    done = true;
+  }, asio::detached);
+  RunUntil(io_, done);
+}
+
+// A stream that ends inside a frame is a protocol violation also while the frame is dropped (a daemon drains a
+// job's frames after an abort); TCP's reader called it a plain close.
+TEST_P(ChannelTest, DiscardOfAFrameCutShortIsAProtocolError) {
+  Pair pair = Connect(io_, GetParam());
+  std::vector<std::byte> frame = MakeFrame(1, 5000);
+  frame.resize(kFrameHeaderSize + 100);  // the header promises 5000 payload bytes
+  auto owner = std::make_shared<std::vector<std::byte>>(frame);
+  pair.worker->Send({asio::buffer(*owner)}, owner);
+  pair.worker->CloseAfterFlush(false);
+  bool done = false;
+  asio::co_spawn(io_, [&]() -> asio::awaitable<void> {
+    Result<FrameHeader> header = co_await pair.aggregator->ReadHeader();
+    EXPECT_TRUE(header.ok()) << header.status().ToString();
+    Status st = co_await pair.aggregator->Discard(header->payload_length);
     EXPECT_EQ(st.code(), StatusCode::kProtocolViolation) << st.ToString();
     EXPECT_NE(st.message().find("closed inside a frame"), std::string::npos) << st.ToString();
     done = true;

@@ -462,6 +462,11 @@ Result<uint64_t> Worker::Impl::ResultLimit(AggregatorLink& link, const FrameHead
     return ProtocolError(link.Name() + " sent a RESULT for collective " + std::to_string(header.seq) +
                          " while none is in progress");
   }
+  if (header.entry_count > shape_.blocks_per_message) {
+    return ProtocolError(link.Name() + " sent a RESULT of " + std::to_string(header.entry_count) +
+                         " entries, more than the job's " + std::to_string(shape_.blocks_per_message) +
+                         " blocks per message");
+  }
   return active_->collective->MaxResultPayload();
 }
 
