@@ -4,6 +4,8 @@
 // GIL: released while a Worker connects and joins, while waiting for a collective and while destroying a
 // Worker, so other Python threads (training loop, DDP's autograd thread, other ranks in tests) keep running.
 //
+// Interpreter exit: a thread other than the main one never retakes the GIL once the interpreter finalizes (GilRelease).
+//
 // Signals: allreduce and Handle.wait wait in slices of kSignalCheckInterval and run Python's signal handlers
 // between them, so Ctrl-C raises KeyboardInterrupt within about 0.1 s. The collective keeps running: its Handle
 // (or, once that is gone, the Worker's Orphans) keeps the array held until it finished. The constructor joins on a
@@ -20,6 +22,7 @@
 #include <optional>
 #include <stop_token>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -32,6 +35,37 @@ namespace sparsereduce::python {
 namespace {
 
 PyObject* g_error_type = nullptr;  // sparsereduce.Error, created once at import
+unsigned long g_main_thread = 0;   // threading.main_thread().ident, at import
+
+bool InterpreterFinalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
+// Releases the GIL for the scope, as py::gil_scoped_release does, but a thread other than the main one does not
+// retake it once the interpreter exits: it sleeps until the process has ended. Python (3.11, 3.12) ends a daemon
+// thread that takes the GIL then with pthread_exit, and that unwind through gil_scoped_release's noexcept
+// destructor aborted the process (SIGABRT and a core dump instead of the script's exit status), e.g. when a
+// script failed while the DDP hook's completer waited for a bucket. The check and the retake are not atomic, so
+// an exit that starts between them still ends the thread that way; the wait slices make that window rare.
+class GilRelease {
+ public:
+  GilRelease() : state_(PyEval_SaveThread()) {}
+  ~GilRelease() {
+    if (InterpreterFinalizing() && PyThread_get_thread_ident() != g_main_thread) {
+      for (;;) std::this_thread::sleep_for(std::chrono::hours(24));
+    }
+    PyEval_RestoreThread(state_);
+  }
+  GilRelease(const GilRelease&) = delete;
+  GilRelease& operator=(const GilRelease&) = delete;
+
+ private:
+  PyThreadState* state_;
+};
 
 using Clock = std::chrono::steady_clock;
 constexpr double kYear = 365.0 * 24 * 3600;  // seconds; longer timeouts would overflow integer durations
@@ -68,7 +102,7 @@ bool WaitUntil(const Future& future, std::optional<Clock::time_point> deadline) 
     if (deadline) slice_end = std::min(slice_end, *deadline);
     std::future_status status;
     {
-      py::gil_scoped_release release;
+      GilRelease release;
       status = future.wait_until(slice_end);
     }
     if (status == std::future_status::ready) return true;
@@ -97,7 +131,7 @@ class Orphans {
   // what is still in flight, which its collective deadline bounds (not interruptible: a destructor cannot raise).
   ~Orphans() {
     {
-      py::gil_scoped_release release;
+      GilRelease release;
       for (Orphan& orphan : list_) orphan.future.wait();
     }
     Drop(std::move(list_));
@@ -132,7 +166,7 @@ class Orphans {
   // closed Worker, which says goodbye and joins its I/O thread.
   static void Drop(std::vector<Orphan> orphans) {
     for (Orphan& orphan : orphans) orphan.buffer.Release();
-    py::gil_scoped_release release;
+    GilRelease release;
     orphans.clear();
   }
 
@@ -160,7 +194,7 @@ class Handle {
     buffer_.Release();
     {
       // Possibly the last reference to a closed Worker: its destructor says goodbye and joins the I/O thread.
-      py::gil_scoped_release release;
+      GilRelease release;
       worker_.reset();
     }
     orphans_->Reap();
@@ -243,7 +277,7 @@ class PyWorker {
     } catch (py::error_already_set&) {
       stop.request_stop();
       {
-        py::gil_scoped_release release;
+        GilRelease release;
         // ABORTED within milliseconds; a Worker that joined just before the stop leaves the job here.
         try {
           joining.get();
@@ -258,7 +292,7 @@ class PyWorker {
   // Leaves the job if close() was not called; then no collective is in flight unless a Handle keeps the Worker.
   ~PyWorker() {
     {
-      py::gil_scoped_release release;
+      GilRelease release;
       worker_.reset();
     }
     orphans_->Reap();
@@ -276,7 +310,7 @@ class PyWorker {
     {
       // The mutex pairs each submission with its sequence number; taken without the GIL so that a thread
       // holding it never waits for the GIL.
-      py::gil_scoped_release release;
+      GilRelease release;
       std::lock_guard lock(submit_mutex_);
       future = buffer.type() == ElementType::kFloat32 ? worker->allreduce_async(buffer.floats(), options)
                                                       : worker->allreduce_async(buffer.ints(), options);
@@ -305,7 +339,7 @@ class PyWorker {
       worker = std::move(worker_);
     }
     {
-      py::gil_scoped_release release;
+      GilRelease release;
       worker.reset();
     }
     orphans_->Reap();
@@ -349,6 +383,7 @@ PYBIND11_MODULE(_sparsereduce, m) {
   using namespace sparsereduce::python;
   m.doc() = "sparsereduce worker library: sparse allreduce through aggregator daemons";
 
+  g_main_thread = py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
   g_error_type = PyErr_NewExceptionWithDoc(
       "sparsereduce.Error",
       "A failure of the sparsereduce library. str(e) names the job, the rank and the aggregator involved; "

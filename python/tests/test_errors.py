@@ -224,6 +224,18 @@ def test_ctrl_c_interrupts_a_blocked_allreduce_and_the_memory_stays_held(aggrega
     assert result["held"] and result["first_result"] == 3.0 and result["released"], result
 
 
+def test_exit_while_a_daemon_thread_waits_in_an_allreduce(aggregator, job):
+    """A script that ends (here with an exception) while a daemon thread waits in an allreduce, as the DDP hook's
+    completer waits for a bucket, exits with its own status. Python 3.11 ends such a thread with pthread_exit when
+    it retakes the GIL during interpreter exit; the unwind through the GIL guard's destructor aborted the process
+    (SIGABRT, "terminate called without an active exception")."""
+    child = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "exit_child.py"),
+                            aggregator, str(job)], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 1, (child.returncode, child.stderr)
+    assert "RuntimeError: the training loop failed (simulated)" in child.stderr, child.stderr
+    assert "terminate called" not in child.stderr, child.stderr
+
+
 def test_ctrl_c_interrupts_the_constructors_join():
     """SIGINT while the constructor waits for the job to form (the other rank never comes) raises KeyboardInterrupt
     at once, not after the 60 s join timeout, and the worker leaves: it closes its connection."""
