@@ -149,14 +149,17 @@ std::variant<DaemonConfig, int> ParseDaemonConfig(const std::vector<std::string>
   Add(app, "name", server.name, "Instance name in logs and metrics (default: the hostname)");
   Add(app, "io-threads", server.io_threads, "I/O threads (0: one per hardware thread)")
       ->check(CLI::Range(0u, 1024u));
-  uint64_t handshake_ms = 0, stall_ms = 0, drain_ms = 0, formation_ms = 0;
+  uint64_t handshake_ms = 0, stall_ms = 0, begin_ms = 0, drain_ms = 0, formation_ms = 0;
   AddMilliseconds(app, "handshake-timeout-ms", server.handshake_timeout, handshake_ms, 1,
                   "Drop connections that do not finish the handshake within this");
   Add(app, "max-handshakes-per-address", server.max_handshakes_per_address,
       "Connections from one client address that may be in their handshake at once; more are refused")
       ->check(CLI::Range(1u, 65536u));
   AddMilliseconds(app, "stall-timeout-ms", server.stall_timeout, stall_ms, 1,
-                  "Abort a collective that makes no progress for this long, naming the ranks it waits for");
+                  "Abort a collective that every rank has started and that makes no progress for this long, naming "
+                  "the ranks it waits for");
+  AddMilliseconds(app, "begin-timeout-ms", server.begin_timeout, begin_ms, 1,
+                  "Abort a collective that some rank has not started this long after the last rank that did");
   AddMilliseconds(app, "formation-timeout-ms", server.formation_timeout, formation_ms, 1,
                   "End a job whose ranks have not all joined this long after its first Hello, freeing its place");
   AddMilliseconds(app, "drain-timeout-ms", config.drain_timeout, drain_ms, 0,
@@ -220,6 +223,7 @@ std::variant<DaemonConfig, int> ParseDaemonConfig(const std::vector<std::string>
   }
   server.handshake_timeout = std::chrono::milliseconds(handshake_ms);
   server.stall_timeout = std::chrono::milliseconds(stall_ms);
+  server.begin_timeout = std::chrono::milliseconds(begin_ms);
   server.formation_timeout = std::chrono::milliseconds(formation_ms);
   config.drain_timeout = std::chrono::milliseconds(drain_ms);
   server.liveness.keepalive_idle = std::chrono::seconds(keepalive_s);

@@ -74,34 +74,43 @@ void Job::ArmStallTimer(std::chrono::steady_clock::time_point deadline) {
   });
 }
 
+std::chrono::milliseconds Job::StallLimit() const {
+  return active_->begun_count < shape_.world_size ? context_.options.begin_timeout : context_.options.stall_timeout;
+}
+
 void Job::OnStallTimer(uint64_t seq) {
   if (dead_ || !active_ || active_->seq != seq) return;
-  const auto deadline = last_progress_ + context_.options.stall_timeout;
+  const auto deadline = last_progress_ + StallLimit();
   if (std::chrono::steady_clock::now() < deadline) {
     ArmStallTimer(deadline);  // there was progress since the timer was set
     return;
   }
-  std::vector<uint32_t> waiting;
-  for (uint32_t r = 0; r < shape_.world_size; ++r) {
-    if (!active_->begun[r]) waiting.push_back(r);
+  const std::string collective = "job " + std::to_string(id_) + ", collective " + std::to_string(seq);
+  if (active_->begun_count < shape_.world_size) {
+    std::vector<uint32_t> late;
+    for (uint32_t r = 0; r < shape_.world_size; ++r) {
+      if (!active_->begun[r]) late.push_back(r);
+    }
+    Abort(Status(StatusCode::kDeadlineExceeded,
+                 collective + ": rank(s) " + RankList(late) + PeersOf(late) + " did not start it within " +
+                     std::to_string(context_.options.begin_timeout.count()) +
+                     " ms of the last rank that did (--begin-timeout-ms)"),
+          late);
+    return;
   }
-  for (uint32_t r : active_->engine->AwaitedRanks()) {
-    if (active_->begun[r]) waiting.push_back(r);
-  }
+  const std::string stalled = collective + " made no progress for " +
+                              std::to_string(context_.options.stall_timeout.count()) + " ms (--stall-timeout-ms); ";
   const std::vector<uint32_t> congested = CongestedRanks();
   if (!congested.empty()) {
     // The others are held back because these ranks do not read their RESULTs.
     Abort(Status(StatusCode::kDeadlineExceeded,
-                 "job " + std::to_string(id_) + ", collective " + std::to_string(seq) + " made no progress for " +
-                     std::to_string(context_.options.stall_timeout.count()) + " ms; rank(s) " +
-                     RankList(congested) + " do not read their RESULTs" + PeersOf(congested)),
+                 stalled + "rank(s) " + RankList(congested) + " do not read their RESULTs" + PeersOf(congested)),
           congested);
     return;
   }
-  Abort(Status(StatusCode::kDeadlineExceeded,
-               "job " + std::to_string(id_) + ", collective " + std::to_string(seq) + " made no progress for " +
-                   std::to_string(context_.options.stall_timeout.count()) + " ms; still waiting for rank(s) " + RankList(waiting) +
-                   PeersOf(waiting)),
+  const std::vector<uint32_t> waiting = active_->engine->AwaitedRanks();
+  Abort(Status(StatusCode::kDeadlineExceeded, stalled + "still waiting for rank(s) " + RankList(waiting) +
+                                                  PeersOf(waiting)),
         waiting);
 }
 
@@ -369,7 +378,7 @@ void Job::OnCollectiveBegin(uint32_t rank, const proto::CollectiveBegin& begin) 
     active_->engine = std::make_unique<ColumnEngine>(shape_, aggregator_index_, id_, begin.seq(), *spec,
                                                      context_.buffers, *error_memory);
     Progress();
-    ArmStallTimer(last_progress_ + context_.options.stall_timeout);
+    ArmStallTimer(last_progress_ + StallLimit());
   } else if (begin.seq() != active_->seq || active_->begun[rank]) {
     Violation(rank, ProtocolError("CollectiveBegin for collective " + std::to_string(begin.seq()) + " while " +
                                   std::to_string(active_->seq) + " is in progress"));
@@ -391,6 +400,7 @@ void Job::OnCollectiveBegin(uint32_t rank, const proto::CollectiveBegin& begin) 
   active_->begun[rank] = true;
   Progress();
   if (++active_->begun_count == shape_.world_size) {
+    ArmStallTimer(last_progress_ + StallLimit());  // from the begin timeout down to the stall timeout
     proto::ControlMessage accepted;
     accepted.mutable_collective_accepted()->set_seq(active_->seq);
     for (auto& m : members_) m->SendControl(accepted);

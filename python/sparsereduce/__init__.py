@@ -58,7 +58,7 @@ def as_buffer(array):
 class Worker(_Worker):
     """A member of a sparsereduce job: Worker(aggregators, job, rank, world_size, *, secret='',
     block_size=256, slots=8, blocks_per_message=128, window=1, connect_timeout=30.0, join_timeout=60.0,
-    collective_timeout=60.0, transport='', rdma_device='', rdma_port=1, rdma_gid_index=-1, tcp_send_buffer=0,
+    collective_timeout=1800.0, transport='', rdma_device='', rdma_port=1, rdma_gid_index=-1, tcp_send_buffer=0,
     restore_on_failure=True, yield_while_scanning=False, codec=Codec('none'), codec_seed=0), timeouts in seconds.
 
     transport: 'auto' (shared memory with aggregators on this host, TCP otherwise), 'tcp', 'shm' or 'rdma'; empty

@@ -488,7 +488,7 @@ PYBIND11_MODULE(_sparsereduce, m) {
            py::arg("aggregators"), py::arg("job"), py::arg("rank"), py::arg("world_size"), py::kw_only(),
            py::arg("secret") = "", py::arg("block_size") = 256, py::arg("slots") = 8,
            py::arg("blocks_per_message") = 128, py::arg("window") = 1, py::arg("connect_timeout") = 30.0,
-           py::arg("join_timeout") = 60.0, py::arg("collective_timeout") = 60.0, py::arg("transport") = "",
+           py::arg("join_timeout") = 60.0, py::arg("collective_timeout") = 1800.0, py::arg("transport") = "",
            py::arg("rdma_device") = "", py::arg("rdma_port") = 1, py::arg("rdma_gid_index") = -1,
            py::arg("tcp_send_buffer") = 0, py::arg("restore_on_failure") = true,
            py::arg("yield_while_scanning") = false, py::arg("codec") = CodecOptions{},

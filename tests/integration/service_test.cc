@@ -799,6 +799,46 @@ TEST(Service, DrainDeadlineEndsStuckCollective) {
   EXPECT_EQ(t0, std::vector<float>(1000, 1.0f));  // restored
 }
 
+// A rank may start a collective long after the others (rank 0 writing a checkpoint): the wait for it is bounded by
+// --begin-timeout-ms, not by the stall timeout, which only applies once every rank has started. With the stall
+// timeout alone, rank 0's collective was aborted 500 ms after it began.
+TEST(Service, ARankLateToTheCollectiveIsWaitedForBeyondTheStallTimeout) {
+  Daemon daemon({"--stall-timeout-ms", "500", "--begin-timeout-ms", "60000"});
+  auto [r0, r1] = JoinPair(daemon.address(), 2);
+  const tools::SyntheticSpec spec{5000, 256, 0.5, tools::Overlap::kRandom, 2, 11};
+  std::vector<float> t0(spec.elements), t1(spec.elements);
+  tools::FillTensor(spec, 0, t0);
+  tools::FillTensor(spec, 1, t1);
+  std::future<void> early = r0->allreduce_async(std::span(t0));
+  ASSERT_TRUE(Eventually([&] {
+    return Sample(daemon.Metrics(), R"(sparsereduce_memory_reserved_bytes\{instance_name="svc"\})") > 0;
+  }));
+  std::this_thread::sleep_for(1500ms);  // the scenario: rank 1 comes three stall timeouts later
+  r1->allreduce(std::span(t1));
+  early.get();
+  const auto reference = tools::ReferenceSumFloat(spec);
+  EXPECT_EQ(std::memcmp(t0.data(), reference.data(), t0.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(t1.data(), reference.data(), t1.size() * sizeof(float)), 0);
+}
+
+// A rank that never starts the collective ends it at --begin-timeout-ms, naming the rank, its peer and the option.
+TEST(Service, ARankThatNeverStartsTheCollectiveEndsItAtTheBeginTimeout) {
+  Daemon daemon({"--begin-timeout-ms", "300"});
+  auto [r0, r1] = JoinPair(daemon.address(), 3);
+  std::vector<float> t0(1000, 1.0f);
+  try {
+    r0->allreduce(std::span(t0));
+    ADD_FAILURE() << "the collective ran without rank 1";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "DEADLINE_EXCEEDED") << e.what();
+    EXPECT_TRUE(std::regex_search(std::string(e.what()),
+                                  std::regex(R"(collective 1: rank\(s\) 1 \(rank 1 at 127\.0\.0\.1:[0-9]+\) did not start it )"
+                                             R"(within 300 ms of the last rank that did \(--begin-timeout-ms\))")))
+        << e.what();
+  }
+  EXPECT_EQ(t0, std::vector<float>(1000, 1.0f));  // restored
+}
+
 // A NOTIFY_SOCKET of our own, as systemd would pass it.
 class NotifySocket {
  public:

@@ -10,7 +10,7 @@ WORKER=$2
 source "$(dirname "$0")/test_setup.sh" srpt
 testbed_up "$NAME" 3 --rate 1gbit >/dev/null
 agg_addr=$(testbed_addr "$NAME" 1)
-testbed_exec "$NAME" 1 "$AGG" --listen "$agg_addr:19875" --stall-timeout-ms 2000 --log-level warn &
+testbed_exec "$NAME" 1 "$AGG" --listen "$agg_addr:19875" --stall-timeout-ms 2000 --begin-timeout-ms 2000 --log-level warn &
 for r in 0 1; do
   testbed_exec "$NAME" $((r + 2)) timeout 60 "$WORKER" --aggregators "$agg_addr:19875" --job 1 --rank $r \
     --world-size 2 --elements 4000000 --density 0.5 --collectives 100000 --timeout-ms 5000 \

@@ -70,6 +70,7 @@ TEST_F(ConfigTest, Defaults) {
   EXPECT_EQ(c.server.listen, std::vector<std::string>{"0.0.0.0:19875"});
   EXPECT_EQ(c.metrics_listen, "0.0.0.0:19876");
   EXPECT_EQ(c.server.stall_timeout, std::chrono::milliseconds(30000));
+  EXPECT_EQ(c.server.begin_timeout, std::chrono::minutes(30));
   EXPECT_FALSE(c.server.require_auth);
 }
 
@@ -123,7 +124,8 @@ TEST_F(ConfigTest, InvalidConfigurationExitsWithCode2) {
 // 10000000000000 ms" (--stall-timeout-ms) and every job as not formed in time (--formation-timeout-ms); 0 dropped
 // every handshake. Such values are refused; up to 30 days are taken, and a drain deadline of 0.
 TEST_F(ConfigTest, TimeoutsOutsideTheirRangeAreRefused) {
-  for (const char* flag : {"--handshake-timeout-ms", "--stall-timeout-ms", "--formation-timeout-ms"}) {
+  for (const char* flag :
+       {"--handshake-timeout-ms", "--stall-timeout-ms", "--begin-timeout-ms", "--formation-timeout-ms"}) {
     ExpectExit2({flag, "10000000000000"}, flag);
     ExpectExit2({flag, "0"}, flag);
     ParseOk({flag, "2592000000"});
@@ -131,6 +133,7 @@ TEST_F(ConfigTest, TimeoutsOutsideTheirRangeAreRefused) {
   ExpectExit2({"--drain-timeout-ms", "10000000000000"}, "--drain-timeout-ms");
   EXPECT_EQ(ParseOk({"--drain-timeout-ms", "0"}).drain_timeout.count(), 0);
   EXPECT_EQ(ParseOk({"--stall-timeout-ms", "2592000000"}).server.stall_timeout, std::chrono::hours(24 * 30));
+  EXPECT_EQ(ParseOk({"--begin-timeout-ms", "2592000000"}).server.begin_timeout, std::chrono::hours(24 * 30));
   ExpectExit2({"--io-threads", "100000"}, "--io-threads");
   ExpectExit2({"--max-handshakes-per-address", "0"}, "--max-handshakes-per-address");
   EXPECT_EQ(ParseOk({"--max-handshakes-per-address", "500"}).server.max_handshakes_per_address, 500u);

@@ -323,7 +323,7 @@ void Worker::Impl::StartNext() {
     }
     Fail(Status(StatusCode::kDeadlineExceeded, "collective " + std::to_string(seq) + " did not complete within " +
                                                    std::to_string(options_.collective_timeout.count()) +
-                                                   " ms; still waiting on " + waiting));
+                                                   " ms (collective_timeout); still waiting on " + waiting));
   });
   StartSlots(seq, 0);
 }

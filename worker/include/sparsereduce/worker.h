@@ -112,8 +112,11 @@ struct WorkerOptions {
   // leaves the job and throws Error "ABORTED" instead of waiting out the timeouts. Only the constructor watches it;
   // a stop requested later changes nothing. (The Python binding uses it for Ctrl-C.)
   std::stop_token cancel;
-  // One allreduce, from its start on the I/O thread to its last result.
-  std::chrono::milliseconds collective_timeout{60'000};
+  // One allreduce, from its start on the I/O thread to its last result, including the wait for ranks that call it
+  // later (30 min, as torch.distributed's default: rank 0 may be writing a checkpoint). The aggregators end sooner
+  // a collective whose data stops moving once every rank has started it (their --stall-timeout-ms, 30 s), and
+  // TCP keepalive finds a vanished aggregator within seconds.
+  std::chrono::milliseconds collective_timeout{1'800'000};
   // The codec of float32 allreduces that do not name one (int32 allreduces are always exact).
   CodecOptions codec;
   // Seeds DIANA's random rounding (with the key, the step and the rank): runs repeat exactly.
