@@ -176,27 +176,33 @@ std::string Job::Describe(uint32_t rank) const {
   return "job " + std::to_string(id_) + " rank " + std::to_string(rank) + " (peer " + peer + ")";
 }
 
-Job::JoinOutcome Job::Join(const std::shared_ptr<Session>& session) {
-  const proto::Hello& hello = session->hello();
-  const uint32_t rank = hello.rank();
-  if (dead_) return JoinOutcome::kRetryWithNewJob;
+bool Job::Retired(const std::shared_ptr<Session>& session) {
+  if (dead_) return true;
   if (formed_ && !departed_.empty()) {
     // A member of a broken job is reconnecting: the old formation can never run another collective.
     Abort(Status(StatusCode::kPeerLeft, "job " + std::to_string(id_) + " is being formed again (rank " +
-                                            std::to_string(rank) + " reconnected from " + session->peer() +
-                                            ") after " + DescribeDepartures()),
+                                            std::to_string(session->rank()) + " reconnected from " +
+                                            session->peer() + ") after " + DescribeDepartures()),
           departed_);
-    return JoinOutcome::kRetryWithNewJob;
+    return true;
   }
+  return false;
+}
+
+Job::JoinOutcome Job::Join(const std::shared_ptr<Session>& session) {
+  const proto::Hello& hello = session->hello();
+  const uint32_t rank = hello.rank();
   if (formed_) {
     const std::string holder = rank < members_.size() && members_[rank]
                                    ? "; rank " + std::to_string(rank) + " is connected from " + members_[rank]->peer()
                                    : "";
-    session->Fail(Status(StatusCode::kJobFull, "job " + std::to_string(id_) + " is already formed with all " +
-                                                   std::to_string(shape_.world_size) + " ranks" + holder +
-                                                   " (Hello of rank " + std::to_string(rank) + " from " +
-                                                   session->peer() + ")"),
-                  0, {rank});
+    const Status error(StatusCode::kJobFull, "job " + std::to_string(id_) + " is already formed with all " +
+                                                 std::to_string(shape_.world_size) + " ranks" + holder +
+                                                 " (Hello of rank " + std::to_string(rank) + " from " +
+                                                 session->peer() + ")");
+    spdlog::warn("{}; refused", error.ToString());  // the job runs on: not an abort, but worth a line and a count
+    context_.metrics.Error(error.code());
+    session->Fail(error, 0, {rank});
     return JoinOutcome::kRejected;
   }
   if (members_.empty()) {

@@ -47,9 +47,14 @@ class Job : public std::enable_shared_from_this<Job> {
   uint64_t id() const { return id_; }
   const boost::asio::any_io_executor& strand() const { return strand_; }
 
-  enum class JoinOutcome { kJoined, kRejected, kRetryWithNewJob };
-  // Adds the session as its Hello's rank. Sends JobReady to everyone when the last rank arrives. On rejection the
-  // session has been sent an Error and closed.
+  // True when this job takes no member any more: it ended, or it formed and lost ranks (then the reconnecting
+  // session ends it now). The session joins a fresh job of the same id instead. Touches nothing of the session,
+  // so that it can be asked before the session's channel exists: the channel belongs to the strand of the job it
+  // finally joins.
+  bool Retired(const std::shared_ptr<Session>& session);
+  enum class JoinOutcome { kJoined, kRejected };
+  // Adds the session as its Hello's rank, once Retired said no. Sends JobReady to everyone when the last rank
+  // arrives. On rejection the session has been sent an Error and closed.
   JoinOutcome Join(const std::shared_ptr<Session>& session);
 
   // The largest payload a CONTRIBUTION with this header may have, or the violation.

@@ -440,23 +440,27 @@ std::unique_ptr<transport::Channel> Session::MakeChannel(const asio::any_io_exec
 }
 
 asio::awaitable<void> Session::ReadLoop(std::shared_ptr<Job> job) {
-  // Now on the job's strand; the writer's completions run here too.
+  // Now on the job's strand.
   executor_ = job->strand();
-  if (!channel_) channel_ = MakeChannel(executor_);
-  channel_->set_error_handler([](const Status&) {});  // the read side reports the failure
-  while (true) {
-    Job::JoinOutcome outcome = job->Join(shared_from_this());
-    if (outcome == Job::JoinOutcome::kRejected) co_return;
-    if (outcome == Job::JoinOutcome::kJoined) break;
+  if (job->Retired(shared_from_this())) {
+    // Asked before the channel exists: its writer's and liveness completions run on the executor it is made with,
+    // which must be the strand of the job it serves (it was the first job's, racing the fresh job's strand).
     Result<std::shared_ptr<Job>> replaced = registry_.Replace(hello_.job_id(), job);
     if (!replaced.ok()) {
-      Fail(replaced.status(), 0, {hello_.rank()});
+      const Status error = replaced.status().WithContext(Who());
+      spdlog::warn("{}", error.ToString());
+      context_.metrics.Error(error.code());
+      channel_ = MakeChannel(executor_);
+      Fail(error, 0, {hello_.rank()});
       co_return;
     }
     // The fresh job's own read loop (on its strand), so that the exception handler names the job it runs for.
     SpawnReadLoop(*replaced);
     co_return;
   }
+  channel_ = MakeChannel(executor_);
+  channel_->set_error_handler([](const Status&) {});  // the read side reports the failure
+  if (job->Join(shared_from_this()) == Job::JoinOutcome::kRejected) co_return;
 
   const uint32_t rank = hello_.rank();
   // The job holds what the channel lends until its blocks are aggregated; the channel calls this (on the strand,

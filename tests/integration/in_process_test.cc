@@ -88,6 +88,56 @@ TEST(InProcess, TwoJobsInOneProcess) {
   EXPECT_TRUE((*daemon)->Stop());
 }
 
+// A rank that restarts between collectives forms the job again: its new Hello ends the old formation (the other
+// rank learns why), and both ranks' new Workers run on the fresh job. The reconnecting connection used to keep the
+// old job's strand for its channel while the fresh job used its own (a race on the channel's write queue with
+// several I/O threads); now the channel is made once the connection's job is final.
+TEST(InProcess, ARankThatRestartsBetweenCollectivesFormsTheJobAgain) {
+  auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+  auto options = [&](uint32_t rank) {
+    WorkerOptions o;
+    o.aggregators = {(*daemon)->AddressList()};
+    o.job = 26;
+    o.rank = rank;
+    o.world_size = 2;
+    o.window = 4;
+    o.connect_timeout = o.join_timeout = o.collective_timeout = 10s;
+    return o;
+  };
+  const tools::SyntheticSpec spec{300000, 256, 0.5, tools::Overlap::kRandom, 2, 5};
+  auto pair = [&] {
+    auto r1 = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options(1)); });
+    auto r0 = std::make_unique<Worker>(options(0));
+    return std::make_pair(std::move(r0), r1.get());
+  };
+  auto [r0, r1] = pair();
+  auto other = std::async(std::launch::async, [&, w = r1.get()] { return ReduceAndCheck(*w, spec, 1, false); });
+  EXPECT_EQ(ReduceAndCheck(*r0, spec, 0, false), "");
+  EXPECT_EQ(other.get(), "");
+
+  r1.reset();  // rank 1 restarts: Goodbye, then a new Worker of rank 1 says Hello to the formed job
+  auto restarted = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options(1)); });
+  std::vector<float> t(1000, 1.0f);
+  try {
+    r0->allreduce(std::span(t));
+    ADD_FAILURE() << "the old formation ran a collective without rank 1";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "PEER_LEFT") << e.what();
+  }
+  r0 = std::make_unique<Worker>(options(0));  // rank 0 follows, as a launcher restarts the whole job
+  r1 = restarted.get();
+  for (uint64_t c = 0; c < 3; ++c) {
+    const tools::SyntheticSpec next{spec.elements, 256, 0.5, tools::Overlap::kRandom, 2, 6 + c};
+    auto second = std::async(std::launch::async, [&, w = r1.get()] { return ReduceAndCheck(*w, next, 1, c % 2); });
+    EXPECT_EQ(ReduceAndCheck(*r0, next, 0, c % 2), "") << "collective " << c;
+    EXPECT_EQ(second.get(), "") << "collective " << c;
+  }
+  r0.reset();
+  r1.reset();
+  EXPECT_TRUE((*daemon)->Stop());
+}
+
 // The public API from several threads at once: every rank's Worker takes allreduce_async and allreduce calls from
 // three threads while a fourth reads last_stats(). The collectives of a rank then run in whatever order the calls
 // arrived, which is fine here because every tensor of a rank holds the same values and has the same size.
