@@ -53,9 +53,16 @@ std::vector<uint32_t> Job::CongestedRanks() const {
   return ranks;
 }
 
-boost::asio::awaitable<void> Job::WaitWhileCongested() {
-  while (!dead_ && active_) {
-    const std::vector<uint32_t> congested = CongestedRanks();
+boost::asio::awaitable<void> Job::WaitWhileCongested(uint32_t rank) {
+  while (!dead_) {
+    std::vector<uint32_t> congested;
+    if (active_) {
+      congested = CongestedRanks();
+    } else if (rank < members_.size() && members_[rank] && members_[rank]->queued_frames() > CongestionLimit()) {
+      // Between collectives only a member's own frames pile up (a CollectiveAccepted per CollectiveBegin it sends,
+      // e.g. of empty tensors) when it does not read them: it alone is held back. Its queue grew without bound.
+      congested = {rank};
+    }
     if (congested.empty()) co_return;
     for (uint32_t r : congested) {
       members_[r]->NotifyWhenQueuedAtMost(CongestionLimit() / 2, [weak = weak_from_this()] {
@@ -419,7 +426,7 @@ Result<codec::ErrorMemory*> Job::ErrorMemoryFor(const CollectiveSpec& spec) {
   if (spec.codec.codec != Codec::kThreeLC || spec.codec.result_fp32) {
     // The key now carries something else; the workers start its error over when it is 3LC again (a new codec or
     // size gives a fresh state, codec/tensor_codec.cc), and so does this memory.
-    if (it != error_memories_.end()) error_memories_.erase(it);
+    if (it != error_memories_.end()) EraseErrorMemory(it);
     return nullptr;
   }
   const ColumnLayout layout(shape_, spec.element_count, spec.block_size, FindDType(spec.dtype)->size);
@@ -428,12 +435,13 @@ Result<codec::ErrorMemory*> Job::ErrorMemoryFor(const CollectiveSpec& spec) {
       it->second->memory.block_size() == spec.block_size) {
     return &it->second->memory;
   }
-  if (it != error_memories_.end()) error_memories_.erase(it);  // the key's tensor changed shape: start over
-  const uint64_t bytes = blocks * spec.block_size * sizeof(float);
+  if (it != error_memories_.end()) EraseErrorMemory(it);  // the key's tensor changed shape: start over
+  // A key costs its entry even where this aggregator holds none of its blocks (or the tensor is empty), so that
+  // the limits below bound the number of keys too: keys of 0 bytes grew the map without bound.
+  const uint64_t bytes = blocks * spec.block_size * sizeof(float) + kErrorMemoryEntryBytes;
   // One job's keys together stay within --max-job-memory, so that it cannot take the whole --max-total-memory from
   // the other jobs by using many keys.
-  uint64_t held = 0;
-  for (const auto& [key, entry] : error_memories_) held += entry->reservation.bytes();
+  const uint64_t held = error_memory_bytes_;
   if (held + bytes > context_.options.max_job_memory) {
     return Status(StatusCode::kResourceExhausted,
                   "3LC error memory for key " + std::to_string(spec.codec.key) + " needs " + std::to_string(bytes) +
@@ -450,7 +458,13 @@ Result<codec::ErrorMemory*> Job::ErrorMemoryFor(const CollectiveSpec& spec) {
   auto entry = std::make_unique<KeyedErrorMemory>(spec.element_count, blocks, spec.block_size, context_.memory, bytes);
   codec::ErrorMemory* memory = &entry->memory;
   error_memories_[spec.codec.key] = std::move(entry);
+  error_memory_bytes_ += bytes;
   return memory;
+}
+
+void Job::EraseErrorMemory(std::map<uint64_t, std::unique_ptr<KeyedErrorMemory>>::iterator it) {
+  error_memory_bytes_ -= it->second->reservation.bytes();
+  error_memories_.erase(it);
 }
 
 Result<uint64_t> Job::Admit(const CollectiveSpec& spec) {

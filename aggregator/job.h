@@ -75,9 +75,10 @@ class Job : public std::enable_shared_from_this<Job> {
 
   // Backpressure (docs/PROTOCOL.md §4 lets workers stream ahead): while some member has more RESULTs queued than
   // it reads, the members' sessions stop reading CONTRIBUTIONs, so that the RESULTs a slow reader has not taken
-  // stay bounded instead of growing with the tensor; reading resumes when its queue is down to half. Returns at
-  // once when no member is behind.
-  boost::asio::awaitable<void> WaitWhileCongested();
+  // stay bounded instead of growing with the tensor; reading resumes when its queue is down to half. Between
+  // collectives only member `rank`'s own queue holds its own reading back. Returns at once when no member is
+  // behind.
+  boost::asio::awaitable<void> WaitWhileCongested(uint32_t rank);
   // The aggregator is draining: a running collective may finish, then the job ends with SHUTTING_DOWN; a job with
   // no collective running ends at once.
   void Drain();
@@ -136,6 +137,10 @@ class Job : public std::enable_shared_from_this<Job> {
     MemoryReservation reservation;
   };
   std::map<uint64_t, std::unique_ptr<KeyedErrorMemory>> error_memories_;
+  uint64_t error_memory_bytes_ = 0;  // reserved by error_memories_, entries included
+  // What a key's entry costs beyond its blocks (the map node, the structs, the vectors' headers), rounded up.
+  static constexpr uint64_t kErrorMemoryEntryBytes = 256;
+  void EraseErrorMemory(std::map<uint64_t, std::unique_ptr<KeyedErrorMemory>>::iterator it);
   uint64_t last_completed_seq_ = 0;
   ServiceContext& context_;
   bool draining_ = false;

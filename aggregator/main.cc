@@ -112,7 +112,11 @@ int main(int argc, char** argv) {
   // First SIGTERM/SIGINT: drain. A second one, or the drain deadline: abort what is left. Either way exit 0.
   boost::asio::signal_set signals(lifecycle, SIGINT, SIGTERM);
   boost::asio::steady_timer drain_deadline(lifecycle);
+  bool finished = false;
+  // Once: the jobs that Stop() aborts empty the registry, which posts the drain's own "drained" finish again.
   auto finish = [&] {
+    if (finished) return;
+    finished = true;
     drain_deadline.cancel();
     signals.cancel();
     systemd.StopWatchdog();
@@ -139,6 +143,7 @@ int main(int argc, char** argv) {
       finish();
     });
     server.Drain([&] { boost::asio::post(lifecycle, [&] {
+      if (finished) return;
       spdlog::info("drained: no job left");
       finish();
     }); });

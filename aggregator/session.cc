@@ -480,7 +480,7 @@ asio::awaitable<void> Session::ReadLoop(std::shared_ptr<Job> job) {
     }
   } on_exit{*this};
   while (true) {
-    co_await job->WaitWhileCongested();
+    co_await job->WaitWhileCongested(rank);
     Result<FrameHeader> header = co_await channel_->ReadHeader();
     if (!header.ok()) {
       job->OnDisconnect(rank, this, header.status());

@@ -631,9 +631,10 @@ constexpr uint64_t kCollectiveMemoryW2 =
 
 // 3LC's error memory lives as long as the job, one per key (docs/PROTOCOL.md §11.3). A job's keys together stay
 // within --max-job-memory, so that one job cannot take all of --max-total-memory by using many keys. Here each
-// key holds 16 blocks of 256 floats (16384 bytes); the limit admits the collective and three keys, not four.
+// key holds 16 blocks of 256 floats (16384 bytes) and its entry (256); the limit admits the collective and three
+// keys, not four.
 TEST(Service, ErrorMemoryOfAllKeysOfAJobStaysWithinTheJobLimit) {
-  constexpr uint64_t kErrorMemoryPerKey = 16ull * 256 * 4;
+  constexpr uint64_t kErrorMemoryPerKey = 16ull * 256 * 4 + 256;
   Daemon daemon({"--max-job-memory", std::to_string(3 * kErrorMemoryPerKey + kErrorMemoryPerKey / 2)});
   auto workers = JoinPair(daemon.address(), 28);  // not a structured binding: the lambda below captures it
   std::unique_ptr<Worker>& r0 = workers.first;
@@ -653,7 +654,7 @@ TEST(Service, ErrorMemoryOfAllKeysOfAJobStaysWithinTheJobLimit) {
     } catch (const Error& e) {
       EXPECT_EQ(key, 4u) << e.what();
       EXPECT_EQ(e.code(), "RESOURCE_EXHAUSTED") << e.what();
-      EXPECT_NE(std::string(e.what()).find("other keys already hold 49152 of its --max-job-memory"), std::string::npos)
+      EXPECT_NE(std::string(e.what()).find("other keys already hold 49920 of its --max-job-memory"), std::string::npos)
           << e.what();
     }
     try {
@@ -661,6 +662,81 @@ TEST(Service, ErrorMemoryOfAllKeysOfAJobStaysWithinTheJobLimit) {
     } catch (const Error&) {
     }
   }
+}
+
+// A key whose error memory holds no blocks here (an empty tensor, or none of its blocks on this aggregator) still
+// costs its entry, so --max-job-memory bounds the number of keys: keys of 0 bytes grew the daemon's memory without
+// bound (35 MB after 162,000 keys, with nothing reserved) and slowed every new key down.
+TEST(Service, KeysWithoutBlocksStillCountAgainstTheJobLimit) {
+  Daemon daemon({"--max-job-memory", "4096"});
+  const int fd = ConnectToLoopback(daemon.address());
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendControl(fd, RawHello(29, 0, 1, 1)));
+  const std::optional<RawFrame> ready = ReadFrame(fd);
+  ASSERT_TRUE(ready) << "no JobReady";
+  std::optional<proto::ControlMessage> error;
+  for (uint64_t key = 1; key <= 64 && !error; ++key) {
+    CollectiveSpec spec{0, DType::kFloat32, ReduceOp::kSum, 256};
+    spec.codec.codec = Codec::kThreeLC;
+    spec.codec.key = key;
+    proto::ControlMessage begin;
+    begin.mutable_collective_begin()->set_seq(key);
+    *begin.mutable_collective_begin()->mutable_spec() = SpecToProto(spec);
+    ASSERT_TRUE(SendControl(fd, begin));
+    const std::optional<RawFrame> reply = ReadFrame(fd);
+    ASSERT_TRUE(reply) << "no answer to collective " << key;
+    Result<proto::ControlMessage> message = DecodeControl(reply->payload);
+    ASSERT_TRUE(message.ok()) << message.status().ToString();
+    if (message->has_error()) error = std::move(*message);
+  }
+  close(fd);
+  ASSERT_TRUE(error) << "64 keys without blocks were admitted under a job limit of 4096 bytes";
+  EXPECT_EQ(error->error().code(), proto::RESOURCE_EXHAUSTED) << error->error().message();
+  EXPECT_NE(error->error().message().find("3LC error memory for key 17 needs 256 bytes but job 29's other keys "
+                                          "already hold 4096"),
+            std::string::npos)
+      << error->error().message();
+}
+
+// A member that sends CollectiveBegins between collectives (here of empty tensors, each answered with a
+// CollectiveAccepted) and reads none of the answers is not read either once its queue is full: the daemon's memory
+// stays bounded. It read on and queued every answer (430 MB of resident memory after 2 million).
+TEST(Service, AMemberThatDoesNotReadIsNotReadBetweenCollectives) {
+  Daemon daemon;
+  const int fd = ConnectToLoopback(daemon.address(), /*receive_buffer=*/4096);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendControl(fd, RawHello(30, 0, 1, 1)));
+  ASSERT_TRUE(ReadFrame(fd)) << "no JobReady";
+  // Up to 2 million begins (about 80 MB) until the daemon has taken nothing for 2 s.
+  constexpr uint64_t kBegins = 2'000'000;
+  std::vector<std::byte> batch;
+  uint64_t written = 0, seq = 0;
+  bool blocked = false;
+  while (seq < kBegins && !blocked) {
+    batch.clear();
+    for (int i = 0; i < 1000; ++i) {
+      proto::ControlMessage begin;
+      begin.mutable_collective_begin()->set_seq(++seq);
+      *begin.mutable_collective_begin()->mutable_spec() = SpecToProto({0, DType::kFloat32, ReduceOp::kSum, 256});
+      const ByteBuffer frame = EncodeControl(begin);
+      batch.insert(batch.end(), frame.data(), frame.data() + frame.size());
+    }
+    for (size_t done = 0; done < batch.size();) {
+      pollfd p{fd, POLLOUT, 0};
+      if (poll(&p, 1, 2000) != 1) {
+        blocked = true;
+        break;
+      }
+      const ssize_t n = send(fd, batch.data() + done, batch.size() - done, MSG_DONTWAIT | MSG_NOSIGNAL);
+      ASSERT_GT(n, 0) << std::strerror(errno);
+      done += static_cast<size_t>(n);
+      written += static_cast<uint64_t>(n);
+    }
+  }
+  close(fd);
+  EXPECT_TRUE(blocked) << "the daemon took all " << written << " bytes of " << kBegins
+                       << " CollectiveBegins whose answers were never read";
+  EXPECT_LT(written, 40'000'000u);
 }
 
 TEST(Service, TotalMemoryBudgetIsSharedAcrossJobs) {
