@@ -102,7 +102,11 @@ class Worker(_Worker):
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, exc, traceback):
+        # Leaving on an exception (Ctrl-C included) aborts what is still in flight instead of waiting for it: an
+        # interrupted allreduce would otherwise keep close() waiting for peers that may never come.
+        if exc_type is not None:
+            self.abort()
         self.close()
 
     def __repr__(self):

@@ -127,11 +127,13 @@ class Orphans {
   Orphans(const Orphans&) = delete;
   Orphans& operator=(const Orphans&) = delete;
 
-  // Destroyed with the last of the PyWorker and its Handles (garbage collection without close()): waits for
-  // what is still in flight, which its collective deadline bounds (not interruptible: a destructor cannot raise).
+  // Destroyed with the last of the PyWorker and its Handles (garbage collection without close()): nobody can see
+  // their results any more, so what is still in flight is aborted, then waited for (about 0.5 s at most, not
+  // interruptible: a destructor cannot raise). It waited for the collectives to end, up to their deadline.
   ~Orphans() {
     {
       GilRelease release;
+      for (Orphan& orphan : list_) orphan.worker->abort();
       for (Orphan& orphan : list_) orphan.future.wait();
     }
     Drop(std::move(list_));
@@ -350,6 +352,12 @@ class PyWorker {
     return worker_ == nullptr;
   }
 
+  // Worker::abort; nothing once closed.
+  void Abort() {
+    std::lock_guard lock(submit_mutex_);
+    if (worker_) worker_->abort();
+  }
+
  private:
   std::shared_ptr<Worker> Get() {
     std::lock_guard lock(submit_mutex_);
@@ -507,5 +515,8 @@ PYBIND11_MODULE(_sparsereduce, m) {
       .def_property_readonly("transports", &PyWorker::Transports,
                              "Per aggregator, what the connection runs on: 'tcp', 'shm' or 'rdma'.")
       .def_property_readonly("closed", &PyWorker::closed)
-      .def("close", &PyWorker::Close, "Leave the job now; later calls raise ValueError.");
+      .def("close", &PyWorker::Close, "Leave the job now; later calls raise ValueError.")
+      .def("abort", &PyWorker::Abort,
+           "Fail every allreduce queued or in flight with ABORTED (their arrays restored) and leave the job; returns "
+           "at once. The Worker is unusable afterwards; close() still releases it.");
 }

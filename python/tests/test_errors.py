@@ -1,6 +1,7 @@
 """Errors: bad arrays are refused before anything is sent; library failures raise sparsereduce.Error carrying the
 library's code and message; a failed collective leaves the caller's array as it was."""
 
+import gc
 import json
 import math
 import os
@@ -9,6 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -137,6 +139,41 @@ def test_peer_leaving_fails_the_waiting_rank(aggregator, job):
     assert re.search(r"rank(\(s\))? 1\b", message), message
     np.testing.assert_array_equal(a, np.ones(1000, dtype=np.float32))
     workers[0].close()
+
+
+def test_leaving_a_with_block_on_an_exception_aborts_what_is_in_flight(aggregator, job):
+    """A `with` body that raises (Ctrl-C in a training loop) while an allreduce waits for a peer leaves at once:
+    the collective is aborted (ABORTED, array restored) instead of close() waiting up to its deadline."""
+    options = dict(FAST, collective_timeout=120.0)
+    workers = run_ranks(2, lambda r: sparsereduce.Worker(aggregator, job, r, 2, **options))
+    a = np.ones(1000, dtype=np.float32)
+    handle = None
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        with workers[0]:
+            handle = workers[0].allreduce_async(a)  # rank 1 never joins in
+            raise KeyboardInterrupt
+    assert time.monotonic() - start < 10.0
+    assert workers[0].closed
+    with pytest.raises(sparsereduce.Error) as info:
+        handle.wait(timeout=0)
+    assert info.value.code == "ABORTED" and "Worker::abort" in str(info.value), info.value
+    np.testing.assert_array_equal(a, np.ones(1000, dtype=np.float32))
+    workers[1].close()
+
+
+def test_garbage_collection_aborts_an_orphaned_collective(aggregator, job):
+    """A Worker dropped without close() while a dropped handle's collective waits for a peer is collected at once:
+    the orphan is aborted rather than waited for until its deadline (which blocked the collecting thread)."""
+    options = dict(FAST, collective_timeout=120.0)
+    workers = run_ranks(2, lambda r: sparsereduce.Worker(aggregator, job, r, 2, **options))
+    handle = workers[0].allreduce_async(np.ones(1000, dtype=np.float32))  # rank 1 never joins in
+    del handle
+    start = time.monotonic()
+    workers[0] = None  # the last reference to rank 0's Worker
+    gc.collect()
+    assert time.monotonic() - start < 10.0
+    workers[1].close()
 
 
 def test_wait_timeout_then_completion(aggregator, job):

@@ -524,6 +524,36 @@ INSTANTIATE_TEST_SUITE_P(WorkerLifecycle, HostileCollective,
                          ::testing::Values(Misstep::kAcceptedOutOfOrder, Misstep::kResultForABlockNeverAnnounced,
                                            Misstep::kResultAfterError));
 
+// Worker::abort fails the collective in flight at once (not at its collective timeout), restores the tensor, tells
+// the aggregator why in a Goodbye, and leaves the Worker unusable.
+TEST(WorkerLifecycle, AbortEndsTheCollectiveInFlightAtOnce) {
+  Joined j;
+  WorkerOptions options = OneBlockShape(47);
+  options.collective_timeout = 60s;
+  ASSERT_NO_FATAL_FAILURE(Join(options, &j));
+  std::vector<float> tensor{1.0f, 2.0f, 3.0f, 4.0f};
+  const std::vector<float> input = tensor;
+  auto done = j.worker->allreduce_async(std::span(tensor));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(ReadFrame(j.fd)) << "frame " << i;  // begin, announce, contribution
+  j.worker->abort();
+  ASSERT_EQ(done.wait_for(5s), std::future_status::ready) << "abort did not end the collective";
+  try {
+    done.get();
+    ADD_FAILURE() << "the collective completed";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "ABORTED") << e.what();
+    EXPECT_NE(std::string(e.what()).find("job 47 rank 0: aborted by the caller (Worker::abort)"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(tensor, input);
+  const std::optional<RawFrame> goodbye = ReadFrame(j.fd);
+  ASSERT_TRUE(goodbye) << "no Goodbye";
+  Result<proto::ControlMessage> message = DecodeControl(goodbye->payload);
+  ASSERT_TRUE(message.ok() && message->has_goodbye()) << message.status().ToString();
+  EXPECT_NE(message->goodbye().reason().find("Worker::abort"), std::string::npos) << message->goodbye().reason();
+  EXPECT_THROW(j.worker->allreduce(std::span(tensor)), Error);
+}
+
 // The header of a RESULT with more entries than the job's K (blocks per message) is refused before its payload is
 // read (docs/PROTOCOL.md §3): only the header is sent, and the worker fails at once rather than at its collective
 // timeout. With one block of 256 elements, 2 entries without data stay within the payload limit of one block.

@@ -46,6 +46,9 @@ class Worker::Impl : public AggregatorLink::Handler {
     std::lock_guard lock(stats_mutex_);
     return last_stats_;
   }
+  void Abort() {
+    asio::post(io_, [this] { Fail(Status(StatusCode::kAborted, "aborted by the caller (Worker::abort)")); });
+  }
   const WorkerOptions& options() const { return options_; }
   // Written on the I/O thread before the join completes, read-only afterwards.
   const std::vector<std::string>& transports() const { return transports_; }
@@ -625,6 +628,8 @@ WorkerOptions WithEnvironment(WorkerOptions options) {
 
 Worker::Worker(WorkerOptions options) : impl_(std::make_unique<Impl>(WithEnvironment(std::move(options)))) {}
 Worker::~Worker() = default;
+
+void Worker::abort() { impl_->Abort(); }
 
 void Worker::allreduce(std::span<float> tensor) { allreduce_async(tensor).get(); }
 void Worker::allreduce(std::span<int32_t> tensor) { allreduce_async(tensor).get(); }

@@ -151,14 +151,16 @@ class Worker {
  public:
   // Connects to every aggregator and joins the job; returns when all ranks have joined. Throws Error.
   explicit Worker(WorkerOptions options);
-  // Says goodbye to the aggregators. Do not destroy a Worker while a collective is in flight.
+  // Says goodbye to the aggregators; fails what is still queued or in flight with ABORTED (restoring the tensors
+  // with restore_on_failure) and returns once nothing reads or writes them any more.
   ~Worker();
 
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
 
-  // Sums `tensor` element-wise over all ranks, in place. Throws Error; after an error the Worker is unusable
-  // (every later call throws) and a new Worker must be created.
+  // Sums `tensor` element-wise over all ranks, in place. Throws Error. A call refused for its own arguments
+  // (INVALID_ARGUMENT: an unknown codec, a parameter out of range) leaves the Worker usable; after any other error
+  // it is unusable (every later call throws) and a new Worker must be created.
   void allreduce(std::span<float> tensor);
   void allreduce(std::span<int32_t> tensor);
 
@@ -176,7 +178,13 @@ class Worker {
   // Statistics of the most recent completed allreduce.
   CollectiveStats last_stats() const;
 
-  // The transport of each aggregator connection ("tcp" or "shm"), in the order of options().aggregators.
+  // Fails every allreduce queued or in flight with ABORTED and says goodbye to the aggregators (the other ranks get
+  // PEER_LEFT naming this one); the Worker is unusable afterwards. Returns at once; the futures become ready, the
+  // tensors restored with restore_on_failure, once no write reads them any more (at most about 0.5 s). For a
+  // caller that gives up, e.g. on Ctrl-C, without waiting for the collective timeout. Thread-safe.
+  void abort();
+
+  // The transport of each aggregator connection ("tcp", "shm" or "rdma"), in the order of options().aggregators.
   std::vector<std::string> transports() const;
 
   const WorkerOptions& options() const;
