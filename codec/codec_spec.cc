@@ -40,7 +40,7 @@ std::string Shortest(float value) {
 
 std::string CodecSpec::ToString() const {
   std::string s = CodecName(codec);
-  if (codec == Codec::kNone) return s;
+  if (codec == Codec::kNone) return key == 0 ? s : s + "(key=" + std::to_string(key) + ")";
   s += "(key=" + std::to_string(key);
   if (codec == Codec::kThreeLC) {
     s += " s=" + Shortest(sparsity) + (result_fp32 ? " fp32-results" : "") + (tensor_scale ? " tensor-scale" : "");
@@ -53,7 +53,9 @@ std::string CodecSpec::ToString() const {
 CodecSpec WithoutUnusedFields(const CodecSpec& c) {
   CodecSpec out;
   out.codec = c.codec;
-  out.key = c.codec == Codec::kNone ? 0 : c.key;  // no codec, no state to name (and SpecToProto writes none)
+  // Kept without a codec too: ranks that pass different keys issued their collectives in different orders, and
+  // their tensors would be summed with each other (SPEC_MISMATCH instead).
+  out.key = c.key;
   switch (c.codec) {
     case Codec::kThreeLC:
       out.sparsity = c.sparsity;

@@ -26,7 +26,7 @@ proto::CollectiveSpec SpecToProto(const CollectiveSpec& spec) {
   p.set_dtype(static_cast<proto::DType>(spec.dtype));
   p.set_op(static_cast<proto::ReduceOp>(spec.op));
   p.set_block_size(spec.block_size);
-  if (spec.codec.codec != Codec::kNone) {
+  if (spec.codec.codec != Codec::kNone || spec.codec.key != 0) {
     proto::CodecSpec* c = p.mutable_codec();
     c->set_codec(static_cast<proto::Codec>(spec.codec.codec));
     c->set_key(spec.codec.key);

@@ -18,7 +18,7 @@ std::string CollectiveSpec::ToString() const {
   const DTypeInfo* info = FindDType(dtype);
   return "{count=" + std::to_string(element_count) + " dtype=" +
          (info ? info->name : "#" + std::to_string(static_cast<uint32_t>(dtype))) + " op=" + ReduceOpName(op) +
-         " block_size=" + std::to_string(block_size) + (codec.codec == Codec::kNone ? "" : " codec=" + codec.ToString()) +
+         " block_size=" + std::to_string(block_size) + (codec == CodecSpec{} ? "" : " codec=" + codec.ToString()) +
          "}";
 }
 

@@ -138,6 +138,46 @@ TEST(InProcess, ARankThatRestartsBetweenCollectivesFormsTheJobAgain) {
   EXPECT_TRUE((*daemon)->Stop());
 }
 
+// Two collectives of the same size issued in different orders on the two ranks (threads sharing a Worker) would
+// sum each rank's A with the other's B. With a key per tensor the aggregator refuses the pair with SPEC_MISMATCH,
+// without a codec too; the key was dropped from the spec unless a codec used it, and the sums came out mixed.
+TEST(InProcess, KeysCatchCollectivesIssuedInDifferentOrders) {
+  auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+  auto options = [&](uint32_t rank) {
+    WorkerOptions o;
+    o.aggregators = {(*daemon)->AddressList()};
+    o.job = 27;
+    o.rank = rank;
+    o.world_size = 2;
+    o.connect_timeout = o.join_timeout = o.collective_timeout = 10s;
+    return o;
+  };
+  auto r1 = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options(1)); });
+  auto r0 = std::make_unique<Worker>(options(0));
+  std::unique_ptr<Worker> w1 = r1.get();
+  AllreduceOptions key_a, key_b;
+  key_a.key = 1;
+  key_b.key = 2;
+  std::vector<float> a0(1000, 1.0f), b0(1000, 100.0f), a1(1000, 1.0f), b1(1000, 100.0f);
+  auto first0 = r0->allreduce_async(std::span(a0), key_a);
+  auto first1 = w1->allreduce_async(std::span(b1), key_b);  // rank 1 starts with B
+  for (auto* first : {&first0, &first1}) {
+    try {
+      first->get();
+      ADD_FAILURE() << "A and B were summed with each other";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), "SPEC_MISMATCH") << e.what();
+      EXPECT_NE(std::string(e.what()).find("codec=none(key=2)"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(a0, std::vector<float>(1000, 1.0f));
+  EXPECT_EQ(b1, std::vector<float>(1000, 100.0f));
+  r0.reset();
+  w1.reset();
+  EXPECT_TRUE((*daemon)->Stop());
+}
+
 // The public API from several threads at once: every rank's Worker takes allreduce_async and allreduce calls from
 // three threads while a fourth reads last_stats(). The collectives of a rank then run in whatever order the calls
 // arrived, which is fine here because every tensor of a rank holds the same values and has the same size.

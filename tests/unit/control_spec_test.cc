@@ -51,6 +51,23 @@ TEST(ControlSpec, FieldsACodecDoesNotUseAreIgnored) {
   EXPECT_EQ(SpecFromProto(WithCodec(unknown)).status().code(), StatusCode::kUnsupported);
 }
 
+// The key travels and compares without a codec too (it tells collectives issued in different orders apart): a
+// spec of NONE with key 5 survives the round trip, differs from key 6 and prints it; key 0 sends no codec at all.
+TEST(ControlSpec, TheKeyCountsWithoutACodec) {
+  CollectiveSpec keyed{1000, DType::kFloat32, ReduceOp::kSum, 256, CodecSpec{Codec::kNone, 5}};
+  const proto::CollectiveSpec p = SpecToProto(keyed);
+  ASSERT_TRUE(p.has_codec());
+  Result<CollectiveSpec> back = SpecFromProto(p);
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(*back, keyed);
+  CollectiveSpec other = keyed;
+  other.codec.key = 6;
+  EXPECT_NE(*back, other);
+  EXPECT_EQ(keyed.codec.ToString(), "none(key=5)");
+  EXPECT_FALSE(SpecToProto(CollectiveSpec{1000, DType::kFloat32, ReduceOp::kSum, 256}).has_codec());
+  EXPECT_EQ(CodecSpec{}.ToString(), "none");
+}
+
 // Two specs that differ print differently: the SPEC_MISMATCH error shows both, and used to show
 // "3lc(key=0 s=1.500000)" twice for sparsities 1.5 and the next float.
 TEST(ControlSpec, SpecsThatDifferPrintDifferently) {

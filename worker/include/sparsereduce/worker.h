@@ -7,7 +7,8 @@
 //   worker.allreduce(std::span<float>(grad));   // in place, blocking; throws sparsereduce::Error
 //
 // Threading: a Worker owns one I/O thread. allreduce()/allreduce_async() may be called from any thread; collectives
-// run one at a time in call order (every rank must call them in the same order with the same specs).
+// run one at a time in call order (every rank must call them in the same order with the same specs: threads that
+// share a Worker must order their calls themselves; AllreduceOptions::key lets the aggregators catch a mix-up).
 #pragma once
 
 #include <chrono>
@@ -44,7 +45,9 @@ struct CodecOptions {
 // Per call.
 struct AllreduceOptions {
   // Names the tensor across calls (e.g. the DDP bucket index): error feedback, top-k residuals and DIANA's h are
-  // kept per key, so a tensor must keep its key from step to step, and two tensors must not share one.
+  // kept per key, so a tensor must keep its key from step to step, and two tensors must not share one. The
+  // aggregators compare it between ranks with every codec: distinct keys per tensor turn collectives issued in
+  // different orders on different ranks (threads sharing a Worker) into SPEC_MISMATCH instead of mixed sums.
   uint64_t key = 0;
   std::optional<CodecOptions> codec;  // default: WorkerOptions::codec
 };
