@@ -6,7 +6,9 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -552,6 +554,43 @@ TEST(WorkerLifecycle, AbortEndsTheCollectiveInFlightAtOnce) {
   ASSERT_TRUE(message.ok() && message->has_goodbye()) << message.status().ToString();
   EXPECT_NE(message->goodbye().reason().find("Worker::abort"), std::string::npos) << message->goodbye().reason();
   EXPECT_THROW(j.worker->allreduce(std::span(tensor)), Error);
+}
+
+// A Worker inherited by a child of fork() refuses collectives there (UNSUPPORTED, naming the process that made it)
+// and its destructor in the child leaves the parent's connection alone. The child's allreduce waited forever (its
+// timer ran on the parent's I/O thread), and its destructor hung joining a thread the child does not have.
+TEST(WorkerLifecycle, AWorkerInheritedThroughForkIsLeftToTheParent) {
+  Joined j;
+  ASSERT_NO_FATAL_FAILURE(Join(OneBlockShape(48), &j));
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    int status = 1;
+    std::vector<float> tensor(4, 1.0f);
+    try {
+      j.worker->allreduce(std::span(tensor));
+    } catch (const Error& e) {
+      if (e.code() == "UNSUPPORTED" && std::string(e.what()).find("create a new Worker here") != std::string::npos) {
+        status = 0;
+      }
+    }
+    j.worker.reset();  // must return, and leave the parent's connection as it is
+    _exit(status);
+  }
+  int status = -1;
+  for (int i = 0; i < 1000 && waitpid(child, &status, WNOHANG) == 0; ++i) std::this_thread::sleep_for(10ms);
+  if (status == -1) {
+    kill(child, SIGKILL);
+    waitpid(child, &status, 0);
+    FAIL() << "the child hung";
+  }
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "status " << status;
+  // The parent's Worker still runs: its collective's frames reach the aggregator.
+  std::vector<float> tensor{1.0f, 2.0f, 3.0f, 4.0f};
+  auto done = j.worker->allreduce_async(std::span(tensor));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(ReadFrame(j.fd)) << "frame " << i;  // begin, announce, contribution
+  j.worker->abort();
+  EXPECT_THROW(done.get(), Error);
 }
 
 // The header of a RESULT with more entries than the job's K (blocks per message) is refused before its payload is

@@ -1,6 +1,7 @@
 #include "sparsereduce/worker.h"
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/executor_work_guard.hpp>
@@ -49,6 +50,9 @@ class Worker::Impl : public AggregatorLink::Handler {
   void Abort() {
     asio::post(io_, [this] { Fail(Status(StatusCode::kAborted, "aborted by the caller (Worker::abort)")); });
   }
+  // A copy of the Worker in a child made by fork(): it has no I/O thread there, and its sockets and epoll instance
+  // are the parent's.
+  bool InForkedChild() const { return getpid() != owner_pid_; }
   const WorkerOptions& options() const { return options_; }
   // Written on the I/O thread before the join completes, read-only afterwards.
   const std::vector<std::string>& transports() const { return transports_; }
@@ -103,6 +107,7 @@ class Worker::Impl : public AggregatorLink::Handler {
   void SendFrame(AggregatorLink& link, const OutgoingFrame& frame);
   void MaybeComplete();
 
+  const pid_t owner_pid_ = getpid();
   WorkerOptions options_;
   JobShape shape_;
   asio::io_context io_;
@@ -263,6 +268,11 @@ Worker::Impl::~Impl() {
 
 std::future<void> Worker::Impl::Submit(std::span<std::byte> tensor, uint64_t count, DType dtype,
                                        const AllreduceOptions& options) {
+  if (InForkedChild()) {
+    throw MakeError(Status(StatusCode::kUnsupported,
+                           "this Worker was created in process " + std::to_string(owner_pid_) +
+                               " and cannot run collectives in a process forked from it; create a new Worker here"));
+  }
   Request request{tensor, CollectiveSpec{count, dtype, ReduceOp::kSum, options_.block_size}, {}};
   const CodecOptions& c = options.codec ? *options.codec : options_.codec;
   request.spec.codec = CodecSpecFor(c, options.key);
@@ -627,7 +637,11 @@ WorkerOptions WithEnvironment(WorkerOptions options) {
 }  // namespace
 
 Worker::Worker(WorkerOptions options) : impl_(std::make_unique<Impl>(WithEnvironment(std::move(options)))) {}
-Worker::~Worker() = default;
+Worker::~Worker() {
+  // In a forked child the I/O thread does not exist (joining it hung) and the connections are the parent's: saying
+  // goodbye or deregistering them from the shared epoll instance would break the parent's job. Left as it is.
+  if (impl_ && impl_->InForkedChild()) (void)impl_.release();
+}
 
 void Worker::abort() { impl_->Abort(); }
 

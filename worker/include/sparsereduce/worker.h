@@ -155,7 +155,9 @@ class Worker {
   // Connects to every aggregator and joins the job; returns when all ranks have joined. Throws Error.
   explicit Worker(WorkerOptions options);
   // Says goodbye to the aggregators; fails what is still queued or in flight with ABORTED (restoring the tensors
-  // with restore_on_failure) and returns once nothing reads or writes them any more.
+  // with restore_on_failure) and returns once nothing reads or writes them any more. A Worker inherited by a child
+  // of fork() is unusable there (allreduce throws UNSUPPORTED) and its destructor in the child does nothing: the
+  // connections stay the parent's.
   ~Worker();
 
   Worker(const Worker&) = delete;
