@@ -43,9 +43,11 @@ def as_buffer(array):
     if array.layout != torch.strided:
         raise TypeError(f"sparsereduce: expected a dense tensor, got layout {array.layout}")
     if array.device.type != "cpu":
-        raise TypeError(f"sparsereduce: expected a CPU tensor, got one on {array.device}")
+        raise TypeError(f"sparsereduce: expected a CPU tensor, got one on {array.device}; there is no GPU path: "
+                        "reduce a CPU copy (t.cpu()) and copy the result back")
     if array.dtype not in (torch.float32, torch.int32):
-        raise TypeError(f"sparsereduce: unsupported dtype {array.dtype}; only float32 and int32 are supported")
+        raise TypeError(f"sparsereduce: unsupported dtype {array.dtype}; only float32 and int32 are supported "
+                        "(convert with .float(); for 2 bytes per element on the wire, codec='bf16' or 'fp16')")
     if not array.is_contiguous():
         raise ValueError("sparsereduce: the tensor is not contiguous; allreduce works in place without copies, "
                          "so pass tensor.contiguous() and copy the result back")

@@ -87,7 +87,7 @@ std::chrono::milliseconds Milliseconds(double seconds, const char* name) {
   // Positive, finite and at most a year: beyond that the conversion to integer milliseconds would overflow.
   if (!(seconds > 0 && seconds <= kYear)) {
     throw py::value_error(std::string("sparsereduce: ") + name +
-                          " must be more than 0 and at most 31536000 seconds (a year), got " + std::to_string(seconds));
+                          " must be more than 0 and at most 31536000 seconds (a year), got " + py::repr(py::float_(seconds)).cast<std::string>());
   }
   return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000.0)));
 }
@@ -211,13 +211,13 @@ class Handle {
     if (timeout) {
       double t = *timeout;
       if (std::isnan(t) || t < 0) {
-        throw py::value_error("sparsereduce: timeout must be None or at least 0 seconds, got " + std::to_string(t));
+        throw py::value_error("sparsereduce: timeout must be None or at least 0 seconds, got " + py::repr(py::float_(t)).cast<std::string>());
       }
       if (t <= kYear) deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(t));
     }
     if (!WaitUntil(future_, deadline)) {
       std::string message = "sparsereduce: " + JobRank(worker_->options().job, worker_->options().rank) +
-                            ": the allreduce did not finish within " + std::to_string(*timeout) +
+                            ": the allreduce did not finish within " + py::repr(py::float_(*timeout)).cast<std::string>() +
                             " s (it keeps running: wait again)";
       PyErr_SetString(PyExc_TimeoutError, message.c_str());
       throw py::error_already_set();
