@@ -159,7 +159,8 @@ std::variant<DaemonConfig, int> ParseDaemonConfig(const std::vector<std::string>
                   "Abort a collective that every rank has started and that makes no progress for this long, naming "
                   "the ranks it waits for");
   AddMilliseconds(app, "begin-timeout-ms", server.begin_timeout, begin_ms, 1,
-                  "Abort a collective that some rank has not started this long after the last rank that did");
+                  "Abort a collective that some rank has not started this long after it last progressed (a "
+                  "CollectiveBegin or data from the others)");
   AddMilliseconds(app, "formation-timeout-ms", server.formation_timeout, formation_ms, 1,
                   "End a job whose ranks have not all joined this long after its first Hello, freeing its place");
   AddMilliseconds(app, "drain-timeout-ms", config.drain_timeout, drain_ms, 0,

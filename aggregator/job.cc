@@ -81,19 +81,32 @@ void Job::ArmStallTimer(std::chrono::steady_clock::time_point deadline) {
   });
 }
 
-std::chrono::milliseconds Job::StallLimit() const {
-  return active_->begun_count < shape_.world_size ? context_.options.begin_timeout : context_.options.stall_timeout;
-}
-
 void Job::OnStallTimer(uint64_t seq) {
   if (dead_ || !active_ || active_->seq != seq) return;
-  const auto deadline = last_progress_ + StallLimit();
-  if (std::chrono::steady_clock::now() < deadline) {
-    ArmStallTimer(deadline);  // there was progress since the timer was set
+  const auto now = std::chrono::steady_clock::now();
+  const bool all_begun = active_->begun_count == shape_.world_size;
+  const auto stalled_at = last_progress_ + context_.options.stall_timeout;
+  const std::string collective = "job " + std::to_string(id_) + ", collective " + std::to_string(seq);
+  const std::string stalled = collective + " made no progress for " +
+                              std::to_string(context_.options.stall_timeout.count()) + " ms (--stall-timeout-ms); ";
+  const std::vector<uint32_t> congested = CongestedRanks();
+  if (now >= stalled_at && !congested.empty()) {
+    // The others are held back because these ranks do not read their RESULTs; in the begin phase too, where the
+    // hold keeps the late ranks' CollectiveBegins unread.
+    Abort(Status(StatusCode::kDeadlineExceeded,
+                 stalled + "rank(s) " + RankList(congested) + " do not read their RESULTs" + PeersOf(congested)),
+          congested);
     return;
   }
-  const std::string collective = "job " + std::to_string(id_) + ", collective " + std::to_string(seq);
-  if (active_->begun_count < shape_.world_size) {
+  const auto deadline = last_progress_ + (all_begun ? context_.options.stall_timeout : context_.options.begin_timeout);
+  if (now < deadline) {
+    // There was progress since the timer was set, or ranks are still awaited: then look again for a member that
+    // stopped reading at every stall timeout.
+    const auto recheck = now < stalled_at ? stalled_at : now + context_.options.stall_timeout;
+    ArmStallTimer(all_begun ? deadline : std::min(deadline, recheck));
+    return;
+  }
+  if (!all_begun) {
     std::vector<uint32_t> late;
     for (uint32_t r = 0; r < shape_.world_size; ++r) {
       if (!active_->begun[r]) late.push_back(r);
@@ -101,18 +114,8 @@ void Job::OnStallTimer(uint64_t seq) {
     Abort(Status(StatusCode::kDeadlineExceeded,
                  collective + ": rank(s) " + RankList(late) + PeersOf(late) + " did not start it within " +
                      std::to_string(context_.options.begin_timeout.count()) +
-                     " ms of the last rank that did (--begin-timeout-ms)"),
+                     " ms of its last progress (--begin-timeout-ms)"),
           late);
-    return;
-  }
-  const std::string stalled = collective + " made no progress for " +
-                              std::to_string(context_.options.stall_timeout.count()) + " ms (--stall-timeout-ms); ";
-  const std::vector<uint32_t> congested = CongestedRanks();
-  if (!congested.empty()) {
-    // The others are held back because these ranks do not read their RESULTs.
-    Abort(Status(StatusCode::kDeadlineExceeded,
-                 stalled + "rank(s) " + RankList(congested) + " do not read their RESULTs" + PeersOf(congested)),
-          congested);
     return;
   }
   const std::vector<uint32_t> waiting = active_->engine->AwaitedRanks();
@@ -391,7 +394,8 @@ void Job::OnCollectiveBegin(uint32_t rank, const proto::CollectiveBegin& begin) 
     active_->engine = std::make_unique<ColumnEngine>(shape_, aggregator_index_, id_, begin.seq(), *spec,
                                                      context_.buffers, *error_memory);
     Progress();
-    ArmStallTimer(last_progress_ + StallLimit());
+    // The first of the two deadlines; OnStallTimer extends it while ranks are awaited.
+    ArmStallTimer(last_progress_ + std::min(context_.options.stall_timeout, context_.options.begin_timeout));
   } else if (begin.seq() != active_->seq || active_->begun[rank]) {
     Violation(rank, ProtocolError("CollectiveBegin for collective " + std::to_string(begin.seq()) + " while " +
                                   std::to_string(active_->seq) + " is in progress"));
@@ -413,7 +417,7 @@ void Job::OnCollectiveBegin(uint32_t rank, const proto::CollectiveBegin& begin) 
   active_->begun[rank] = true;
   Progress();
   if (++active_->begun_count == shape_.world_size) {
-    ArmStallTimer(last_progress_ + StallLimit());  // from the begin timeout down to the stall timeout
+    ArmStallTimer(last_progress_ + context_.options.stall_timeout);
     proto::ControlMessage accepted;
     accepted.mutable_collective_accepted()->set_seq(active_->seq);
     for (auto& m : members_) m->SendControl(accepted);

@@ -103,9 +103,6 @@ class Job : public std::enable_shared_from_this<Job> {
   std::string DescribeDepartures() const;     // "rank(s) R left the job (rank R because: why)"
   void ReleaseIfEmpty();
   void Progress() { last_progress_ = std::chrono::steady_clock::now(); }
-  // How long the running collective may go without progress: --begin-timeout-ms while some rank has not started it,
-  // then --stall-timeout-ms.
-  std::chrono::milliseconds StallLimit() const;
   void ArmStallTimer(std::chrono::steady_clock::time_point deadline);
   // Members with more than the backpressure limit of frames queued (ascending ranks).
   std::vector<uint32_t> CongestedRanks() const;

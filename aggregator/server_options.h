@@ -23,9 +23,10 @@ struct ServerOptions {
   // A collective every rank has started that makes no progress for this long is aborted, naming the ranks it still
   // waits for.
   std::chrono::milliseconds stall_timeout{30000};
-  // A collective is aborted when some rank has not started it this long after the last rank that did (nothing can
-  // be summed before every rank has). Long, like torch.distributed's 30 min default: a rank may be late on
-  // purpose (rank 0 writing a checkpoint); a rank whose host died is found by TCP keepalive within seconds.
+  // A collective is aborted when some rank has not started it this long after it last progressed (a CollectiveBegin
+  // or data from the others; nothing can be summed before every rank has started). Long, like torch.distributed's
+  // 30 min default: a rank may be late on purpose (rank 0 writing a checkpoint); a rank whose host died is found by
+  // TCP keepalive within seconds. A member that stops reading is still found at the stall timeout.
   std::chrono::milliseconds begin_timeout{1'800'000};
   // A job that has not formed (not all ranks said Hello) this long after its first Hello ends with
   // DEADLINE_EXCEEDED naming the ranks it waited for, and frees its place (--max-jobs) and its members'

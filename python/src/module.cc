@@ -4,7 +4,7 @@
 // GIL: released while a Worker connects and joins, while waiting for a collective and while destroying a
 // Worker, so other Python threads (training loop, DDP's autograd thread, other ranks in tests) keep running.
 //
-// Interpreter exit: a thread other than the main one never retakes the GIL once the interpreter finalizes (GilRelease).
+// Interpreter exit: a thread other than the exiting one never retakes the GIL once the interpreter exits (ExitGate).
 //
 // Signals: allreduce and Handle.wait wait in slices of kSignalCheckInterval and run Python's signal handlers
 // between them, so Ctrl-C raises KeyboardInterrupt within about 0.1 s. The collective keeps running: its Handle
@@ -14,9 +14,11 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -25,6 +27,8 @@
 #include <thread>
 #include <utility>
 #include <vector>
+
+#include <unistd.h>
 
 #include "held_buffer.h"
 #include "sparsereduce/worker.h"
@@ -35,30 +39,52 @@ namespace sparsereduce::python {
 namespace {
 
 PyObject* g_error_type = nullptr;  // sparsereduce.Error, created once at import
-unsigned long g_main_thread = 0;   // threading.main_thread().ident, at import
 
-bool InterpreterFinalizing() {
-#if PY_VERSION_HEX >= 0x030D0000
-  return Py_IsFinalizing();
-#else
-  return _Py_IsFinalizing();
-#endif
+// Interpreter exit. Python (3.11, 3.12) ends a thread that takes the GIL once the interpreter finalizes with
+// pthread_exit; inside this extension that unwind runs through destructors (gil_scoped_release's is noexcept)
+// and aborted the process (SIGABRT and a core dump instead of the script's exit status), e.g. when a script
+// failed while the DDP hook's completer thread waited for a bucket. So the extension's own atexit hook, which runs
+// on the exiting thread before finalization, marks the exit; from then on the other threads never retake the GIL
+// in GilRelease (they sleep until the process has ended), and the hook lets the threads that were already retaking
+// it finish first (GilRelease's count and the flag are sequentially consistent: each side sees the other).
+struct ExitGate {
+  std::atomic<bool> exiting{false};
+  std::atomic<int> retaking{0};
+  std::atomic<unsigned long> exiting_thread{0};
+  std::mutex mutex;
+  std::condition_variable retaken;
+};
+ExitGate g_exit;
+
+void LeaveRetaking() {
+  if (--g_exit.retaking == 0 && g_exit.exiting) {
+    std::lock_guard lock(g_exit.mutex);  // the hook checks the count under it: no wake-up is lost
+    g_exit.retaken.notify_all();
+  }
 }
 
-// Releases the GIL for the scope, as py::gil_scoped_release does, but a thread other than the main one does not
-// retake it once the interpreter exits: it sleeps until the process has ended. Python (3.11, 3.12) ends a daemon
-// thread that takes the GIL then with pthread_exit, and that unwind through gil_scoped_release's noexcept
-// destructor aborted the process (SIGABRT and a core dump instead of the script's exit status), e.g. when a
-// script failed while the DDP hook's completer waited for a bucket. The check and the retake are not atomic, so
-// an exit that starts between them still ends the thread that way; the wait slices make that window rare.
+void OnInterpreterExit() {
+  g_exit.exiting_thread = PyThread_get_thread_ident();
+  g_exit.exiting = true;
+  Py_BEGIN_ALLOW_THREADS;
+  std::unique_lock lock(g_exit.mutex);
+  g_exit.retaken.wait_for(lock, std::chrono::seconds(2), [] { return g_exit.retaking.load() == 0; });
+  Py_END_ALLOW_THREADS;
+}
+
+// Releases the GIL for the scope, as py::gil_scoped_release does, but a thread other than the exiting one does
+// not retake it once the interpreter exits (see ExitGate).
 class GilRelease {
  public:
   GilRelease() : state_(PyEval_SaveThread()) {}
   ~GilRelease() {
-    if (InterpreterFinalizing() && PyThread_get_thread_ident() != g_main_thread) {
+    ++g_exit.retaking;
+    if (g_exit.exiting && PyThread_get_thread_ident() != g_exit.exiting_thread) {
+      LeaveRetaking();
       for (;;) std::this_thread::sleep_for(std::chrono::hours(24));
     }
     PyEval_RestoreThread(state_);
+    LeaveRetaking();
   }
   GilRelease(const GilRelease&) = delete;
   GilRelease& operator=(const GilRelease&) = delete;
@@ -131,13 +157,17 @@ class Orphans {
   // their results any more, so what is still in flight is aborted, then waited for (about 0.5 s at most, not
   // interruptible: a destructor cannot raise). It waited for the collectives to end, up to their deadline.
   ~Orphans() {
-    {
+    if (!InForkedChild()) {  // in a child of fork() nothing runs them: there is nothing to wait for
       GilRelease release;
       for (Orphan& orphan : list_) orphan.worker->abort();
       for (Orphan& orphan : list_) orphan.future.wait();
     }
     Drop(std::move(list_));
   }
+
+  // A copy in a child made by fork(): the collectives belong to the parent's I/O thread, which the child lacks.
+  bool InForkedChild() const { return getpid() != creator_pid_; }
+  pid_t creator_pid() const { return creator_pid_; }
 
   void Adopt(Orphan orphan) { list_.push_back(std::move(orphan)); }
 
@@ -157,6 +187,11 @@ class Orphans {
 
   // Waits (interruptibly, see WaitUntil) until every orphan finished, then lets go of them.
   void WaitAll() {
+    if (InForkedChild()) {
+      Drop(std::move(list_));
+      list_.clear();
+      return;
+    }
     std::vector<std::shared_future<void>> futures;
     for (const Orphan& orphan : list_) futures.push_back(orphan.future);
     for (const auto& future : futures) WaitUntil(future, std::nullopt);
@@ -173,6 +208,7 @@ class Orphans {
   }
 
   std::vector<Orphan> list_;
+  const pid_t creator_pid_ = getpid();
 };
 
 // One allreduce in flight. Holds the caller's buffer and the Worker until the collective has finished, so
@@ -207,6 +243,11 @@ class Handle {
   // whatever a signal handler raises (KeyboardInterrupt) if a signal arrives while waiting. None, inf or more
   // than a year: no timeout; NaN or negative: ValueError.
   void Wait(std::optional<double> timeout) {
+    if (orphans_->InForkedChild()) {
+      throw Error("UNSUPPORTED", "sparsereduce: " + JobRank(worker_->options().job, worker_->options().rank) +
+                                     ": this allreduce runs in process " + std::to_string(orphans_->creator_pid()) +
+                                     ", not in this one forked from it; create a new Worker here");
+    }
     std::optional<Clock::time_point> deadline;
     if (timeout) {
       double t = *timeout;
@@ -391,7 +432,7 @@ PYBIND11_MODULE(_sparsereduce, m) {
   using namespace sparsereduce::python;
   m.doc() = "sparsereduce worker library: sparse allreduce through aggregator daemons";
 
-  g_main_thread = py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
+  py::module_::import("atexit").attr("register")(py::cpp_function(&OnInterpreterExit));
   g_error_type = PyErr_NewExceptionWithDoc(
       "sparsereduce.Error",
       "A failure of the sparsereduce library. str(e) names the job, the rank and the aggregator involved; "

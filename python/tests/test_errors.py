@@ -273,6 +273,17 @@ def test_exit_while_a_daemon_thread_waits_in_an_allreduce(aggregator, job):
     assert "terminate called" not in child.stderr, child.stderr
 
 
+def test_a_worker_inherited_through_fork_raises_in_the_child(aggregator, job):
+    """In a child of fork(), the inherited Worker and its handle in flight raise UNSUPPORTED (they waited forever
+    for the parent's I/O thread), and the child exits normally without waiting for them."""
+    child = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "fork_child.py"),
+                            aggregator, str(job)], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr
+    result = json.loads(child.stdout.strip().splitlines()[-1])
+    assert result["exit"] == 0, (result, child.stderr)
+    assert result["seconds"] < 10.0, result
+
+
 def test_ctrl_c_interrupts_the_constructors_join():
     """SIGINT while the constructor waits for the job to form (the other rank never comes) raises KeyboardInterrupt
     at once, not after the 60 s join timeout, and the worker leaves: it closes its connection."""

@@ -909,7 +909,7 @@ TEST(Service, ARankThatNeverStartsTheCollectiveEndsItAtTheBeginTimeout) {
     EXPECT_EQ(e.code(), "DEADLINE_EXCEEDED") << e.what();
     EXPECT_TRUE(std::regex_search(std::string(e.what()),
                                   std::regex(R"(collective 1: rank\(s\) 1 \(rank 1 at 127\.0\.0\.1:[0-9]+\) did not start it )"
-                                             R"(within 300 ms of the last rank that did \(--begin-timeout-ms\))")))
+                                             R"(within 300 ms of its last progress \(--begin-timeout-ms\))")))
         << e.what();
   }
   EXPECT_EQ(t0, std::vector<float>(1000, 1.0f));  // restored

@@ -48,6 +48,7 @@ class Worker::Impl : public AggregatorLink::Handler {
     return last_stats_;
   }
   void Abort() {
+    if (InForkedChild()) return;  // nothing runs there, and the connections are the parent's
     asio::post(io_, [this] { Fail(Status(StatusCode::kAborted, "aborted by the caller (Worker::abort)")); });
   }
   // A copy of the Worker in a child made by fork(): it has no I/O thread there, and its sockets and epoll instance

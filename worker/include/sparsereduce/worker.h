@@ -186,7 +186,8 @@ class Worker {
   // Fails every allreduce queued or in flight with ABORTED and says goodbye to the aggregators (the other ranks get
   // PEER_LEFT naming this one); the Worker is unusable afterwards. Returns at once; the futures become ready, the
   // tensors restored with restore_on_failure, once no write reads them any more (at most about 0.5 s). For a
-  // caller that gives up, e.g. on Ctrl-C, without waiting for the collective timeout. Thread-safe.
+  // caller that gives up, e.g. on Ctrl-C, without waiting for the collective timeout. Thread-safe. Does nothing in
+  // a child of fork() (see ~Worker).
   void abort();
 
   // The transport of each aggregator connection ("tcp", "shm" or "rdma"), in the order of options().aggregators.

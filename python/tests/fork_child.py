@@ -1,0 +1,61 @@
+"""Child process of test_errors.py's fork test: a Worker with an allreduce in flight (rank 1 never joins in), then
+fork(). In the child the inherited Worker and handle raise UNSUPPORTED instead of waiting for a collective that
+only the parent's I/O thread runs, and the child exits normally (its garbage collection must not wait for them
+either). Prints one JSON line with what the child did.
+
+argv: AGGREGATOR JOB
+"""
+
+import json
+import os
+import sys
+import threading
+import time
+
+import numpy as np
+
+import sparsereduce
+
+aggregator, job = sys.argv[1], int(sys.argv[2])
+options = dict(connect_timeout=5.0, join_timeout=10.0, collective_timeout=60.0)
+workers = [None, None]
+
+
+def join(rank):
+    workers[rank] = sparsereduce.Worker(aggregator, job, rank, 2, **options)
+
+
+joiner = threading.Thread(target=join, args=(1,))
+joiner.start()
+join(0)
+joiner.join()
+handle = workers[0].allreduce_async(np.ones(1000, dtype=np.float32))
+
+pid = os.fork()
+if pid == 0:
+    codes = []
+    for call in (lambda: handle.wait(timeout=5), lambda: workers[0].allreduce(np.ones(10, dtype=np.float32))):
+        try:
+            call()
+            codes.append("returned")
+        except sparsereduce.Error as e:
+            codes.append(e.code)
+        except Exception as e:  # noqa: BLE001  (reported to the parent)
+            codes.append(repr(e))
+    sys.exit(0 if codes == ["UNSUPPORTED", "UNSUPPORTED"] else 3)  # normal exit: the interpreter finalizes
+
+start = time.monotonic()
+status = None
+while time.monotonic() - start < 20:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        break
+    time.sleep(0.01)
+else:
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+print(json.dumps({"exit": os.waitstatus_to_exitcode(status) if status is not None else None,
+                  "seconds": time.monotonic() - start}))
+workers[0].abort()
+for w in workers:
+    w.close()
