@@ -28,7 +28,7 @@ struct CodecSpec {
   float sparsity = 1.0f;     // 3LC: s in [1, 2); M = max|T| · s, so a larger s makes more zeros
   bool result_fp32 = false;  // 3LC: the aggregator sends sums in fp32 instead of re-encoding them
   float fraction = 0.01f;    // top-k: the fraction of blocks sent
-  float alpha = 0.0f;        // DIANA: step of h; 0 means 1 / (ω + 1) for the block size
+  float alpha = 0.0f;        // DIANA: step of h; 0 means 1 / sqrt(block size), i.e. 1 / (ω + 1) for ternary blocks
   bool diana_l2 = false;     // DIANA: scale blocks by their 2-norm instead of the ∞-norm
   // 3LC: M from the whole tensor (3LC's per-layer scale) instead of per block. A DDP bucket mixes layers whose
   // gradients differ by orders of magnitude, so per block (the default) is the closer match to 3LC's per-layer M.
