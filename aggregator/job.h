@@ -76,9 +76,8 @@ class Job : public std::enable_shared_from_this<Job> {
   // Backpressure (docs/PROTOCOL.md §4 lets workers stream ahead): while some member has more RESULTs queued than
   // it reads, the members' sessions stop reading CONTRIBUTIONs, so that the RESULTs a slow reader has not taken
   // stay bounded instead of growing with the tensor; reading resumes once no member is over the limit (checked
-  // whenever a congested member's queue drains to half). Between
-  // collectives only member `rank`'s own queue holds its own reading back. Returns at once when no member is
-  // behind.
+  // whenever a congested member's queue drains to half). Between collectives only member `rank`'s own queue holds
+  // its own reading back. Returns at once when no member is behind.
   boost::asio::awaitable<void> WaitWhileCongested(uint32_t rank);
   // The aggregator is draining: a running collective may finish, then the job ends with SHUTTING_DOWN; a job with
   // no collective running ends at once.
