@@ -466,6 +466,92 @@ TEST(ShmHostileWorker, AFullRingDoesNotStarveTheExecutor) {
   EXPECT_GT(frames, 0u);
 }
 
+// A producer's head only moves forward. One that moved back and forth kept a reader that waits for a whole payload
+// (to use it in place) going round without suspending; a head that moves back now fails the connection.
+TEST(ShmHostileWorker, AHeadThatMovesBackFailsTheConnection) {
+  asio::io_context io;
+  RawPair pair = ConnectRaw(io, 4096, /*make_worker_channel=*/false);
+  RingControl& ring = pair.segment->control(Direction::kToAggregator);
+  std::byte* memory = pair.segment->data(Direction::kToAggregator);
+  const int data = pair.wakeup(Direction::kToAggregator, /*space=*/false);
+  auto wake = [&] {
+    const uint64_t one = 1;
+    (void)!write(data, &one, sizeof one);
+  };
+  std::array<std::byte, kFrameHeaderSize> header;
+  EncodeFrameHeader(FrameHeader{FrameType::kContribution, 1000, 0, 7, 1, 0}, header.data());
+  std::memcpy(memory, header.data(), header.size());
+  ring.head.store(kFrameHeaderSize + 100);  // the header and 100 of its 1000 payload bytes
+  wake();
+  std::optional<Status> read;
+  bool done = false;
+  pair.aggregator->set_recall_handler([] {});  // so that the payload is read in place, once it is whole
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+    Result<FrameHeader> h = co_await pair.aggregator->ReadHeader();
+    EXPECT_TRUE(h.ok()) << h.status().ToString();
+    Result<ByteBuffer> payload = co_await pair.aggregator->ReadPayloadLent(h->payload_length, nullptr);
+    read = payload.status();
+    done = true;
+  }, asio::detached);
+  RunUntil(io, [&] { return ring.consumer_waiting.load() == 1; });  // it waits for the rest of the payload
+  ring.head.store(kFrameHeaderSize + 50);
+  wake();
+  RunUntil(io, done, 5s);
+  ASSERT_TRUE(done) << "the reader still waits";
+  EXPECT_EQ(read->code(), StatusCode::kProtocolViolation) << read->ToString();
+  EXPECT_NE(read->message().find("the peer's head moved back from 140 to 90"), std::string::npos) << read->ToString();
+}
+
+// The sending side's counterpart of AFullRingDoesNotStarveTheExecutor: a worker that frees its receive ring one byte
+// at a time (and asks to be woken each time) can keep the daemon's writer copying and signalling a byte per pass
+// for as long as it keeps up; the writer now lets other handlers run every 16 passes. Here (2 cores) the hostile
+// thread falls behind often enough that the writer also waited for space before the bound, and the ticks ran
+// 30-65 % of the time without it (about 75 % with it); the test guards the bound, it does not show the old stall.
+TEST(ShmHostileWorker, FreeingTheRingAByteAtATimeDoesNotStarveTheExecutor) {
+  asio::io_context io;
+  RawPair pair = ConnectRaw(io, 4096, /*make_worker_channel=*/false);
+  RingControl& ring = pair.segment->control(Direction::kToWorker);
+  const uint64_t capacity = pair.segment->ring().capacity();
+  const int space = pair.wakeup(Direction::kToWorker, /*space=*/true);
+  std::atomic<bool> stop{false};
+  std::thread hostile([&] {  // keeps exactly one byte free, whatever the daemon writes, and wakes it when asked
+    ring.consumer_waiting.store(1);
+    while (!stop) {
+      ring.tail.store(ring.head.load() - capacity + 1);
+      if (ring.producer_waiting.load()) {
+        const uint64_t one = 1;
+        (void)!write(space, &one, sizeof one);
+      }
+    }
+  });
+  asio::post(io, [&] {
+    for (int i = 0; i < 64; ++i) pair.aggregator->Send(ByteBuffer(64 * 1024));  // 4 MiB queued
+  });
+  asio::steady_timer ticker(io);
+  uint64_t ticks = 0;
+  std::function<void()> tick = [&] {
+    ticker.expires_after(1ms);
+    ticker.async_wait([&](const boost::system::error_code& ec) {
+      if (ec) return;
+      ++ticks;
+      tick();
+    });
+  };
+  tick();
+  const auto start = std::chrono::steady_clock::now();
+  while (std::chrono::steady_clock::now() - start < 1s) io.restart(), io.run_for(10ms);
+  const auto elapsed = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - start);
+  stop = true;
+  hostile.join();
+  pair.aggregator->Abort();
+  ticker.cancel();
+  io.restart();
+  io.run_for(100ms);
+  // As in AFullRingDoesNotStarveTheExecutor: a tenth of the ticks a free thread runs.
+  EXPECT_GE(ticks, static_cast<uint64_t>(elapsed.count()) / 10) << ticks << " ticks of 1 ms in " << elapsed.count()
+                                                                << " ms";
+}
+
 // Root's CAP_SYS_RESOURCE and CAP_SYS_ADMIN lift the kernel's limit on descriptors in flight; the daemon usually
 // runs without them, and so does the test while this lives (this thread's effective set; restored after).
 class WithoutLimitOverrides {
@@ -676,6 +762,57 @@ TEST(ShmHandoff, SilentStrangerDoesNotHoldBackTheWorker) {
   EXPECT_TRUE(*attached);
   EXPECT_TRUE(*stranger_closed);
   EXPECT_LT(std::chrono::steady_clock::now(), deadline - 10s) << "the worker waited for the stranger's deadline";
+}
+
+// Connections to the offer's socket whose tokens are read at once are bounded (16): further ones are closed as
+// they come, so that a local process cannot take descriptors the daemon's other jobs need (they were taken without
+// bound). A place frees up when its connection closes; the worker normally connects first, as soon as it has the
+// offer.
+TEST(ShmHandoff, ConnectionsBeyondSixteenAreClosedAtOnce) {
+  PendingOffers pending(PendingOffers::kDefaultCap);
+  asio::io_context io;
+  auto offer = ShmOffer::Create(io.get_executor(), 4096, pending);
+  ASSERT_TRUE(offer.ok()) << offer.status().ToString();
+  const auto deadline = std::chrono::steady_clock::now() + 15s;
+  const asio::local::stream_protocol::endpoint endpoint(std::string(1, '\0') + (*offer)->socket_name());
+  std::optional<Status> handoff;
+  std::optional<bool> attached;
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> { handoff = co_await (*offer)->Handoff(deadline); },
+                 asio::detached);
+  std::deque<asio::local::stream_protocol::socket> strangers;
+  int closed_at_once = 0;
+  bool done = false;
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+    // A connection is closed at once if a read on it ends before 2 s (its token would be read until the deadline).
+    auto closed = [&](asio::local::stream_protocol::socket& s) -> asio::awaitable<bool> {
+      char byte;
+      asio::steady_timer limit(io, 2s);
+      limit.async_wait([&](const boost::system::error_code& ec) { if (!ec) s.cancel(); });
+      auto [ec, n] = co_await s.async_read_some(asio::buffer(&byte, 1), asio::as_tuple(asio::use_awaitable));
+      limit.cancel();
+      co_return ec != asio::error::operation_aborted;
+    };
+    for (int i = 0; i < 16; ++i) {
+      strangers.emplace_back(io);
+      co_await strangers.back().async_connect(endpoint, asio::use_awaitable);
+    }
+    EXPECT_FALSE(co_await closed(strangers.back())) << "the 16th connection was closed";
+    for (int i = 0; i < 4; ++i) {
+      asio::local::stream_protocol::socket late(io);
+      co_await late.async_connect(endpoint, asio::use_awaitable);
+      if (co_await closed(late)) ++closed_at_once;
+    }
+    strangers.front().close();  // a place frees up
+    strangers.pop_front();
+    auto b = co_await AttachShm(io.get_executor(), (*offer)->socket_name(), (*offer)->token(), deadline);
+    attached = b.ok();
+    done = true;
+  }, asio::detached);
+  RunUntil(io, [&] { return handoff && done; }, 30s);
+  ASSERT_TRUE(done);
+  EXPECT_EQ(closed_at_once, 4);
+  EXPECT_TRUE(handoff->ok()) << handoff->ToString();
+  EXPECT_TRUE(*attached);
 }
 
 TEST(ShmHandoff, DeadlineAndUnreachableSocket) {

@@ -157,6 +157,13 @@ uint64_t RingChannel::HeldBack() { return lender_ ? lender_->HeldBack(rx_tail_) 
 
 Status RingChannel::CheckReceived(uint64_t head) {
   if (Status st = ring_.CheckPositions(head, rx_tail_); !st.ok()) return st;
+  // A producer only ever appends. A head that moved back (and forth) kept a reader that waits for a whole payload
+  // going round without ever suspending.
+  if (head < rx_head_seen_) {
+    return ProtocolError("the peer's head moved back from " + std::to_string(rx_head_seen_) + " to " +
+                         std::to_string(head));
+  }
+  rx_head_seen_ = head;
   // The peer may write no further than a ring past the tail it was given, which loans hold behind what was read.
   const uint64_t held = HeldBack();
   if (head - rx_tail_ + held > ring_.capacity()) {
@@ -257,6 +264,9 @@ asio::awaitable<Result<ByteBuffer>> RingChannel::ReadPayloadLent(uint64_t size, 
       if (LoadReceived().head != received.head) continue;
       co_return ClosedInsideFrame(received.head - rx_tail_, size);
     }
+    // WaitForData returns at once when the head moved: a peer that trickles its payload in a byte at a time must
+    // not keep the thread here either.
+    if (YieldDue(0)) co_await asio::post(co_await asio::this_coro::executor, asio::use_awaitable);
     co_await WaitForData(received.head);
   }
   std::byte* data = lender_->Lend(rx_tail_, ring_.Locate(rx_tail_, size).span[0].offset);
@@ -282,9 +292,19 @@ void RingChannel::Send(std::vector<asio::const_buffer> parts, std::shared_ptr<co
 }
 
 void RingChannel::Pump() {
-  if (waiting_for_space_ || failed_write_) return;
+  if (waiting_for_space_ || failed_write_ || pump_posted_) return;
   std::byte* const memory = SendMemory();
+  uint32_t passes = 0;
   while (!queue_.empty()) {
+    if (++passes > kPassesPerPump) {
+      pump_posted_ = true;
+      asio::post(executor_, [this, alive = alive_] {
+        if (!*alive) return;
+        pump_posted_ = false;
+        Pump();
+      });
+      return;
+    }
     const uint64_t tail = LoadPeerTail();
     if (Status st = ring_.CheckPositions(tx_head_, tail); !st.ok()) {
       Fail(st.WithContext("ring of the " + std::string(kind()) + " connection"));

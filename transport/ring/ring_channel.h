@@ -138,8 +138,11 @@ class RingChannel : public Channel {
   Result<Received> LoadChecked();
   // Asks the reader to give back what it was lent (the recall handler), then publishes what that freed.
   void Recall();
-  // Copies queued frames into the send ring as far as space allows, then waits for space.
+  // Copies queued frames into the send ring as far as space allows, then waits for space. At most
+  // kPassesPerPump passes (each copies what the peer has freed) before it lets the executor run other handlers:
+  // a peer that frees its ring a few bytes at a time kept the thread copying, and signalling, for seconds.
   void Pump();
+  static constexpr uint32_t kPassesPerPump = 16;
   void FailWrites(const Status& error);  // drops the queue, reports `error` once
   void NotifyIdle();
   void ShutdownLiveness();
@@ -148,6 +151,7 @@ class RingChannel : public Channel {
   boost::asio::ip::tcp::socket liveness_;
   boost::asio::any_io_executor executor_;
   uint64_t rx_tail_ = 0;
+  uint64_t rx_head_seen_ = 0;         // the peer's head never moves back (CheckReceived)
   uint64_t read_without_yield_ = 0;   // YieldDue: bytes
   uint32_t reads_without_yield_ = 0;  // and reads
   uint64_t tx_head_ = 0;
@@ -157,6 +161,7 @@ class RingChannel : public Channel {
 
   std::deque<Item> queue_;
   bool waiting_for_space_ = false;
+  bool pump_posted_ = false;  // Pump's continuation is queued on the executor
   bool close_after_flush_ = false;
   bool close_both_ = false;
   bool send_closed_ = false;

@@ -207,6 +207,9 @@ Result<std::unique_ptr<ShmOffer>> ShmOffer::Create(const asio::any_io_executor& 
 
 namespace {
 
+// Connections of one handoff whose tokens are read at once; more are closed as they come.
+constexpr size_t kMaxTokenReaders = 16;
+
 // The connections of one handoff whose tokens are being read, each by its own coroutine on the handoff's strand.
 // The first with the right token becomes the winner and wakes the accept loop by cancelling its accept.
 struct TokenRace {
@@ -255,8 +258,15 @@ asio::awaitable<Status> ShmOffer::Handoff(std::chrono::steady_clock::time_point 
     if (accept_deadline.expired()) co_return Status(StatusCode::kDeadlineExceeded, "no worker took the shm offer in time");
     if (ec == asio::error::operation_aborted) co_return Status(StatusCode::kAborted, "shm offer withdrawn");
     if (ec) co_return Status(StatusCode::kUnavailable, "accepting on the shm socket: " + ec.message());
-    auto socket = std::make_shared<Unix::socket>(std::move(peer));
     std::erase_if(race->readers, [](const std::weak_ptr<Unix::socket>& r) { return r.expired(); });
+    if (race->readers.size() >= kMaxTokenReaders) {
+      // Anyone on the host can connect to the socket: without a bound, connections held open until the deadline
+      // took descriptors that every job needs. The worker connects as soon as it has the offer, ahead of them.
+      boost::system::error_code ignored;
+      peer.close(ignored);
+      continue;
+    }
+    auto socket = std::make_shared<Unix::socket>(std::move(peer));
     race->readers.push_back(socket);
     asio::co_spawn(executor, ReadToken(race, std::move(socket), deadline), asio::detached);
   }
