@@ -104,6 +104,9 @@ std::string ShortestFloat(float x) {
   return ec == std::errc() ? std::string(text, end) : std::to_string(x);
 }
 
+// A number of seconds as Python prints it (0.3, -1.0), for messages about the caller's arguments. Requires the GIL.
+std::string PythonSeconds(double seconds) { return py::repr(py::float_(seconds)).cast<std::string>(); }
+
 std::string JobRank(uint64_t job, uint32_t rank) {
   return "job " + std::to_string(job) + " rank " + std::to_string(rank);
 }
@@ -113,7 +116,7 @@ std::chrono::milliseconds Milliseconds(double seconds, const char* name) {
   // Positive, finite and at most a year: beyond that the conversion to integer milliseconds would overflow.
   if (!(seconds > 0 && seconds <= kYear)) {
     throw py::value_error(std::string("sparsereduce: ") + name +
-                          " must be more than 0 and at most 31536000 seconds (a year), got " + py::repr(py::float_(seconds)).cast<std::string>());
+                          " must be more than 0 and at most 31536000 seconds (a year), got " + PythonSeconds(seconds));
   }
   return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000.0)));
 }
@@ -252,13 +255,13 @@ class Handle {
     if (timeout) {
       double t = *timeout;
       if (std::isnan(t) || t < 0) {
-        throw py::value_error("sparsereduce: timeout must be None or at least 0 seconds, got " + py::repr(py::float_(t)).cast<std::string>());
+        throw py::value_error("sparsereduce: timeout must be None or at least 0 seconds, got " + PythonSeconds(t));
       }
       if (t <= kYear) deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(t));
     }
     if (!WaitUntil(future_, deadline)) {
       std::string message = "sparsereduce: " + JobRank(worker_->options().job, worker_->options().rank) +
-                            ": the allreduce did not finish within " + py::repr(py::float_(*timeout)).cast<std::string>() +
+                            ": the allreduce did not finish within " + PythonSeconds(*timeout) +
                             " s (it keeps running: wait again)";
       PyErr_SetString(PyExc_TimeoutError, message.c_str());
       throw py::error_already_set();
