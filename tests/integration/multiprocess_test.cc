@@ -5,11 +5,13 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <optional>
 #include <regex>
 #include <sstream>
 
 #include "tests/integration/raw_peer.h"
 #include "tools/common/subprocess.h"
+#include "tools/common/temp_dir.h"
 
 namespace sparsereduce::testing {
 namespace {
@@ -21,9 +23,11 @@ using namespace std::chrono_literals;
 class Aggregator {
  public:
   explicit Aggregator(const std::string& host = "127.0.0.1", std::vector<std::string> extra_args = {}) {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("sr-it-" + std::to_string(getpid()) + "-" + std::to_string(counter_++));
-    std::filesystem::create_directories(dir_);
+    auto dir = tools::TempDir::Create("sr-it-");
+    EXPECT_TRUE(dir.ok()) << dir.status().ToString();
+    if (!dir.ok()) return;
+    temp_dir_.emplace(std::move(*dir));
+    dir_ = temp_dir_->path();
     const bool v6 = host.find(':') != std::string::npos;
     const std::string bracketed = v6 ? "[" + host + "]" : host;
     std::vector<std::string> argv = {SPARSEREDUCE_AGGREGATOR_BIN, "--listen", bracketed + ":0", "--metrics-listen", "127.0.0.1:0", "--port-file",
@@ -36,7 +40,6 @@ class Aggregator {
     EXPECT_TRUE(port.ok()) << port.status().ToString();
     address_ = bracketed + ":" + (port.ok() ? *port : std::string("0"));
   }
-  ~Aggregator() { std::filesystem::remove_all(dir_); }
 
   const std::string& address() const { return address_; }
   uint16_t port() const { return static_cast<uint16_t>(std::stoi(address_.substr(address_.rfind(':') + 1))); }
@@ -51,7 +54,7 @@ class Aggregator {
   }
 
  private:
-  static inline int counter_ = 0;
+  std::optional<tools::TempDir> temp_dir_;  // first: removed after the daemon is killed
   std::string dir_;
   std::string address_;
   std::unique_ptr<Subprocess> process_;

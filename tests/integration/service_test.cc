@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <optional>
 #include <poll.h>
 #include <regex>
 #include <sstream>
@@ -28,6 +29,7 @@
 #include "tests/integration/raw_peer.h"
 #include "tools/common/subprocess.h"
 #include "tools/common/synthetic_tensor.h"
+#include "tools/common/temp_dir.h"
 
 namespace sparsereduce::testing {
 namespace {
@@ -76,9 +78,11 @@ class Daemon {
  public:
   // `launcher` goes before the daemon's own argv (e.g. a shell that lowers a limit and execs it).
   explicit Daemon(std::vector<std::string> extra = {}, std::vector<std::string> launcher = {}) {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("sr-service-" + std::to_string(getpid()) + "-" + std::to_string(counter_++));
-    std::filesystem::create_directories(dir_);
+    auto dir = tools::TempDir::Create("sr-service-");
+    EXPECT_TRUE(dir.ok()) << dir.status().ToString();
+    if (!dir.ok()) return;
+    temp_dir_.emplace(std::move(*dir));
+    dir_ = temp_dir_->path();
     std::vector<std::string> argv = {SPARSEREDUCE_AGGREGATOR_BIN, "--listen",           "127.0.0.1:0",
                                      "--metrics-listen",          "127.0.0.1:0",        "--port-file",
                                      dir_ + "/port",              "--metrics-port-file", dir_ + "/metrics-port",
@@ -96,7 +100,6 @@ class Daemon {
     if (port.ok()) address_ = "127.0.0.1:" + *port;
     if (metrics_port.ok()) metrics_port_ = static_cast<uint16_t>(std::stoi(*metrics_port));
   }
-  ~Daemon() { std::filesystem::remove_all(dir_); }
 
   const std::string& address() const { return address_; }
   const std::string& dir() const { return dir_; }
@@ -106,7 +109,7 @@ class Daemon {
   uint16_t metrics_port() const { return metrics_port_; }
 
  private:
-  static inline int counter_ = 0;
+  std::optional<tools::TempDir> temp_dir_;  // first: removed after the daemon is killed
   std::string dir_;
   std::unique_ptr<tools::Subprocess> process_;
   std::string address_;
@@ -174,8 +177,9 @@ std::pair<std::string, std::string> JoinError(const std::string& address, uint64
 TEST(Service, DaemonThatCannotStartIsReportedAtOnce) {
   boost::asio::io_context io;
   boost::asio::ip::tcp::acceptor taken(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
-  const std::string dir = std::filesystem::temp_directory_path() / ("sr-svc-early-" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
+  auto temp_dir = tools::TempDir::Create("sr-svc-early-");
+  ASSERT_TRUE(temp_dir.ok()) << temp_dir.status().ToString();
+  const std::string dir = temp_dir->path();
   auto daemon = tools::Subprocess::Spawn(
       {SPARSEREDUCE_AGGREGATOR_BIN, "--listen", "127.0.0.1:0", "--port-file", dir + "/port", "--metrics-listen",
        "127.0.0.1:" + std::to_string(taken.local_endpoint().port()), "--log-level", "off"},
@@ -187,7 +191,6 @@ TEST(Service, DaemonThatCannotStartIsReportedAtOnce) {
   ASSERT_FALSE(port.ok()) << "the daemon started although its metrics address was taken";
   EXPECT_EQ(port.status().code(), StatusCode::kUnavailable) << port.status().ToString();
   EXPECT_NE(port.status().ToString().find("exit code 2"), std::string::npos) << port.status().ToString();
-  std::filesystem::remove_all(dir);
 }
 
 TEST(Service, MetricsAndProbesDescribeWhatHappened) {

@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 
 #include "aggregator/logging.h"
@@ -19,6 +20,7 @@
 #include "aggregator/network_allowlist.h"
 #include "aggregator/peer_text.h"
 #include "core/exception_text.h"
+#include "tools/common/temp_dir.h"
 
 namespace sparsereduce::aggregator {
 namespace {
@@ -26,12 +28,14 @@ namespace {
 class ConfigTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() / ("sr-config-" + std::to_string(getpid()));
-    std::filesystem::create_directories(dir_);
+    auto dir = tools::TempDir::Create("sr-config-");
+    ASSERT_TRUE(dir.ok()) << dir.status().ToString();
+    temp_dir_.emplace(std::move(*dir));
+    dir_ = temp_dir_->path();
   }
   void TearDown() override {
     for (const auto& name : set_) unsetenv(name.c_str());
-    std::filesystem::remove_all(dir_);
+    temp_dir_.reset();
   }
   void SetEnv(const std::string& name, const std::string& value) {
     setenv(name.c_str(), value.c_str(), 1);
@@ -60,6 +64,7 @@ class ConfigTest : public ::testing::Test {
     EXPECT_NE(err_.str().find(mention), std::string::npos) << mention << ": " << err_.str();
   }
 
+  std::optional<tools::TempDir> temp_dir_;
   std::string dir_;
   std::vector<std::string> set_;
   std::ostringstream out_, err_;

@@ -11,7 +11,7 @@ target_link_libraries(auth_test PRIVATE sparsereduce_protocol GTest::gtest_main)
 gtest_discover_tests(auth_test DISCOVERY_TIMEOUT 60)
 
 add_executable(aggregator_config_test aggregator_config_test.cc)
-target_link_libraries(aggregator_config_test PRIVATE sparsereduce_aggregator GTest::gtest_main)
+target_link_libraries(aggregator_config_test PRIVATE sparsereduce_aggregator sparsereduce_tools_common GTest::gtest_main)
 gtest_discover_tests(aggregator_config_test DISCOVERY_TIMEOUT 60)
 
 add_executable(codec_simulation_test codec_simulation_test.cc)

@@ -13,12 +13,11 @@ namespace fs = std::filesystem;
 Result<std::unique_ptr<LocalAggregators>> LocalAggregators::Start(const std::string& binary, uint32_t count,
                                                                   const std::vector<std::string>& extra_args) {
   auto cluster = std::unique_ptr<LocalAggregators>(new LocalAggregators());
-  static int counter = 0;
-  cluster->dir_ = fs::temp_directory_path() / ("sparsereduce-" + std::to_string(getpid()) + "-" +
-                                               std::to_string(counter++));
-  fs::create_directories(cluster->dir_);
+  auto dir = TempDir::Create("sparsereduce-");
+  if (!dir.ok()) return dir.status();
+  cluster->dir_ = std::make_unique<TempDir>(std::move(*dir));
   for (uint32_t a = 0; a < count; ++a) {
-    const std::string port_file = cluster->dir_ + "/port" + std::to_string(a);
+    const std::string port_file = cluster->dir_->File("port" + std::to_string(a));
     std::vector<std::string> argv = {binary, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--port-file", port_file, "--log-level",
                                      "warn"};
     argv.insert(argv.end(), extra_args.begin(), extra_args.end());
@@ -33,9 +32,7 @@ Result<std::unique_ptr<LocalAggregators>> LocalAggregators::Start(const std::str
 }
 
 LocalAggregators::~LocalAggregators() {
-  daemons_.clear();  // kills what is still running
-  std::error_code ignored;
-  fs::remove_all(dir_, ignored);
+  daemons_.clear();  // kills what is still running, before its directory goes
 }
 
 std::string LocalAggregators::AddressList() const {

@@ -7,6 +7,7 @@
 
 #include "core/status.h"
 #include "tools/common/subprocess.h"
+#include "tools/common/temp_dir.h"
 
 namespace sparsereduce::tools {
 
@@ -23,7 +24,7 @@ class LocalAggregators {
   bool Stop();
 
  private:
-  std::string dir_;
+  std::unique_ptr<TempDir> dir_;  // declared first: destroyed after the daemons
   std::vector<std::unique_ptr<Subprocess>> daemons_;
   std::vector<std::string> addresses_;
 };
