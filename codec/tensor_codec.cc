@@ -123,17 +123,18 @@ SPARSEREDUCE_CLONES float NormInf(const float* x, uint32_t n) {
   return result;
 }
 
-// ‖x‖₂ with eight partial sums: a fixed order (so every run gives the same bits) that vectorizes.
+// ‖x‖₂ with eight partial sums: a fixed order (so every run gives the same bits) that vectorizes. In double: fp32
+// squares overflow from |x| ≈ 1.8e19 (a finite block then went out as not finite) and vanish below 1e-23.
 SPARSEREDUCE_CLONES float Norm2(const float* x, uint32_t n) {
-  float partial[8] = {};
+  double partial[8] = {};
   uint32_t j = 0;
   for (; j + 8 <= n; j += 8) {
-    for (uint32_t l = 0; l < 8; ++l) partial[l] += x[j + l] * x[j + l];
+    for (uint32_t l = 0; l < 8; ++l) partial[l] += static_cast<double>(x[j + l]) * x[j + l];
   }
-  for (; j < n; ++j) partial[0] += x[j] * x[j];
-  float sum = 0.0f;
-  for (float p : partial) sum += p;
-  return std::sqrt(sum);
+  for (; j < n; ++j) partial[0] += static_cast<double>(x[j]) * x[j];
+  double sum = 0.0;
+  for (double p : partial) sum += p;
+  return static_cast<float>(std::sqrt(sum));
 }
 
 // delta = x - h.
@@ -298,16 +299,10 @@ class DianaEncoder final : public TensorEncoder {
   }
   std::span<const std::byte> Block(uint64_t block) const override { return store_.Block(block); }
   void Finish(std::span<float> tensor) override {
-    // Every worker runs the same fp32 operations on the same S and h: the replicas stay bitwise equal.
-    const float w = static_cast<float>(world_size_);
-    float* h = state_.h_mean.data();
-    // A sum that is not finite (some rank's block was, or the sum overflowed) reaches the result but not h.
-    for (size_t j = 0; j < tensor.size(); ++j) {
-      const float s = tensor[j];
-      tensor[j] = w * h[j] + s;
-      h[j] += std::isfinite(s) ? alpha_ * (s / w) : 0.0f;
-    }
-    // h_i += α·Q(Δ): Q(Δ) of each block sent is its wire block, norm · q_j exactly (none for a block not finite).
+    // h_i += α·Q(Δ_i) where the sum S (still in `tensor`) is finite: Q(Δ_i) of each block sent is its wire block,
+    // norm · q_j exactly. Where S is not finite (some rank's block was, or the sum overflowed) h stays as it was
+    // below, so every h_i must too: h = mean h_i held only while they skip the same elements. A rank whose block
+    // was finite used to add it anyway, and the results of that block stayed off by α·Q(Δ_i) for good.
     const Blocks blocks = Split(tensor.size(), block_size_);
     std::vector<float> sent(block_size_);
     for (uint64_t b = 0; b < blocks.count; ++b) {
@@ -315,7 +310,16 @@ class DianaEncoder final : public TensorEncoder {
       const uint32_t n = blocks.Length(b);
       (void)DecodeTernary(store_.Block(b), n, sent.data(), false);
       float* h_i = state_.h_own.data() + blocks.Begin(b);
-      for (uint32_t j = 0; j < n; ++j) h_i[j] += alpha_ * sent[j];
+      const float* s = tensor.data() + blocks.Begin(b);
+      for (uint32_t j = 0; j < n; ++j) h_i[j] += std::isfinite(s[j]) ? alpha_ * sent[j] : 0.0f;
+    }
+    // Every worker runs the same fp32 operations on the same S and h: the replicas stay bitwise equal.
+    const float w = static_cast<float>(world_size_);
+    float* h = state_.h_mean.data();
+    for (size_t j = 0; j < tensor.size(); ++j) {
+      const float s = tensor[j];
+      tensor[j] = w * h[j] + s;
+      h[j] += std::isfinite(s) ? alpha_ * (s / w) : 0.0f;
     }
     ++state_.steps;
   }

@@ -12,6 +12,7 @@
 
 #include "codec/half.h"
 #include "codec/tensor_codec.h"
+#include "codec/ternary.h"
 #include "codec/three_lc.h"
 #include "simulation.h"
 
@@ -224,6 +225,35 @@ TEST(CodecSimulation, DianaReplicasOfHStayIdentical) {
   }
 }
 
+// DIANA's h is the mean of the workers' h_i, also after a step where one rank's block was not finite (a gradient
+// overflow under loss scaling): the ranks whose block was finite must not add it to their h_i either, since h
+// skips it. They did, and that block's results stayed off by α·Q(Δ_i) from then on.
+TEST(CodecSimulation, DianaSharedHStaysTheMeanOfTheWorkersHAfterAnOverflow) {
+  for (bool l2 : {false, true}) {
+    const Shape& s = kShapes[3];
+    const uint64_t n = 1000;
+    const uint32_t B = 64;
+    const JobShape shape{s.W, s.A, s.S, s.K};
+    const CollectiveSpec spec = SpecWith(n, B, {Codec::kDiana, 5, 1.0f, false, 0.01f, 0.0f, l2});
+    ASSERT_GE(s.W, 2u);
+    CodecStates states;
+    for (int step = 0; step < 4; ++step) {
+      auto inputs = MakeInputs(s.W, n, B, 1.0, step * 7 + 1);
+      if (step == 1) inputs[0][70] = std::numeric_limits<float>::infinity();  // block 1 of rank 0 only
+      Tensors tensors = AsBytes(inputs);
+      SimulationOutcome out = Simulate(shape, spec, tensors, step + 1, ~uint64_t{0}, &states);
+      ASSERT_TRUE(out.status.ok()) << out.status.ToString();
+      for (uint64_t j = 0; j < n; ++j) {
+        float sum_of_own = 0.0f;
+        for (uint32_t r = 0; r < s.W; ++r) sum_of_own += states.workers[r].h_own[j];
+        const float w_times_h = static_cast<float>(s.W) * states.workers[0].h_mean[j];
+        ASSERT_NEAR(sum_of_own, w_times_h, 1e-4f * (1 + std::fabs(w_times_h)))
+            << (l2 ? "l2" : "inf") << " norm, step " << step << ", element " << j << " (block " << j / B << ")";
+      }
+    }
+  }
+}
+
 // DIANA's Q is unbiased: averaged over many draws, Q(Δ) approaches Δ (fixed seed, so the test is deterministic).
 TEST(CodecSimulation, DianaQuantizerIsUnbiased) {
   for (bool l2 : {false, true}) {
@@ -252,6 +282,23 @@ TEST(CodecSimulation, DianaQuantizerIsUnbiased) {
       const double tolerance = 5 * std::sqrt(norm * std::fabs(x[j]) / draws) + 1e-6;
       EXPECT_NEAR(mean[j] / draws, x[j], tolerance) << (l2 ? "l2" : "linf") << " element " << j;
     }
+  }
+}
+
+// DIANA's ℓ2 norm neither overflows nor vanishes for finite blocks far from 1: summed in fp32, squares of 1e20 made
+// the block go out "not finite" (its result NaN) and squares of 1e-24 made its scale 0.
+TEST(CodecSimulation, DianaL2NormOfLargeAndTinyFiniteBlocks) {
+  const uint32_t B = 64;
+  for (float magnitude : {1e20f, -3e25f, 1e-24f, 1e-30f}) {
+    std::vector<float> x(B, magnitude);
+    codec::KeyState state;
+    auto encoder = codec::MakeEncoder({Codec::kDiana, 1, 1.0f, false, 0.01f, 0.0f, true}, B, state, 0, 1, 7);
+    std::vector<uint8_t> send(1);
+    encoder->Prepare(x, send);
+    ASSERT_TRUE(send[0]) << magnitude;
+    const float scale = codec::TernaryScale(encoder->Block(0));
+    EXPECT_TRUE(std::isfinite(scale)) << magnitude << ": scale " << scale;
+    EXPECT_NEAR(scale, std::fabs(magnitude) * 8.0f, std::fabs(magnitude) * 8e-6f) << magnitude;  // √64 = 8
   }
 }
 
