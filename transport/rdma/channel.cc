@@ -9,7 +9,10 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <cerrno>
 #include <cstring>
+#include <cstdio>
+#include <optional>
 #include <random>
+#include <string>
 
 #include "transport/descriptor.h"
 
@@ -122,6 +125,11 @@ Status RdmaConnection::Connect(const proto::RdmaEndpoint& remote) {
   const bool roce = device_->options().gid_index >= 0;
   if (roce && remote.gid().size() != 16) return ProtocolError("the peer sent no 16-byte GID for RoCE");
   if (remote.mtu() < IBV_MTU_256 || remote.mtu() > IBV_MTU_4096) return ProtocolError("the peer sent a bad MTU");
+  // Queue pair numbers and PSNs are 24 bits, LIDs 16: a wider value is not the peer's, whatever it means.
+  if (remote.qpn() > 0xFFFFFF || remote.psn() > 0xFFFFFF || remote.lid() > 0xFFFF) {
+    return ProtocolError("the peer sent a queue pair number, PSN or LID out of range (" + std::to_string(remote.qpn()) +
+                         ", " + std::to_string(remote.psn()) + ", " + std::to_string(remote.lid()) + ")");
+  }
   remote_ring_ = remote.ring_address();
   remote_ring_rkey_ = remote.ring_rkey();
   remote_credit_ = remote.credit_address();
@@ -175,7 +183,8 @@ RdmaChannel::RdmaChannel(std::unique_ptr<RdmaConnection> connection, asio::ip::t
     : RingChannel(connection->capacity_, std::move(liveness), executor),
       connection_(std::move(connection)),
       events_(executor),
-      data_signal_(executor) {
+      data_signal_(executor),
+      schedule_(connection_->capacity_, kSendQueue) {
   if (Status st = transport::AssignDuplicate(events_, connection_->events_->fd, "the RDMA completion channel");
       !st.ok()) {
     Fail(st);  // reads fail with it, and the owner reports it naming the connection; Arm's waits end at once
@@ -188,51 +197,101 @@ RdmaChannel::~RdmaChannel() {
   events_.close(ignored);
 }
 
-bool RdmaChannel::PostWrite(uint64_t local, uint64_t remote, uint32_t length, uint32_t lkey, uint32_t remote_rkey,
-                            uint32_t imm) {
-  if (outstanding_sends_ >= kSendQueue) Drain();  // completions free the queue; they come at wire speed
-  if (outstanding_sends_ >= kSendQueue) {
-    Fail(Status(StatusCode::kUnavailable, "RDMA send queue full: the peer does not complete writes"));
-    return false;
+namespace {
+
+// What a work request was, from its wr_id, for error messages.
+const char* WorkName(uint64_t wr_id) {
+  switch (static_cast<WriteSchedule::Kind>(wr_id)) {
+    case WriteSchedule::Kind::kData:
+      return "data write";
+    case WriteSchedule::Kind::kCredit:
+      return "credit write";
+    case WriteSchedule::Kind::kEndOfStream:
+      return "end-of-stream write";
   }
-  ibv_sge sge{local, length, lkey};
+  return "receive";
+}
+
+std::string Hex(uint32_t value) {
+  char text[16];
+  std::snprintf(text, sizeof text, "0x%08x", value);
+  return text;
+}
+
+}  // namespace
+
+bool RdmaChannel::PostWrite(const WriteSchedule::Write& write) {
+  RdmaConnection& c = *connection_;
+  ibv_sge sge{};
   ibv_send_wr wr{};
+  wr.wr_id = static_cast<uint64_t>(write.kind);  // receives are 0
   wr.opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
   wr.send_flags = IBV_SEND_SIGNALED;
-  wr.imm_data = htobe32(imm);
-  wr.sg_list = length > 0 ? &sge : nullptr;
-  wr.num_sge = length > 0 ? 1 : 0;
-  wr.wr.rdma.remote_addr = remote;
-  wr.wr.rdma.rkey = remote_rkey;
+  switch (write.kind) {
+    case WriteSchedule::Kind::kData:
+      sge = {reinterpret_cast<uint64_t>(c.send_ring_.data()) + write.offset, write.length, c.send_mr_->lkey};
+      wr.imm_data = htobe32(write.length);
+      wr.wr.rdma.remote_addr = c.remote_ring_ + write.offset;
+      wr.wr.rdma.rkey = c.remote_ring_rkey_;
+      break;
+    case WriteSchedule::Kind::kCredit:
+      // The latest tail at the time the adapter reads it: a credit that waited for room carries the newest one.
+      sge = {reinterpret_cast<uint64_t>(&c.credit_staging_), sizeof(uint64_t), c.credit_staging_mr_->lkey};
+      wr.imm_data = htobe32(kImmCredit);
+      wr.wr.rdma.remote_addr = c.remote_credit_;
+      wr.wr.rdma.rkey = c.remote_credit_rkey_;
+      break;
+    case WriteSchedule::Kind::kEndOfStream:
+      wr.imm_data = htobe32(kImmEndOfStream);
+      wr.wr.rdma.remote_addr = c.remote_ring_;
+      wr.wr.rdma.rkey = c.remote_ring_rkey_;
+      break;
+  }
+  wr.sg_list = sge.length > 0 ? &sge : nullptr;
+  wr.num_sge = sge.length > 0 ? 1 : 0;
   ibv_send_wr* bad = nullptr;
-  if (int e = ibv_post_send(connection_->qp_, &wr, &bad)) {
-    Fail(VerbsError("ibv_post_send", e));
+  if (int e = ibv_post_send(c.qp_, &wr, &bad)) {
+    Fail(VerbsError(std::string("ibv_post_send of a ") + WorkName(wr.wr_id), e));
     return false;
   }
-  ++outstanding_sends_;
   return true;
+}
+
+void RdmaChannel::PostDue() {
+  while (std::optional<WriteSchedule::Write> write = schedule_.Next()) {
+    if (!PostWrite(*write)) return;
+  }
 }
 
 void RdmaChannel::Drain() {
   const uint64_t tail_before = peer_tail_;
+  bool sends_completed = false;
   ibv_wc wc[32];
   while (true) {
     const int n = ibv_poll_cq(connection_->cq_, 32, wc);
     if (n < 0) return Fail(Status(StatusCode::kUnavailable, "ibv_poll_cq failed"));
     for (int i = 0; i < n; ++i) {
       if (wc[i].status != IBV_WC_SUCCESS) {
-        return Fail(Status(StatusCode::kUnavailable, std::string("RDMA completion error: ") +
-                                                         ibv_wc_status_str(wc[i].status)));
+        return Fail(Status(StatusCode::kUnavailable,
+                           std::string("RDMA completion error on a ") + WorkName(wc[i].wr_id) + ": " +
+                               ibv_wc_status_str(wc[i].status) + " (vendor error " + Hex(wc[i].vendor_err) +
+                               ", queue pair " + std::to_string(connection_->qp_->qp_num) + ")"));
       }
       if (wc[i].opcode != IBV_WC_RECV_RDMA_WITH_IMM) {
-        --outstanding_sends_;
+        schedule_.Completed();
+        sends_completed = true;
         continue;
       }
       const uint32_t imm = be32toh(wc[i].imm_data);
-      if (imm & kImmCredit) {
+      if (imm == kImmCredit) {
         peer_tail_ = __atomic_load_n(&connection_->credit_word_, __ATOMIC_ACQUIRE);
-      } else if (imm & kImmEndOfStream) {
+      } else if (imm == kImmEndOfStream) {
         peer_closed_ = true;
+      } else if ((imm & (kImmCredit | kImmEndOfStream)) != 0) {
+        return Fail(ProtocolError("an RDMA write with immediate " + Hex(imm) +
+                                  ", which is neither a byte count, a credit nor end of stream"));
+      } else if (peer_closed_) {
+        return Fail(ProtocolError("an RDMA write of " + std::to_string(imm) + " bytes after end of stream"));
       } else {
         received_head_ += imm;
       }
@@ -240,14 +299,16 @@ void RdmaChannel::Drain() {
     }
     if (n < 32) break;
   }
+  if (sends_completed) PostDue();
   data_signal_.cancel();
   if (space_waiter_ && peer_tail_ != tail_before) asio::post(executor(), std::exchange(space_waiter_, nullptr));
+  if (delivered_waiter_ && schedule_.delivered()) asio::post(executor(), std::exchange(delivered_waiter_, nullptr));
 }
 
 void RdmaChannel::Arm() {
   if (armed_) return;
+  if (int e = ibv_req_notify_cq(connection_->cq_, 0)) return Fail(VerbsError("ibv_req_notify_cq", e));
   armed_ = true;
-  ibv_req_notify_cq(connection_->cq_, 0);
   events_.async_wait(asio::posix::stream_descriptor::wait_read,
                      asio::bind_executor(executor(), [this, alive = alive()](const boost::system::error_code& ec) {
                        if (!*alive) return;
@@ -256,11 +317,20 @@ void RdmaChannel::Arm() {
                      }));
 }
 
+void RdmaChannel::WatchCompletions() {
+  Arm();
+  Drain();  // a completion that arrived before the notification was requested
+}
+
 void RdmaChannel::OnEvent() {
   ibv_cq* cq = nullptr;
   void* context = nullptr;
   if (ibv_get_cq_event(connection_->events_, &cq, &context) == 0) ibv_ack_cq_events(cq, 1);
   Drain();
+  // The event answered one request. A writer waiting for credit, writes waiting for room in the send queue and a
+  // close waiting for its writes to land need the next one too (a reader asks again itself, in WaitForData):
+  // without it a credit that came after a send completion woke nobody, and the writer waited for good.
+  if (space_waiter_ || schedule_.due() || delivered_waiter_) WatchCompletions();
 }
 
 transport::RingChannel::Received RdmaChannel::LoadReceived() {
@@ -278,33 +348,26 @@ void RdmaChannel::Consumed(uint64_t tail) {
   if (tail - credited_ < ring().capacity() / 4) return;
   credited_ = tail;
   connection_->credit_staging_ = tail;
-  PostWrite(reinterpret_cast<uint64_t>(&connection_->credit_staging_), connection_->remote_credit_, sizeof(uint64_t),
-            connection_->credit_staging_mr_->lkey, connection_->remote_credit_rkey_, kImmCredit);
+  schedule_.Credit();
+  PostDue();
+  if (schedule_.due()) WatchCompletions();
 }
 
 asio::awaitable<void> RdmaChannel::WaitForData(uint64_t tail) {
-  Arm();
-  Drain();  // a completion that arrived before the notification was requested
+  WatchCompletions();
   if (received_head_ != tail || peer_closed_) co_return;
   data_signal_.expires_at(asio::steady_timer::time_point::max());
   co_await data_signal_.async_wait(asio::as_tuple(asio::use_awaitable));
 }
 
-void RdmaChannel::Publish(uint64_t from, uint64_t to) {
-  const transport::RingSpans spans = ring().Locate(from, to - from);
-  for (int i = 0; i < spans.count; ++i) {
-    const transport::RingSpan& s = spans.span[i];
-    if (!PostWrite(reinterpret_cast<uint64_t>(connection_->send_ring_.data()) + s.offset,
-                   connection_->remote_ring_ + s.offset, static_cast<uint32_t>(s.length),
-                   connection_->send_mr_->lkey, connection_->remote_ring_rkey_, static_cast<uint32_t>(s.length))) {
-      return;
-    }
-  }
+void RdmaChannel::Publish(uint64_t, uint64_t to) {
+  schedule_.Publish(to);
+  PostDue();
+  if (schedule_.due()) WatchCompletions();
 }
 
 void RdmaChannel::WaitForSpace(uint64_t head, std::function<void()> wake) {
-  Arm();
-  Drain();
+  WatchCompletions();
   if (ring().Free(head, peer_tail_) > 0) {
     asio::post(executor(), std::move(wake));
     return;
@@ -313,12 +376,21 @@ void RdmaChannel::WaitForSpace(uint64_t head, std::function<void()> wake) {
 }
 
 void RdmaChannel::CloseSend(uint64_t) {
-  PostWrite(0, connection_->remote_ring_, 0, 0, connection_->remote_ring_rkey_, kImmEndOfStream);
+  schedule_.EndOfStream();
+  PostDue();
+  if (schedule_.due()) WatchCompletions();
+}
+
+void RdmaChannel::WhenDelivered(std::function<void()> then) {
+  if (schedule_.delivered()) return then();
+  delivered_waiter_ = std::move(then);
+  WatchCompletions();
 }
 
 void RdmaChannel::CancelWaits() {
   data_signal_.cancel();
   if (space_waiter_) asio::post(executor(), std::exchange(space_waiter_, nullptr));
+  if (delivered_waiter_) asio::post(executor(), std::exchange(delivered_waiter_, nullptr));
 }
 
 }  // namespace sparsereduce::rdma

@@ -20,6 +20,7 @@
 
 #include "proto/control.pb.h"
 #include "transport/rdma/device.h"
+#include "transport/rdma/write_schedule.h"
 #include "transport/ring/ring_channel.h"
 
 namespace sparsereduce::rdma {
@@ -86,25 +87,32 @@ class RdmaChannel final : public transport::RingChannel {
   void Publish(uint64_t from, uint64_t to) override;
   void WaitForSpace(uint64_t head, std::function<void()> wake) override;
   void CloseSend(uint64_t head) override;
+  void WhenDelivered(std::function<void()> then) override;
   void CancelWaits() override;
 
-  // Polls the CQ: receive completions advance the head or the peer's tail, send completions free the send queue.
+  // Polls the CQ: receive completions advance the head or the peer's tail, send completions free the send queue
+  // (and post what waited for it).
   void Drain();
-  // Asks for the next completion event and waits for it on the event channel's descriptor.
+  // Asks for the next completion event and waits for it on the event channel's descriptor. One event per ask.
   void Arm();
   void OnEvent();
-  bool PostWrite(uint64_t local, uint64_t remote, uint32_t length, uint32_t lkey, uint32_t remote_rkey, uint32_t imm);
+  // Arms, then polls once more for completions that came before the ask: for whoever waits for a completion.
+  void WatchCompletions();
+  // Posts what the schedule lets go now; watches completions while something is left for lack of room.
+  void PostDue();
+  bool PostWrite(const WriteSchedule::Write& write);
 
   std::unique_ptr<RdmaConnection> connection_;
   boost::asio::posix::stream_descriptor events_;
   boost::asio::steady_timer data_signal_;  // a waiting reader sleeps on it; Drain cancels it
   std::function<void()> space_waiter_;
+  std::function<void()> delivered_waiter_;  // WhenDelivered
   bool armed_ = false;
   uint64_t received_head_ = 0;
   bool peer_closed_ = false;
   uint64_t peer_tail_ = 0;
   uint64_t credited_ = 0;  // the tail last sent as credit
-  uint32_t outstanding_sends_ = 0;
+  WriteSchedule schedule_;
 };
 
 }  // namespace sparsereduce::rdma

@@ -351,7 +351,11 @@ void RingChannel::Pump() {
   if (close_after_flush_ && !send_closed_) {
     send_closed_ = true;
     CloseSend(tx_head_);
-    if (close_both_) ShutdownLiveness();
+    if (close_both_) {
+      WhenDelivered([this, alive = alive_] {
+        if (*alive) ShutdownLiveness();
+      });
+    }
   }
   NotifyIdle();
 }

@@ -81,6 +81,10 @@ class RingChannel : public Channel {
   virtual void WaitForSpace(uint64_t head, std::function<void()> wake) = 0;
   // No byte will follow `head`.
   virtual void CloseSend(uint64_t head) = 0;
+  // Calls `then` (now or on the channel's executor) once everything published and the close are in the peer's
+  // memory, or the channel failed. Only then may the TCP connection close: the peer takes its end as "nothing more
+  // will arrive". Shared memory writes are visible at once.
+  virtual void WhenDelivered(std::function<void()> then) { then(); }
 
   // --- lifecycle ---
   // Makes pending WaitForData / WaitForSpace return (their callers then look at the channel's state).
