@@ -10,7 +10,9 @@
 #include <boost/asio/strand.hpp>
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <thread>
@@ -29,11 +31,22 @@ using sparsereduce::Status;
 using sparsereduce::StatusCode;
 
 // Written to a temporary name and renamed, so a reader never sees a partial file.
-void WritePortFile(const std::string& path, uint16_t port) {
-  if (path.empty()) return;
+// Written whole, then renamed into place: a reader never sees part of it. A file that cannot be written stops the
+// daemon (exit 2, like an address it cannot bind): whoever asked for it waits for it, and would wait in vain.
+Status WritePortFile(const std::string& option, const std::string& path, uint16_t port) {
+  if (path.empty()) return Status::Ok();
   const std::string tmp = path + ".tmp";
-  std::ofstream(tmp) << port << "\n";
-  std::rename(tmp.c_str(), path.c_str());
+  std::ofstream out(tmp);
+  out << port << "\n";
+  out.close();
+  if (!out) return Status(StatusCode::kUnavailable, "--" + option + ": cannot write " + tmp + ": " + std::strerror(errno));
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int error = errno;
+    std::remove(tmp.c_str());
+    return Status(StatusCode::kUnavailable, "--" + option + ": cannot rename " + tmp + " to " + path + ": " +
+                                                std::strerror(error));
+  }
+  return Status::Ok();
 }
 
 std::string Hostname() {
@@ -93,7 +106,10 @@ int main(int argc, char** argv) {
       return 2;
     }
     spdlog::info("metrics, health and readiness on http://{}:{}/", bound->address().to_string(), bound->port());
-    WritePortFile(config.metrics_port_file, bound->port());
+    if (Status st = WritePortFile("metrics-port-file", config.metrics_port_file, bound->port()); !st.ok()) {
+      spdlog::critical("{}", st.ToString());
+      return 2;
+    }
     http.Start();
   }
   auto bound = server.Listen();
@@ -104,7 +120,10 @@ int main(int argc, char** argv) {
   for (const auto& endpoint : *bound) {
     spdlog::info("{}: listening on {}:{}", config.server.name, endpoint.address().to_string(), endpoint.port());
   }
-  WritePortFile(config.port_file, bound->front().port());
+  if (Status st = WritePortFile("port-file", config.port_file, bound->front().port()); !st.ok()) {
+    spdlog::critical("{}", st.ToString());
+    return 2;
+  }
   server.StartAccepting();
   systemd.Ready("serving on " + std::to_string(bound->size()) + " address(es)");
   boost::asio::dispatch(lifecycle, [&] { systemd.StartWatchdog(); });

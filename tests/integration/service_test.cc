@@ -193,6 +193,24 @@ TEST(Service, DaemonThatCannotStartIsReportedAtOnce) {
   EXPECT_NE(port.status().ToString().find("exit code 2"), std::string::npos) << port.status().ToString();
 }
 
+// A port file that cannot be written stops the daemon with exit code 2 and says why: whoever asked for the file
+// waits for it. The failure went unnoticed and the daemon served on (under systemd, /run/sparsereduce did not
+// exist).
+TEST(Service, APortFileThatCannotBeWrittenStopsTheDaemon) {
+  auto temp_dir = tools::TempDir::Create("sr-svc-portfile-");
+  ASSERT_TRUE(temp_dir.ok()) << temp_dir.status().ToString();
+  for (const std::string& option : {std::string("--port-file"), std::string("--metrics-port-file")}) {
+    auto daemon = tools::Subprocess::Spawn({SPARSEREDUCE_AGGREGATOR_BIN, "--listen", "127.0.0.1:0", "--metrics-listen",
+                                            "127.0.0.1:0", option, temp_dir->File("missing/port"), "--log-level",
+                                            "critical"},
+                                           false);
+    ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+    Result<int> status = (*daemon)->Wait(30s);
+    ASSERT_TRUE(status.ok()) << option << ": the daemon kept running without its port file";
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 2) << option << ": " << tools::DescribeExit(*status);
+  }
+}
+
 TEST(Service, MetricsAndProbesDescribeWhatHappened) {
   Daemon daemon;
   EXPECT_EQ(daemon.Get("/healthz").status, 200);
