@@ -356,14 +356,17 @@ class TopKEncoder final : public TensorEncoder {
         total[at + j] = t;
         s += double{t} * t;
       }
-      // A block that is not finite (NaN included) ranks first and is always sent (below): its Inf or NaN reaches
+      // A block that is not finite (NaN included) is always sent, besides the k (below): its Inf or NaN reaches
       // the result, where a loss scaler sees it, and does not stay in the residual.
       norm2[b] = std::isfinite(s) ? s : HUGE_VAL;
     }
     std::vector<uint64_t> order(blocks.count);
     std::iota(order.begin(), order.end(), 0);
-    const auto larger_norm = [&](uint64_t a, uint64_t b) {  // ties by index: a deterministic choice
-      return norm2[a] > norm2[b] || (norm2[a] == norm2[b] && a < b);
+    // Blocks that are not finite rank last: they go anyway and must not take the places of the k largest (they
+    // ranked first, and k of them sent no finite block at all). Ties by index: a deterministic choice.
+    const auto rank_key = [&](uint64_t b) { return norm2[b] == HUGE_VAL ? -1.0 : norm2[b]; };
+    const auto larger_norm = [&](uint64_t a, uint64_t b) {
+      return rank_key(a) > rank_key(b) || (rank_key(a) == rank_key(b) && a < b);
     };
     k_ = std::min(blocks.count,
                   std::max<uint64_t>(1, static_cast<uint64_t>(std::ceil(spec_.fraction * blocks.count))));
@@ -380,7 +383,7 @@ class TopKEncoder final : public TensorEncoder {
     std::fill(send.begin(), send.begin() + static_cast<std::ptrdiff_t>(blocks.count), 0);
     uint64_t count = 0;
     for (uint64_t i = 0; i < k_; ++i) {
-      if (norm2[order[i]] > 0.0) {
+      if (rank_key(order[i]) > 0.0) {
         send[order[i]] = 1;
         ++count;
       }

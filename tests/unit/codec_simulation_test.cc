@@ -302,6 +302,27 @@ TEST(CodecSimulation, DianaL2NormOfLargeAndTinyFiniteBlocks) {
   }
 }
 
+// A block that is not finite is sent besides the k largest (docs/PROTOCOL.md §11.3), for top-k and adaptive: it
+// ranked first and took one of the k places, so with as many such blocks as k no finite block went out.
+TEST(CodecSimulation, TopKSendsBlocksThatAreNotFiniteBesidesTheK) {
+  const uint32_t B = 64;
+  for (Codec codec : {Codec::kTopK, Codec::kAdaptive}) {
+    std::vector<float> x(4 * B, 0.5f);
+    std::fill_n(x.begin() + 2 * B, B, 3.0f);                 // block 2: the largest finite one
+    x[5] = std::numeric_limits<float>::infinity();           // block 0: not finite
+    codec::KeyState state;
+    auto encoder = codec::MakeEncoder({codec, 1, 1.0f, false, 0.25f}, B, state, 0, 1, 7);  // top-k: k = 1
+    std::vector<uint8_t> send(4);
+    const uint64_t count = encoder->Prepare(x, send);
+    EXPECT_EQ(send[0], 1) << CodecName(codec) << ": the block that is not finite was not sent";
+    EXPECT_EQ(send[2], 1) << CodecName(codec) << ": the largest finite block was not sent";
+    EXPECT_EQ(count, std::count(send.begin(), send.end(), uint8_t{1}));
+    if (codec == Codec::kTopK) {
+      EXPECT_EQ(count, 2u);
+    }
+  }
+}
+
 // Top-k: sent + residual = x + previous residual, exactly; the sum is over what was sent.
 TEST(CodecSimulation, TopKErrorFeedbackLosesNothing) {
   for (const Shape& s : kShapes) {
