@@ -293,7 +293,7 @@ std::vector<std::string> ReduceOnThreads(const std::string& address, uint64_t jo
 // as the workers' does. The aggregator used to keep it whenever its own share of blocks kept its count (here 1000
 // and 900 elements, 4 blocks each), and added the old tensor's error to the new one's sums: the second collective
 // then differed from the same collective on a fresh job.
-TEST(InProcess, ThreeLcErrorMemoryStartsOverWhenTheKeysTensorChangesSize) {
+TEST(InProcess, ThreeLcStateStartsOverWhenTheKeysTensorChangesSizeOrCodec) {
   auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
   ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
   AllreduceOptions three_lc;
@@ -306,8 +306,8 @@ TEST(InProcess, ThreeLcErrorMemoryStartsOverWhenTheKeysTensorChangesSize) {
     for (size_t j = 0; j < n; ++j) t[j] = static_cast<float>((j * 7 + rank * 3 + n) % 11) - 5.0f;
     return t;
   };
-  // Runs `sizes` as consecutive collectives of one 2-rank job; rank 0's last result.
-  auto run = [&](uint64_t job, const std::vector<size_t>& sizes) {
+  // Runs `steps` (size, options) as consecutive collectives of one 2-rank job; rank 0's last result.
+  auto run = [&](uint64_t job, const std::vector<std::pair<size_t, AllreduceOptions>>& steps) {
     std::vector<float> last;
     std::string failure;
     auto rank = [&](uint32_t r) {
@@ -318,9 +318,9 @@ TEST(InProcess, ThreeLcErrorMemoryStartsOverWhenTheKeysTensorChangesSize) {
       options.world_size = 2;
       options.connect_timeout = options.join_timeout = options.collective_timeout = 10s;
       Worker worker(options);
-      for (size_t n : sizes) {
+      for (const auto& [n, options] : steps) {
         std::vector<float> t = input(r, n);
-        worker.allreduce(std::span(t), three_lc);
+        worker.allreduce(std::span(t), options);
         if (r == 0) last = t;
       }
     };
@@ -334,11 +334,27 @@ TEST(InProcess, ThreeLcErrorMemoryStartsOverWhenTheKeysTensorChangesSize) {
     EXPECT_EQ(failure, "");
     return last;
   };
-  const std::vector<float> after_resize = run(40, {1000, 900});
-  const std::vector<float> fresh = run(41, {900});
+  const std::vector<float> after_resize = run(40, {{1000, three_lc}, {900, three_lc}});
+  const std::vector<float> fresh = run(41, {{900, three_lc}});
   ASSERT_EQ(after_resize.size(), 900u);
   EXPECT_EQ(std::memcmp(after_resize.data(), fresh.data(), 900 * sizeof(float)), 0)
       << "the aggregator added the 1000-element tensor's error to the 900-element one's sums";
+
+  // A key that carries another codec in between (or no codec) starts over on the workers as on the aggregator.
+  // The workers kept state per (codec, key), so the key's old 3LC error came back with 3LC while the aggregator's
+  // had started over.
+  AllreduceOptions top_k = three_lc;
+  top_k.codec->name = "topk";
+  AllreduceOptions uncoded;
+  uncoded.key = three_lc.key;
+  const std::vector<float> fresh_1000 = run(42, {{1000, three_lc}});
+  uint64_t job = 43;
+  for (const AllreduceOptions& between : {top_k, uncoded}) {
+    const std::vector<float> after = run(job++, {{1000, three_lc}, {1000, between}, {1000, three_lc}});
+    ASSERT_EQ(after.size(), 1000u);
+    EXPECT_EQ(std::memcmp(after.data(), fresh_1000.data(), 1000 * sizeof(float)), 0)
+        << "3LC after " << (between.codec ? between.codec->name : "no codec") << " on the same key resumed old state";
+  }
   EXPECT_TRUE((*daemon)->Stop());
 }
 

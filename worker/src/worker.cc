@@ -130,8 +130,10 @@ class Worker::Impl : public AggregatorLink::Handler {
   std::vector<OutgoingFrame> scratch_frames_;  // frames to send, reused
   std::vector<std::span<std::byte>> scratch_targets_;  // where a RESULT's data goes, reused
   std::optional<Active> active_;
-  // Codec state per (codec, key), across collectives.
-  std::map<std::pair<Codec, uint64_t>, codec::KeyState> codec_states_;
+  // Codec state per key, across collectives; a key used with another codec starts over (codec::Fit), as the
+  // aggregators' error memory does. (Per (codec, key), a key's old state came back with its old codec, while the
+  // aggregators had started over, and the map grew with every pair.)
+  std::map<uint64_t, codec::KeyState> codec_states_;
   uint64_t seq_ = 0;
   CollectiveScratch scratch_;  // recycled between collectives
 
@@ -310,9 +312,11 @@ void Worker::Impl::StartNext() {
   const uint64_t seq = ++seq_;
   CodecContext codec;
   if (a.request.spec.codec.codec != Codec::kNone) {
-    codec.state = a.codec_state = &codec_states_[{a.request.spec.codec.codec, a.request.spec.codec.key}];
+    codec.state = a.codec_state = &codec_states_[a.request.spec.codec.key];
     codec.rank = options_.rank;
     codec.seed = options_.codec_seed;
+  } else {
+    codec_states_.erase(a.request.spec.codec.key);  // the key carries an uncoded tensor now
   }
   a.collective = std::make_unique<WorkerCollective>(shape_, options_.job, seq, a.request.spec, a.request.tensor,
                                                     std::move(scratch_), codec, options_.restore_on_failure);
