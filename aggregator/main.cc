@@ -68,6 +68,15 @@ Status OpenRdma(const ServerOptions& options, ServiceContext& context) {
   Result<std::shared_ptr<rdma::RdmaDevice>> device = rdma::RdmaDevice::Open(rdma_options, 2 * options.ring_bytes);
   if (!device.ok()) return device.status();
   spdlog::info("RDMA transport on {} port {}", (*device)->name(), options.rdma_port);
+  // Every connection pins its two rings: a limit that passes for one may not for all that may come.
+  const uint64_t fit = rdma::ConnectionsWithinMemlock(rdma::ReadMemlockState(), 2 * options.ring_bytes);
+  const uint64_t possible = uint64_t{options.max_jobs} * options.max_world_size;
+  if (fit < possible) {
+    spdlog::warn("the memlock limit allows RDMA rings (2 x --ring-bytes) for {} connection(s) at once, of up to {} "
+                 "(--max-jobs x --max-world-size): connections beyond it stay on TCP, and workers that require RDMA "
+                 "fail. Raise it (systemd LimitMEMLOCK=infinity, docker --ulimit memlock=-1) or grant CAP_IPC_LOCK",
+                 fit, possible);
+  }
   context.rdma = std::move(*device);
   return Status::Ok();
 #else

@@ -37,6 +37,13 @@ TEST(RdmaMemlock, TooLowSaysHowToFixIt) {
   }
 }
 
+TEST(RdmaMemlock, ConnectionsThatFitTheLimit) {
+  EXPECT_EQ(ConnectionsWithinMemlock({8ull << 20, false}, 4ull << 20), 2u);
+  EXPECT_EQ(ConnectionsWithinMemlock({3ull << 20, false}, 4ull << 20), 0u);
+  EXPECT_EQ(ConnectionsWithinMemlock({UINT64_MAX, false}, 4ull << 20), UINT64_MAX);
+  EXPECT_EQ(ConnectionsWithinMemlock({64 * 1024, true}, 4ull << 20), UINT64_MAX);
+}
+
 // Whatever this machine lacks, opening fails with a reason a user can act on (and never crashes).
 TEST(RdmaDevice, OpenFailsWithAnActionableReasonWithoutHardware) {
   auto device = RdmaDevice::Open(RdmaOptions{}, 1 << 20);

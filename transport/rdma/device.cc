@@ -43,6 +43,11 @@ Status CheckMemlock(const MemlockState& state, uint64_t needed) {
                     "CAP_IPC_LOCK");
 }
 
+uint64_t ConnectionsWithinMemlock(const MemlockState& state, uint64_t per_connection) {
+  if (state.cap_ipc_lock || state.limit == UINT64_MAX || per_connection == 0) return UINT64_MAX;
+  return state.limit / per_connection;
+}
+
 Result<std::shared_ptr<RdmaDevice>> RdmaDevice::Open(const RdmaOptions& options, uint64_t memory_needed) {
   if (Status st = CheckMemlock(ReadMemlockState(), memory_needed); !st.ok()) return st;
   int count = 0;

@@ -27,6 +27,8 @@ struct MemlockState {
 MemlockState ReadMemlockState();
 // Ok when `needed` bytes may be registered (pinned) under `state`, else an error that says how to fix it.
 Status CheckMemlock(const MemlockState& state, uint64_t needed);
+// How many connections of `per_connection` pinned bytes each fit under `state` at once; UINT64_MAX when unbounded.
+uint64_t ConnectionsWithinMemlock(const MemlockState& state, uint64_t per_connection);
 
 // An open device: context, protection domain, port attributes. Shared by the connections of one process.
 class RdmaDevice {
