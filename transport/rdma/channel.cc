@@ -258,6 +258,7 @@ bool RdmaChannel::PostWrite(const WriteSchedule::Write& write) {
 }
 
 void RdmaChannel::PostDue() {
+  if (failed()) return;  // nothing more goes to a peer this side gave up on
   while (std::optional<WriteSchedule::Write> write = schedule_.Next()) {
     if (!PostWrite(*write)) return;
   }
@@ -277,10 +278,14 @@ void RdmaChannel::Drain() {
                                ibv_wc_status_str(wc[i].status) + " (vendor error " + Hex(wc[i].vendor_err) +
                                ", queue pair " + std::to_string(connection_->qp_->qp_num) + ")"));
       }
-      if (wc[i].opcode != IBV_WC_RECV_RDMA_WITH_IMM) {
+      if ((wc[i].opcode & IBV_WC_RECV) == 0) {  // one of this side's writes
         schedule_.Completed();
         sends_completed = true;
         continue;
+      }
+      if (wc[i].opcode != IBV_WC_RECV_RDMA_WITH_IMM) {  // a SEND: the peer does not speak this protocol
+        return Fail(ProtocolError("an RDMA receive of opcode " + std::to_string(wc[i].opcode) +
+                                  " (only writes with immediate are expected)"));
       }
       const uint32_t imm = be32toh(wc[i].imm_data);
       if (imm == kImmCredit) {
@@ -330,7 +335,7 @@ void RdmaChannel::OnEvent() {
   // The event answered one request. A writer waiting for credit, writes waiting for room in the send queue and a
   // close waiting for its writes to land need the next one too (a reader asks again itself, in WaitForData):
   // without it a credit that came after a send completion woke nobody, and the writer waited for good.
-  if (space_waiter_ || schedule_.due() || delivered_waiter_) WatchCompletions();
+  if (!failed() && (space_waiter_ || schedule_.due() || delivered_waiter_)) WatchCompletions();
 }
 
 transport::RingChannel::Received RdmaChannel::LoadReceived() {
@@ -355,7 +360,7 @@ void RdmaChannel::Consumed(uint64_t tail) {
 
 asio::awaitable<void> RdmaChannel::WaitForData(uint64_t tail) {
   WatchCompletions();
-  if (received_head_ != tail || peer_closed_) co_return;
+  if (received_head_ != tail || peer_closed_ || failed()) co_return;  // the caller sees the failure
   data_signal_.expires_at(asio::steady_timer::time_point::max());
   co_await data_signal_.async_wait(asio::as_tuple(asio::use_awaitable));
 }
@@ -368,7 +373,7 @@ void RdmaChannel::Publish(uint64_t, uint64_t to) {
 
 void RdmaChannel::WaitForSpace(uint64_t head, std::function<void()> wake) {
   WatchCompletions();
-  if (ring().Free(head, peer_tail_) > 0) {
+  if (ring().Free(head, peer_tail_) > 0 || failed()) {
     asio::post(executor(), std::move(wake));
     return;
   }
@@ -382,7 +387,7 @@ void RdmaChannel::CloseSend(uint64_t) {
 }
 
 void RdmaChannel::WhenDelivered(std::function<void()> then) {
-  if (schedule_.delivered()) return then();
+  if (schedule_.delivered() || failed()) return then();
   delivered_waiter_ = std::move(then);
   WatchCompletions();
 }

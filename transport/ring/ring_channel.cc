@@ -126,6 +126,7 @@ void RingChannel::set_recall_handler(std::function<void()> handler) {
 Result<RingChannel::Received> RingChannel::LoadChecked() {
   if (failed_) return *failed_;
   const Received received = LoadReceived();
+  if (failed_) return *failed_;  // the backend may fail while it looks (RDMA: a completion error, a bad immediate)
   if (Status st = CheckReceived(received.head); !st.ok()) {
     Fail(st.WithContext("ring of the " + std::string(kind()) + " connection"));
     return *failed_;
@@ -306,6 +307,7 @@ void RingChannel::Pump() {
       return;
     }
     const uint64_t tail = LoadPeerTail();
+    if (failed_write_) return;  // the backend failed while it looked: the queue is gone
     if (Status st = ring_.CheckPositions(tx_head_, tail); !st.ok()) {
       Fail(st.WithContext("ring of the " + std::string(kind()) + " connection"));
       return;

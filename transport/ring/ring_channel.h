@@ -105,6 +105,8 @@ class RingChannel : public Channel {
   // The connection is unusable (e.g. a hostile position, a device error): reads and writes fail with `error`.
   void Fail(const Status& error);
 
+  // Fail() was called: the backend stops waiting and writing.
+  bool failed() const { return failed_.has_value(); }
   const ByteRing& ring() const { return ring_; }
   const boost::asio::any_io_executor& executor() const { return executor_; }
   const std::shared_ptr<bool>& alive() const { return alive_; }
