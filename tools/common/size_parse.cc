@@ -1,6 +1,7 @@
 #include "tools/common/size_parse.h"
 
 #include <charconv>
+#include <limits>
 
 namespace sparsereduce::tools {
 
@@ -18,6 +19,9 @@ Result<uint64_t> ParseByteSize(const std::string& text) {
     scale = 1ull << 30;
   } else if (!suffix.empty()) {
     return InvalidArgument("bad size suffix in '" + text + "' (use K, M or G)");
+  }
+  if (value > std::numeric_limits<uint64_t>::max() / scale) {
+    return InvalidArgument("size '" + text + "' does not fit in 64 bits");
   }
   return value * scale;
 }

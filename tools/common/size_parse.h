@@ -8,6 +8,7 @@
 
 namespace sparsereduce::tools {
 
+// Fails on anything but digits with an optional K/M/G suffix, and on sizes that do not fit in 64 bits.
 Result<uint64_t> ParseByteSize(const std::string& text);
 
 }  // namespace sparsereduce::tools
