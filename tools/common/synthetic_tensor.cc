@@ -1,5 +1,10 @@
 #include "tools/common/synthetic_tensor.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <string>
+
 namespace sparsereduce::tools {
 namespace {
 
@@ -37,6 +42,22 @@ void Fill(const SyntheticSpec& spec, uint32_t rank, std::span<T> out, Gen value)
 }
 
 }  // namespace
+
+Status ValidateSpec(const SyntheticSpec& spec) {
+  if (spec.block_size == 0) return InvalidArgument("block size 0: a block holds at least one element");
+  if (spec.world_size == 0) return InvalidArgument("world size 0: a job has at least one rank");
+  if (!std::isfinite(spec.density) || spec.density < 0 || spec.density > 1) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", spec.density);
+    return InvalidArgument(std::string("density ") + text + ": not a fraction in [0, 1]");
+  }
+  return Status::Ok();
+}
+
+double RankDensity(const SyntheticSpec& spec) {
+  if (spec.overlap == Overlap::kDisjoint) return std::min(spec.density, 1.0 / spec.world_size);
+  return spec.density;
+}
 
 bool BlockIsNonzero(const SyntheticSpec& spec, uint32_t rank, uint64_t block) {
   switch (spec.overlap) {

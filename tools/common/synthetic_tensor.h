@@ -6,6 +6,8 @@
 #include <span>
 #include <vector>
 
+#include "core/status.h"
+
 namespace sparsereduce::tools {
 
 enum class Overlap { kRandom, kFull, kDisjoint };
@@ -18,6 +20,14 @@ struct SyntheticSpec {
   uint32_t world_size = 1;
   uint64_t seed = 1;
 };
+
+// Fails unless block_size > 0, world_size > 0 and 0 <= density <= 1 (finite). The functions below need a valid spec
+// (a block size of 0 divides by zero).
+Status ValidateSpec(const SyntheticSpec& spec);
+
+// The fraction of blocks each rank has nonzero, in expectation: spec.density, except that disjoint overlap caps it at
+// 1/world_size (a rank owns only every world_size-th block).
+double RankDensity(const SyntheticSpec& spec);
 
 // Whether block `block` of `rank` is nonzero.
 bool BlockIsNonzero(const SyntheticSpec& spec, uint32_t rank, uint64_t block);
