@@ -12,6 +12,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -74,10 +75,42 @@ const sparsereduce::AllreduceOptions kExact{~uint64_t{0}, sparsereduce::CodecOpt
 // Lossy codecs are not checked bit for bit: their results differ from the exact sum by design.
 bool ChecksBitExactly(const Config& c) { return c.check && c.codec.name == "none"; }
 
+tools::SyntheticSpec Spec(const Config& c, uint64_t count, uint64_t seed) {
+  return tools::SyntheticSpec{count, c.block_size, c.density, ParseOverlap(c.overlap), c.world_size, seed};
+}
+
+// The fraction of nonzero blocks per rank the tensors have: --density, except that disjoint overlap caps it at 1/W.
+double UsedDensity(const Config& c) { return tools::RankDensity(Spec(c, 0, 0)); }
+
+// Usage errors a run would only meet later (or never: -b 0 loops forever, -n 0 reads past the times, a block
+// size of 0 divides by zero); prints each and returns false if there is one.
+bool ValidateOptions(const Config& c) {
+  bool ok = true;
+  auto fail = [&ok](const std::string& message) {
+    std::fprintf(stderr, "sparsereduce-perf: %s\n", message.c_str());
+    ok = false;
+  };
+  const uint64_t elem = c.dtype == "int32" ? sizeof(int32_t) : sizeof(float);
+  auto min_bytes = tools::ParseByteSize(c.min_bytes);
+  auto max_bytes = tools::ParseByteSize(c.max_bytes);
+  if (!min_bytes.ok()) fail("-b: " + min_bytes.status().message());
+  if (!max_bytes.ok()) fail("-e: " + max_bytes.status().message());
+  if (min_bytes.ok() && *min_bytes < elem) {
+    fail("-b " + c.min_bytes + ": the smallest size must hold at least one element (" + std::to_string(elem) +
+         " bytes of " + c.dtype + ")");
+  }
+  if (min_bytes.ok() && max_bytes.ok() && *min_bytes > *max_bytes) fail("need -b <= -e");
+  if (!(c.step_factor > 1) || !std::isfinite(c.step_factor)) fail("-f must be a finite factor above 1");
+  if (c.iters == 0) fail("-n must be at least 1 (the table shows the median of the timed iterations)");
+  // Block size, world size and density, as the synthetic tensors need them.
+  if (const sparsereduce::Status st = tools::ValidateSpec(Spec(c, 0, 0)); !st.ok()) fail(st.message());
+  return ok;
+}
+
 template <typename T>
 Row RunSize(sparsereduce::Worker& worker, const Config& c, uint64_t bytes) {
   const uint64_t count = bytes / sizeof(T);
-  tools::SyntheticSpec spec{count, c.block_size, c.density, ParseOverlap(c.overlap), c.world_size, c.seed + bytes};
+  const tools::SyntheticSpec spec = Spec(c, count, c.seed + bytes);
   std::vector<T> input(count), work(count), reference;
   tools::FillTensor(spec, c.rank, std::span<T>(input));
   const bool exact_check = ChecksBitExactly(c);
@@ -129,7 +162,7 @@ Row RunSize(sparsereduce::Worker& worker, const Config& c, uint64_t bytes) {
   row.algbw = row.time_us_median > 0 ? static_cast<double>(bytes) / 1e9 / (row.time_us_median / 1e6) : 0;
   row.busbw = row.algbw * 2.0 * (c.world_size - 1) / c.world_size;
   row.wrong = static_cast<uint64_t>(wrong_sum[0]);
-  row.density = c.density;
+  row.density = tools::RankDensity(spec);
   row.union_density = tools::UnionDensity(spec);
   row.sent = sent;
   row.received = received;
@@ -141,8 +174,12 @@ void PrintHeader(const Config& c, const std::vector<std::string>& transports) {
   for (const std::string& t : transports) used += (used.empty() ? "" : ",") + t;
   std::printf("# sparsereduce-perf: %u ranks, %zu aggregators, %s, density %g, overlap %s, block %u, slots %u, "
               "blocks/message %u, window %u, rank 0 transports %s, codec %s\n", c.world_size, c.aggregators.size(),
-              c.dtype.c_str(), c.density, c.overlap.c_str(), c.block_size, c.slots, c.blocks_per_message, c.window, used.c_str(),
+              c.dtype.c_str(), UsedDensity(c), c.overlap.c_str(), c.block_size, c.slots, c.blocks_per_message, c.window, used.c_str(),
               c.codec.name.c_str());
+  if (UsedDensity(c) != c.density) {
+    std::printf("# density %g requested; disjoint overlap gives each rank at most 1/%u of the blocks, so %g is used\n",
+                c.density, c.world_size, UsedDensity(c));
+  }
   if (c.tcp_send_buffer != "0") std::printf("# tcp send buffer %s per aggregator connection\n", c.tcp_send_buffer.c_str());
   if (!c.restore_on_failure) std::printf("# restore on failure off: no copy of the input's nonzero blocks\n");
   if (c.yield_while_scanning) {
@@ -167,7 +204,8 @@ void PrintRow(const Config& c, const Row& r) {
 void WriteJson(const Config& c, const std::vector<Row>& rows) {
   std::ofstream out(c.json);
   out << "{\"tool\":\"sparsereduce\",\"world_size\":" << c.world_size << ",\"aggregators\":" << c.aggregators.size()
-      << ",\"dtype\":\"" << c.dtype << "\",\"density\":" << c.density << ",\"overlap\":\"" << c.overlap
+      << ",\"dtype\":\"" << c.dtype << "\",\"density\":" << UsedDensity(c) << ",\"requested_density\":" << c.density
+      << ",\"overlap\":\"" << c.overlap
       << "\",\"block_size\":" << c.block_size << ",\"codec\":\"" << c.codec.name << "\",\"slots\":" << c.slots
       << ",\"blocks_per_message\":" << c.blocks_per_message << ",\"window\":" << c.window << ",\"tcp_send_buffer\":\"" << c.tcp_send_buffer
       << "\",\"restore_on_failure\":" << (c.restore_on_failure ? "true" : "false")
@@ -184,13 +222,9 @@ void WriteJson(const Config& c, const std::vector<Row>& rows) {
   out << "]}\n";
 }
 
-int RunRank(const Config& c) {
+int RunRank(const Config& c) {  // c has passed ValidateOptions
   auto min_bytes = tools::ParseByteSize(c.min_bytes);
   auto max_bytes = tools::ParseByteSize(c.max_bytes);
-  if (!min_bytes.ok() || !max_bytes.ok() || *min_bytes > *max_bytes || c.step_factor <= 1) {
-    std::fprintf(stderr, "sparsereduce-perf: need -b <= -e and -f > 1\n");
-    return 2;
-  }
   auto tcp_send_buffer = tools::ParseByteSize(c.tcp_send_buffer);
   if (!tcp_send_buffer.ok() || *tcp_send_buffer > UINT32_MAX) {
     std::fprintf(stderr, "sparsereduce-perf: --tcp-send-buffer: a byte count (K/M suffixes) below 4G\n");
@@ -305,7 +339,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("-d,--datatype", c.dtype, "float or int32")
       ->check(CLI::IsMember({"float", "int32"}))->capture_default_str();
-  app.add_option("--density", c.density, "Fraction of nonzero blocks per rank")->capture_default_str();
+  app.add_option("--density", c.density,
+                 "Fraction of nonzero blocks per rank, in [0, 1]; disjoint overlap caps it at 1/W (the table shows "
+                 "the density used)")
+      ->capture_default_str();
   app.add_option("--overlap", c.overlap, "Placement of nonzero blocks across ranks")
       ->check(CLI::IsMember({"random", "full", "disjoint"}))->capture_default_str();
   app.add_option("--block-size", c.block_size, "Elements per block")->capture_default_str();
@@ -347,6 +384,7 @@ int main(int argc, char** argv) {
   app.add_option("--alpha", c.codec.alpha, "diana: step of h (0: 1/sqrt(block size))")->capture_default_str();
   app.add_flag("--l2-norm", c.codec.l2_norm, "diana: 2-norm block scales");
   CLI11_PARSE(app, argc, argv);
+  if (!ValidateOptions(c)) return 2;
   if (!c.spawn.empty()) return Spawn(c, argv, argc);
   if (c.aggregators.empty()) {
     std::fprintf(stderr, "sparsereduce-perf: give --aggregators (or --spawn W[,A])\n");

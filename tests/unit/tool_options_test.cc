@@ -1,0 +1,105 @@
+// sparsereduce-perf runs as the user runs it: options that cannot work are usage errors (exit code 2, a message
+// naming the option) before anything connects, and the table says when a check proves little.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tools/common/subprocess.h"
+#include "tools/common/temp_dir.h"
+
+namespace sparsereduce::tools {
+namespace {
+
+struct Outcome {
+  int exit_code = -1;  // -1: did not exit normally
+  std::string output;  // stdout and stderr
+};
+
+// Runs `binary` with `args`; stderr goes to the same pipe as stdout.
+Outcome RunTool(const std::string& binary, const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1", binary};
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto child = Subprocess::Spawn(argv, /*capture_stdout=*/true);
+  EXPECT_TRUE(child.ok()) << child.status().ToString();
+  if (!child.ok()) return {};
+  Outcome outcome;
+  auto out = (*child)->ReadStdout(std::chrono::seconds(60));
+  if (out.ok()) outcome.output = *out;
+  auto status = (*child)->Wait(std::chrono::seconds(60));
+  EXPECT_TRUE(status.ok()) << status.status().ToString();
+  if (status.ok() && WIFEXITED(*status)) outcome.exit_code = WEXITSTATUS(*status);
+  return outcome;
+}
+
+// An address nobody answers on, and a short timeout: a run that gets past the options fails with exit code 1.
+std::vector<std::string> PerfArgs(std::vector<std::string> args) {
+  for (const char* a : {"--aggregators", "127.0.0.1:9", "--timeout-ms", "300"}) args.push_back(a);
+  return args;
+}
+
+void ExpectUsageError(const std::string& binary, const std::vector<std::string>& args, const std::string& says) {
+  std::string joined;
+  for (const std::string& a : args) joined += " " + a;
+  const Outcome o = RunTool(binary, args);
+  EXPECT_EQ(o.exit_code, 2) << joined << "\n" << o.output;
+  EXPECT_NE(o.output.find(says), std::string::npos) << joined << "\n" << o.output;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+TEST(PerfOptions, SizesBelowOneElementAreUsageErrors) {
+  ExpectUsageError(SPARSEREDUCE_PERF_BIN, PerfArgs({"-b", "0", "-e", "4K"}), "-b 0");  // looped forever
+  ExpectUsageError(SPARSEREDUCE_PERF_BIN, PerfArgs({"-b", "3", "-e", "4K"}), "at least one element");
+  ExpectUsageError(SPARSEREDUCE_PERF_BIN, PerfArgs({"-b", "17179869184G", "-e", "17179869184G"}), "64 bits");
+}
+
+TEST(PerfOptions, ZeroIterationsIsAUsageError) {
+  ExpectUsageError(SPARSEREDUCE_PERF_BIN, PerfArgs({"-b", "4K", "-e", "4K", "-n", "0"}), "-n must be at least 1");
+}
+
+TEST(PerfOptions, BlockSizeZeroIsAUsageError) {
+  ExpectUsageError(SPARSEREDUCE_PERF_BIN, PerfArgs({"-b", "4K", "-e", "4K", "--block-size", "0"}), "block size 0");
+}
+
+TEST(PerfOptions, DensityOutsideZeroToOneIsAUsageError) {
+  for (const char* density : {"--density=1.5", "--density=-0.5", "--density=inf", "--density=nan"}) {
+    ExpectUsageError(SPARSEREDUCE_PERF_BIN, PerfArgs({"-b", "4K", "-e", "4K", density}), "density");
+  }
+}
+
+std::vector<std::string> SpawnArgs(const std::string& ranks, std::vector<std::string> args) {
+  for (const std::string& a : {std::string("--spawn"), ranks, std::string("--aggregator-bin"),
+                               std::string(SPARSEREDUCE_AGGREGATOR_BIN), std::string("-b"), std::string("4K"),
+                               std::string("-e"), std::string("4K"), std::string("-n"), std::string("1"),
+                               std::string("-w"), std::string("0"), std::string("--transport"), std::string("tcp")}) {
+    args.push_back(a);
+  }
+  return args;
+}
+
+// Disjoint overlap gives each of W ranks at most 1/W of the blocks: the table and the JSON show that, not --density.
+TEST(PerfCheck, ReportsTheDensityTheTensorsHave) {
+  auto dir = TempDir::Create("sr-perf-options-");
+  ASSERT_TRUE(dir.ok()) << dir.status().ToString();
+  const Outcome o = RunTool(SPARSEREDUCE_PERF_BIN, SpawnArgs("2", {"--overlap", "disjoint", "--density", "1", "--json",
+                                                               dir->File("r.json")}));
+  EXPECT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_NE(o.output.find("density 0.5, overlap disjoint"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("# density 1 requested"), std::string::npos) << o.output;
+  const std::string json = ReadFile(dir->File("r.json"));
+  EXPECT_NE(json.find("\"density\":0.5,\"requested_density\":1,"), std::string::npos) << json;
+  EXPECT_EQ(json.find("\"density\":1,"), std::string::npos) << json;
+}
+
+}  // namespace
+}  // namespace sparsereduce::tools
