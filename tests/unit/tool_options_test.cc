@@ -87,6 +87,21 @@ std::vector<std::string> SpawnArgs(const std::string& ranks, std::vector<std::st
   return args;
 }
 
+TEST(PerfCheck, SaysThatOneRankProvesNothing) {
+  const Outcome o = RunTool(SPARSEREDUCE_PERF_BIN, SpawnArgs("1", {"-c", "1"}));
+  EXPECT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_NE(o.output.find("# check: with 1 rank"), std::string::npos) << o.output;
+}
+
+TEST(PerfCheck, SaysThatAnAllZeroReferenceProvesNothing) {
+  const Outcome o = RunTool(SPARSEREDUCE_PERF_BIN, SpawnArgs("2", {"-c", "1", "--density", "0"}));
+  EXPECT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_NE(o.output.find("# check: at 4096 bytes every block is zero"), std::string::npos) << o.output;
+  const Outcome dense = RunTool(SPARSEREDUCE_PERF_BIN, SpawnArgs("2", {"-c", "1"}));
+  EXPECT_EQ(dense.exit_code, 0) << dense.output;
+  EXPECT_EQ(dense.output.find("# check:"), std::string::npos) << dense.output;
+}
+
 // Disjoint overlap gives each of W ranks at most 1/W of the blocks: the table and the JSON show that, not --density.
 TEST(PerfCheck, ReportsTheDensityTheTensorsHave) {
   auto dir = TempDir::Create("sr-perf-options-");
@@ -99,6 +114,21 @@ TEST(PerfCheck, ReportsTheDensityTheTensorsHave) {
   const std::string json = ReadFile(dir->File("r.json"));
   EXPECT_NE(json.find("\"density\":0.5,\"requested_density\":1,"), std::string::npos) << json;
   EXPECT_EQ(json.find("\"density\":1,"), std::string::npos) << json;
+}
+
+// The table says N/A where a lossy codec is not checked bit for bit; the JSON must not say 0.
+TEST(PerfCheck, JsonHasNoWrongCountWhereNothingWasChecked) {
+  auto dir = TempDir::Create("sr-perf-options-");
+  ASSERT_TRUE(dir.ok()) << dir.status().ToString();
+  const Outcome lossy = RunTool(SPARSEREDUCE_PERF_BIN, SpawnArgs("2", {"-c", "1", "--codec", "fp16", "--json",
+                                                                   dir->File("fp16.json")}));
+  EXPECT_EQ(lossy.exit_code, 0) << lossy.output;
+  EXPECT_NE(ReadFile(dir->File("fp16.json")).find("\"wrong\":null"), std::string::npos)
+      << ReadFile(dir->File("fp16.json"));
+  const Outcome exact = RunTool(SPARSEREDUCE_PERF_BIN, SpawnArgs("2", {"-c", "1", "--json", dir->File("none.json")}));
+  EXPECT_EQ(exact.exit_code, 0) << exact.output;
+  EXPECT_NE(ReadFile(dir->File("none.json")).find("\"wrong\":0"), std::string::npos)
+      << ReadFile(dir->File("none.json"));
 }
 
 }  // namespace

@@ -57,7 +57,8 @@ struct Row {
   uint64_t size, count;
   double time_us_median, time_us_min, time_us_max;
   double algbw, busbw;
-  uint64_t wrong;
+  uint64_t wrong;      // summed over the ranks (through the system under test)
+  uint64_t own_wrong;  // this rank's own count, worst iteration
   double density, union_density;
   uint64_t sent, received;
 };
@@ -144,10 +145,11 @@ Row RunSize(sparsereduce::Worker& worker, const Config& c, uint64_t bytes) {
       wrong = std::max(wrong, w);
     }
   }
-  // Everyone learns every rank's times (each rank fills its own row) and the total #wrong.
+  // Everyone learns every rank's times (each rank fills its own row) and the total #wrong. The total comes through
+  // the system under test, so each rank also keeps its own count (RunRank fails the rank on either).
   worker.allreduce(std::span(times), kExact);
   std::vector<int32_t> wrong_sum{static_cast<int32_t>(std::min<uint64_t>(wrong, INT32_MAX / 4096))};
-  worker.allreduce(std::span(wrong_sum));
+  worker.allreduce(std::span(wrong_sum), kExact);
   std::vector<double> per_iter(c.iters, 0);
   for (uint32_t it = 0; it < c.iters; ++it) {
     for (uint32_t r = 0; r < c.world_size; ++r) per_iter[it] = std::max<double>(per_iter[it], times[r * c.iters + it]);
@@ -162,6 +164,7 @@ Row RunSize(sparsereduce::Worker& worker, const Config& c, uint64_t bytes) {
   row.algbw = row.time_us_median > 0 ? static_cast<double>(bytes) / 1e9 / (row.time_us_median / 1e6) : 0;
   row.busbw = row.algbw * 2.0 * (c.world_size - 1) / c.world_size;
   row.wrong = static_cast<uint64_t>(wrong_sum[0]);
+  row.own_wrong = wrong;
   row.density = tools::RankDensity(spec);
   row.union_density = tools::UnionDensity(spec);
   row.sent = sent;
@@ -180,6 +183,12 @@ void PrintHeader(const Config& c, const std::vector<std::string>& transports) {
     std::printf("# density %g requested; disjoint overlap gives each rank at most 1/%u of the blocks, so %g is used\n",
                 c.density, c.world_size, UsedDensity(c));
   }
+  if (ChecksBitExactly(c) && c.world_size == 1) {
+    std::printf("# check: with 1 rank the sum is the rank's own input, so #wrong 0 does not show that anything was "
+                "summed\n");
+    std::fprintf(stderr, "sparsereduce-perf: warning: the check is trivial with world size 1 (the result is the "
+                 "input)\n");
+  }
   if (c.tcp_send_buffer != "0") std::printf("# tcp send buffer %s per aggregator connection\n", c.tcp_send_buffer.c_str());
   if (!c.restore_on_failure) std::printf("# restore on failure off: no copy of the input's nonzero blocks\n");
   if (c.yield_while_scanning) {
@@ -193,6 +202,13 @@ void PrintHeader(const Config& c, const std::vector<std::string>& transports) {
 }
 
 void PrintRow(const Config& c, const Row& r) {
+  if (ChecksBitExactly(c) && r.union_density == 0) {
+    // Before the row, so that the row stays the last line (scripts take it with tail -1).
+    std::printf("# check: at %llu bytes every block is zero on every rank, so #wrong 0 does not show that anything "
+                "was summed\n", static_cast<unsigned long long>(r.size));
+    std::fprintf(stderr, "sparsereduce-perf: warning: the check is trivial at %llu bytes (the reference is all "
+                 "zeros)\n", static_cast<unsigned long long>(r.size));
+  }
   const std::string wrong = ChecksBitExactly(c) ? std::to_string(r.wrong) : "N/A";
   std::printf(" %11llu %12llu %6s %6s %11.1f %12.2f %12.2f %7s %8.4f %7.4f %12llu %12llu\n",
               static_cast<unsigned long long>(r.size), static_cast<unsigned long long>(r.count), c.dtype.c_str(),
@@ -215,7 +231,7 @@ void WriteJson(const Config& c, const std::vector<Row>& rows) {
     out << (i ? "," : "") << "{\"size\":" << r.size << ",\"count\":" << r.count
         << ",\"time_us_median\":" << r.time_us_median << ",\"time_us_min\":" << r.time_us_min
         << ",\"time_us_max\":" << r.time_us_max << ",\"algbw\":" << r.algbw << ",\"busbw\":" << r.busbw
-        << ",\"wrong\":" << (c.check ? std::to_string(r.wrong) : "null") << ",\"density\":" << r.density
+        << ",\"wrong\":" << (ChecksBitExactly(c) ? std::to_string(r.wrong) : "null") << ",\"density\":" << r.density
         << ",\"union_density\":" << r.union_density << ",\"bytes_sent\":" << r.sent
         << ",\"bytes_received\":" << r.received << "}";
   }
@@ -256,7 +272,12 @@ int RunRank(const Config& c) {  // c has passed ValidateOptions
       const uint64_t elem = c.dtype == "int32" ? sizeof(int32_t) : sizeof(float);
       const uint64_t bytes = static_cast<uint64_t>(size) / elem * elem;
       Row row = c.dtype == "int32" ? RunSize<int32_t>(worker, c, bytes) : RunSize<float>(worker, c, bytes);
-      any_wrong = any_wrong || (c.check && row.wrong != 0);
+      if (row.own_wrong != 0) {
+        std::fprintf(stderr, "sparsereduce-perf: rank %u: %llu elements differ from the reference at %llu bytes\n",
+                     c.rank, static_cast<unsigned long long>(row.own_wrong), static_cast<unsigned long long>(bytes));
+      }
+      // A rank's own count decides for it too: the sum of the counts travels through the system under test.
+      any_wrong = any_wrong || (ChecksBitExactly(c) && (row.own_wrong != 0 || row.wrong != 0));
       if (c.rank == 0) PrintRow(c, row);
       rows.push_back(row);
     }
