@@ -1,5 +1,5 @@
-// sparsereduce-perf runs as the user runs it: options that cannot work are usage errors (exit code 2, a message
-// naming the option) before anything connects, and the table says when a check proves little.
+// sparsereduce-perf and sparsereduce-bw run as the user runs them: options that cannot work are usage errors (exit
+// code 2, a message naming the option) before anything connects, and the table says when a check proves little.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -129,6 +129,16 @@ TEST(PerfCheck, JsonHasNoWrongCountWhereNothingWasChecked) {
   EXPECT_EQ(exact.exit_code, 0) << exact.output;
   EXPECT_NE(ReadFile(dir->File("none.json")).find("\"wrong\":0"), std::string::npos)
       << ReadFile(dir->File("none.json"));
+}
+
+// A server address nobody answers on: a run that gets past the options fails with exit code 1 after 5 s of retries.
+TEST(BwOptions, ZeroIterationsIsAUsageError) {
+  ExpectUsageError(SPARSEREDUCE_BW_BIN, {"-p", "9", "-n", "0", "127.0.0.1"}, "-n must be at least 1");
+}
+
+TEST(BwOptions, SizesAFrameCannotCarryAreUsageErrors) {
+  ExpectUsageError(SPARSEREDUCE_BW_BIN, {"-p", "9", "-s", "4G", "127.0.0.1"}, "at most 4294967295 bytes");
+  ExpectUsageError(SPARSEREDUCE_BW_BIN, {"-p", "9", "-s", "17179869185G", "127.0.0.1"}, "64 bits");
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -260,7 +261,8 @@ asio::awaitable<void> Client(tcp::socket socket, Config c, std::vector<uint64_t>
       frames = std::max<uint64_t>(16, static_cast<uint64_t>(c.duration / std::max(per_frame, 1e-9)));
     }
     const Measurement m = co_await RunSize(*channel, sz, frames);
-    const double scale = c.gbits ? 8.0 / 1e9 : 1.0 / 1e6;  // perftest: MB = 10^6 bytes, Gb = 10^9 bits
+    // As perftest prints them: MB/sec is 2^20 bytes per second (its format_factor 0x100000), Gb/sec 10^9 bits.
+    const double scale = c.gbits ? 8.0 / 1e9 : 1.0 / (1u << 20);
     std::printf(" %-10llu %-14llu %-17.2f %-20.2f %-10.6f\n", static_cast<unsigned long long>(m.bytes),
                 static_cast<unsigned long long>(m.iters), m.peak * scale, m.average * scale, m.msg_rate / 1e6);
     std::fflush(stdout);
@@ -279,6 +281,10 @@ void Run(asio::io_context& io, asio::awaitable<void> task) {
 
 int Main(const Config& c) {
   asio::io_context io;
+  if (c.iters == 0) {  // RunSize waits for at least one acknowledgement
+    std::fprintf(stderr, "sparsereduce-bw: -n must be at least 1\n");
+    return 2;
+  }
   if (c.server.empty()) {
     tcp::acceptor acceptor(io, tcp::endpoint(tcp::v6(), c.port));
     std::printf("sparsereduce-bw server: waiting on port %u\n", c.port);
@@ -294,7 +300,14 @@ int Main(const Config& c) {
   } else {
     auto parsed = sparsereduce::tools::ParseByteSize(c.size);
     if (!parsed.ok() || *parsed == 0) {
-      std::fprintf(stderr, "sparsereduce-bw: bad -s '%s'\n", c.size.c_str());
+      std::fprintf(stderr, "sparsereduce-bw: bad -s '%s'%s\n", c.size.c_str(),
+                   parsed.ok() ? "" : (": " + parsed.status().message()).c_str());
+      return 2;
+    }
+    // A data frame's header carries its payload length in 32 bits.
+    if (*parsed > UINT32_MAX) {
+      std::fprintf(stderr, "sparsereduce-bw: -s %s: a frame carries at most %u bytes (4 GiB - 1)\n", c.size.c_str(),
+                   UINT32_MAX);
       return 2;
     }
     sizes.push_back(*parsed);
