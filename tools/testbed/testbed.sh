@@ -11,7 +11,8 @@
 #   testbed.sh check NAME
 #   testbed.sh list NAME
 # Library (source it; it changes no shell options):
-#   testbed_up, testbed_down, testbed_addr, testbed_exec, testbed_check, testbed_hosts, testbed_trap_cleanup NAME
+#   testbed_up, testbed_down, testbed_addr, testbed_exec, testbed_check, testbed_hosts, testbed_kill,
+#   testbed_trap_cleanup NAME
 #
 # Layout for NAME=x, N=2:
 #   namespace x-br : bridge br0, ports p1 p2 (each with a tbf qdisc: bridge -> host direction)
@@ -78,6 +79,28 @@ _tb_kill_ns_pids() {
   done
   kill -KILL "${pids[@]}" 2>/dev/null || true
   return 0
+}
+
+# testbed_kill NAME SIGNAL I...: sends SIGNAL to every process inside hosts I... of testbed NAME (what a script
+# started there with testbed_exec), never to this shell. This is how a script stops its own daemons: `pkill -f` on a
+# command line sees the processes of every namespace, so it also stopped the daemons of other runs that happened to
+# use the same binary, address pattern or port. Returns 0 when nothing runs there.
+testbed_kill() {
+  _tb_check_name "${1-}" || return
+  local name=$1 sig=${2-} h p pids=()
+  if [[ -z $sig ]]; then
+    _tb_err "usage: testbed_kill NAME SIGNAL I..."
+    return 2
+  fi
+  shift 2
+  for h in "$@"; do
+    _tb_check_index "$h" || return
+    for p in $(ip netns pids "$name-h$h" 2>/dev/null); do
+      [[ $p == "$$" || $p == "${BASHPID:-$$}" ]] || pids+=("$p")
+    done
+  done
+  ((${#pids[@]})) || return 0
+  kill -s "$sig" "${pids[@]}" 2>/dev/null || true
 }
 
 # Deletes the given namespaces (killing what runs inside first). Never fails.
@@ -170,20 +193,21 @@ _tb_up_steps() {
 
 # Signal during testbed_up: delete what was made, restore the caller's traps, re-raise the signal so the caller's
 # handler (or the default action: terminate) runs.
-_TB_SAVED_INT="" _TB_SAVED_TERM=""
+_TB_SAVED_INT="" _TB_SAVED_TERM="" _TB_SAVED_HUP=""
 _tb_up_abort() {
   local sig=$1
   _tb_err "interrupted (SIG$sig) while setting up; removing what was made: ${_TB_MADE[*]}"
   _tb_del_ns "${_TB_MADE[@]}"
   _TB_MADE=()
-  trap - INT TERM
+  trap - INT TERM HUP
   eval "$_TB_SAVED_INT"
   eval "$_TB_SAVED_TERM"
+  eval "$_TB_SAVED_HUP"
   kill -s "$sig" "$BASHPID"
 }
 
 # testbed_up NAME N [--rate R] [--burst B] [--latency L] [--subnet 10.99.X.0/24] [--force]
-# On any failure (or SIGINT/SIGTERM during setup) it deletes every namespace it created and returns non-zero.
+# On any failure (or SIGINT/SIGTERM/SIGHUP during setup) it deletes every namespace it created and returns non-zero.
 testbed_up() {
   local name="" n="" rate=1gbit burst=256kb latency=50ms subnet="" force=0 pos=() prefix
   while (($#)); do
@@ -237,21 +261,23 @@ testbed_up() {
     fi
   fi
 
-  # While setting up, SIGINT/SIGTERM remove what was made, then the caller's own handling (or the default) runs.
+  # While setting up, SIGINT/SIGTERM/SIGHUP remove what was made, then the caller's own handling (or the default) runs.
   local rc=0
-  _TB_SAVED_INT=$(trap -p INT) _TB_SAVED_TERM=$(trap -p TERM)
+  _TB_SAVED_INT=$(trap -p INT) _TB_SAVED_TERM=$(trap -p TERM) _TB_SAVED_HUP=$(trap -p HUP)
   _TB_MADE=()
   trap '_tb_up_abort INT' INT
   trap '_tb_up_abort TERM' TERM
+  trap '_tb_up_abort HUP' HUP
   _tb_up_steps "$name" "$n" "$rate" "$burst" "$latency" "$prefix" || rc=1
   if ((rc)); then
     _tb_err "setting up '$name' failed; removing what was made: ${_TB_MADE[*]}"
     _tb_del_ns "${_TB_MADE[@]}"
   fi
   _TB_MADE=()
-  trap - INT TERM
+  trap - INT TERM HUP
   eval "$_TB_SAVED_INT"
   eval "$_TB_SAVED_TERM"
+  eval "$_TB_SAVED_HUP"
   ((rc == 0)) || return 1
   echo "testbed $name: $n hosts $prefix.1-$prefix.$n/24, $( [[ -n $rate ]] && echo "tbf rate $rate burst $burst latency $latency both directions" || echo unshaped)"
 }
@@ -314,8 +340,9 @@ testbed_check() {
   return $fail
 }
 
-# testbed_trap_cleanup NAME: on EXIT, INT or TERM tear down NAME (and any other testbed registered this way).
-# Replaces the shell's EXIT/INT/TERM traps; the exit status is kept (130 after INT, 143 after TERM).
+# testbed_trap_cleanup NAME: on EXIT, INT, TERM or HUP (a closed terminal or ssh session) tear down NAME (and any
+# other testbed registered this way). Replaces the shell's EXIT/INT/TERM/HUP traps; the exit status is kept (130
+# after INT, 143 after TERM, 129 after HUP).
 _TB_TRAP_NAMES=()
 _tb_cleanup_registered() {
   local name
@@ -330,6 +357,7 @@ testbed_trap_cleanup() {
   trap '_tb_cleanup_registered' EXIT
   trap '_tb_cleanup_registered; trap - INT; exit 130' INT
   trap '_tb_cleanup_registered; trap - TERM; exit 143' TERM
+  trap '_tb_cleanup_registered; trap - HUP; exit 129' HUP
 }
 
 _tb_usage() {
