@@ -28,9 +28,17 @@ PORT=19877
 # shellcheck source=../testbed/testbed.sh
 source "$ROOT/tools/testbed/testbed.sh"
 NAME=srab$$
-testbed_trap_cleanup "$NAME"
-testbed_up "$NAME" 8 --rate "$RATE" >/dev/null
 OUT=$(mktemp -d)
+# The namespaces and the temporary folder go on every exit: success, failure, Ctrl-C, kill, a closed terminal.
+cleanup() {
+  testbed_down "$NAME" || true
+  rm -rf "$OUT"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+trap 'exit 129' HUP
+testbed_up "$NAME" 8 --rate "$RATE" >/dev/null
 JOB=500
 
 for pass in $(seq 1 "$PASSES"); do
@@ -70,8 +78,9 @@ for pass in $(seq 1 "$PASSES"); do
       time_us=$(grep -E '^ +[0-9]+' "$OUT/rank0.txt" | tail -1 | awk '{print $5}')
       echo "pass $pass | $variant | $point | $(awk -v t="$time_us" 'BEGIN { printf "%.1f ms", t / 1000 }')"
     done
-    pkill -TERM -f -- "$agg --listen 10\.99\..*:$PORT" || true
+    # $! of a backgrounded testbed_exec is its subshell, not the daemon: stop the daemons in their namespaces
+    # (pkill -f on the command line would also stop another run's daemons).
+    testbed_kill "$NAME" TERM 1 2 3 4
     wait "${agg_pids[@]}" 2>/dev/null || true
   done
 done
-rm -rf "$OUT"

@@ -43,6 +43,7 @@ log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
 # start_aggregators HOST... : one daemon per host on its testbed address.
 start_aggregators() {
   AGG_LIST=""
+  AGG_HOSTS=("$@")
   for h in "$@"; do
     local addr; addr=$(testbed_addr "$NAME" "$h")
     testbed_exec "$NAME" "$h" "$AGG" --listen "$addr:$PORT" --log-level warn --io-threads 2 &
@@ -50,8 +51,10 @@ start_aggregators() {
   done
 }
 
+# Stops the daemons of start_aggregators by their namespaces, not by command line: pkill -f would also stop the
+# daemons of another run on this machine (it sees every namespace).
 stop_aggregators() {
-  pkill -TERM -f "$AGG --listen 10.99." || true
+  testbed_kill "$NAME" TERM "${AGG_HOSTS[@]}"
   wait 2>/dev/null || true
 }
 

@@ -46,7 +46,9 @@ cleanup() {
   rm -rf "$OUT"
 }
 trap cleanup EXIT
-trap 'exit 130' INT TERM
+trap 'exit 130' INT
+trap 'exit 143' TERM
+trap 'exit 129' HUP
 testbed_up "$NAME" 8 --rate "$RATE" >/dev/null
 
 PORT=19950
@@ -77,8 +79,9 @@ run() {
   kill -INT "$recorder"
   wait "$recorder" || true
   recorder=""
-  # $! of a backgrounded testbed_exec is its subshell, not the daemon: stop the daemons by their command line.
-  pkill -TERM -f -- "$agg --listen 10\.99\..*:$PORT" || true
+  # $! of a backgrounded testbed_exec is its subshell, not the daemon: stop the daemons in their namespaces
+  # (pkill -f on the command line would also stop another run's daemons).
+  testbed_kill "$NAME" TERM 1 2 3 4
   wait "${agg_pids[@]}" 2>/dev/null || true
   grep -E '^ +[0-9]+' "$OUT/rank0.txt" | tail -1 | awk -v n="$iters" '{printf "  %d iterations: median %.1f ms\n", n, $5 / 1000}'
 }

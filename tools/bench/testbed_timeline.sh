@@ -50,7 +50,9 @@ cleanup() {
   rm -rf "$OUT"
 }
 trap cleanup EXIT
-trap 'exit 130' INT TERM
+trap 'exit 130' INT
+trap 'exit 143' TERM
+trap 'exit 129' HUP
 testbed_up "$NAME" 8 --rate "$RATE" >/dev/null
 
 PORT=19960
@@ -81,7 +83,9 @@ done
 pkill -TERM -f -- "-w $OUT/h1.pcap" || true
 wait "$capture" || true
 capture=""
-pkill -TERM -f -- "$agg --listen 10\.99\..*:$PORT" || true
+# The daemons in their namespaces (tcpdump, also on h1, has exited): pkill -f on the command line would also stop
+# another run's daemons.
+testbed_kill "$NAME" TERM 1 2 3 4
 wait "${agg_pids[@]}" 2>/dev/null || true
 [[ -n ${PCAP-} ]] && cp "$OUT/h1.pcap" "$PCAP"
 
