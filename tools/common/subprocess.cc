@@ -64,7 +64,8 @@ void Subprocess::Signal(int signal) {
   if (!exit_status_) kill(pid_, signal);
 }
 
-Result<std::string> Subprocess::ReadStdout(std::chrono::milliseconds timeout) {
+Result<std::string> Subprocess::ReadStdout(std::chrono::milliseconds timeout,
+                                           const std::function<void(std::string_view)>& on_chunk) {
   if (stdout_fd_ < 0) return InvalidArgument("stdout was not captured");
   const auto deadline = Clock::now() + timeout;
   std::string out;
@@ -82,6 +83,7 @@ Result<std::string> Subprocess::ReadStdout(std::chrono::milliseconds timeout) {
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return out;
     out.append(buf, static_cast<size_t>(n));
+    if (on_chunk) on_chunk(std::string_view(buf, static_cast<size_t>(n)));
   }
 }
 

@@ -3,9 +3,11 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/status.h"
@@ -22,8 +24,9 @@ class Subprocess {
   Subprocess& operator=(const Subprocess&) = delete;
 
   int pid() const { return pid_; }
-  // Reads the child's stdout until EOF or the deadline.
-  Result<std::string> ReadStdout(std::chrono::milliseconds timeout);
+  // Reads the child's stdout until EOF or the deadline; `on_chunk`, if given, sees each piece as it arrives.
+  Result<std::string> ReadStdout(std::chrono::milliseconds timeout,
+                                 const std::function<void(std::string_view)>& on_chunk = {});
   // Waits for the exit; returns the exit status as from waitpid (use WIFEXITED etc.), or DEADLINE_EXCEEDED.
   Result<int> Wait(std::chrono::milliseconds timeout);
   void Signal(int signal);

@@ -158,7 +158,9 @@ Row RunSize(sparsereduce::Worker& worker, const Config& c, uint64_t bytes) {
   Row row{};
   row.size = bytes;
   row.count = count;
-  row.time_us_median = per_iter[per_iter.size() / 2];
+  // The mean of the two middle values for an even count, as the Gloo and torch baselines take it.
+  const size_t middle = per_iter.size() / 2;
+  row.time_us_median = per_iter.size() % 2 ? per_iter[middle] : (per_iter[middle - 1] + per_iter[middle]) / 2;
   row.time_us_min = per_iter.front();
   row.time_us_max = per_iter.back();
   row.algbw = row.time_us_median > 0 ? static_cast<double>(bytes) / 1e9 / (row.time_us_median / 1e6) : 0;
@@ -327,10 +329,17 @@ int Spawn(Config c, char** argv, int argc) {
     }
     ranks.push_back(std::move(*p));
   }
-  // Rank 0's table streams through as it is printed.
+  // Rank 0's table streams through as it is printed (a long sweep shows its rows as they come, and a run cut off
+  // by the deadline keeps the rows it had).
   int rc = 0;
-  auto out = ranks[0]->ReadStdout(std::chrono::milliseconds(c.timeout_ms * 20));
-  if (out.ok()) std::fputs(out->c_str(), stdout);
+  auto out = ranks[0]->ReadStdout(std::chrono::milliseconds(c.timeout_ms * 20), [](std::string_view chunk) {
+    std::fwrite(chunk.data(), 1, chunk.size(), stdout);
+    std::fflush(stdout);
+  });
+  if (!out.ok()) {
+    std::fprintf(stderr, "sparsereduce-perf: rank 0's output: %s\n", out.status().ToString().c_str());
+    rc = 1;
+  }
   for (uint32_t r = 0; r < workers; ++r) {
     auto status = ranks[r]->Wait(std::chrono::milliseconds(c.timeout_ms));
     if (!status.ok() || !WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
