@@ -8,5 +8,4 @@ source "$ROOT/tools/testbed/testbed.sh"
 NAME=$1$$
 OUT=$(mktemp -d)
 cleanup() { testbed_down "$NAME" || true; rm -rf "$OUT"; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+testbed_trap_exit cleanup

@@ -49,10 +49,7 @@ cleanup() {
   testbed_down "$NAME" >/dev/null 2>&1 || true
   rm -rf "$OUT"
 }
-trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
-trap 'exit 129' HUP
+testbed_trap_exit cleanup
 testbed_up "$NAME" 8 --rate "$RATE" >/dev/null
 
 PORT=19960

@@ -15,7 +15,9 @@ RANDOM=$SEED
 DIR=$(mktemp -d)
 cleanup() { pkill -KILL -P $$ 2>/dev/null; rm -rf "$DIR"; }
 trap cleanup EXIT
-trap 'exit 130' INT TERM
+trap 'exit 130' INT
+trap 'exit 143' TERM
+trap 'exit 129' HUP
 
 trials=0 completed=0 failed_ok=0 hangs=0 wrong=0 unrestored=0 kills_worker=0 kills_agg=0 bad_errors=0
 start_daemon() {  # $1 = index; prints the port

@@ -360,6 +360,16 @@ testbed_trap_cleanup() {
   trap '_tb_cleanup_registered; trap - HUP; exit 129' HUP
 }
 
+# For scripts with their own cleanup function: runs CMD on every exit, and makes Ctrl-C, kill and a closed terminal
+# exit (130, 143, 129) so that it runs then too.
+testbed_trap_exit() {
+  [[ $# -eq 1 ]] || { echo "usage: testbed_trap_exit CMD" >&2; return 2; }
+  trap "$1" EXIT
+  trap 'exit 130' INT
+  trap 'exit 143' TERM
+  trap 'exit 129' HUP
+}
+
 _tb_usage() {
   cat <<'EOF'
 usage:
