@@ -30,7 +30,6 @@ using sparsereduce::Result;
 using sparsereduce::Status;
 using sparsereduce::StatusCode;
 
-// Written to a temporary name and renamed, so a reader never sees a partial file.
 // Written whole, then renamed into place: a reader never sees part of it. A file that cannot be written stops the
 // daemon (exit 2, like an address it cannot bind): whoever asked for it waits for it, and would wait in vain.
 Status WritePortFile(const std::string& option, const std::string& path, uint16_t port) {

@@ -82,8 +82,11 @@ Result<std::string> Subprocess::ReadStdout(std::chrono::milliseconds timeout,
     const ssize_t n = read(stdout_fd_, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) return out;
-    out.append(buf, static_cast<size_t>(n));
-    if (on_chunk) on_chunk(std::string_view(buf, static_cast<size_t>(n)));
+    if (on_chunk) {
+      on_chunk(std::string_view(buf, static_cast<size_t>(n)));
+    } else {
+      out.append(buf, static_cast<size_t>(n));
+    }
   }
 }
 

@@ -24,7 +24,8 @@ class Subprocess {
   Subprocess& operator=(const Subprocess&) = delete;
 
   int pid() const { return pid_; }
-  // Reads the child's stdout until EOF or the deadline; `on_chunk`, if given, sees each piece as it arrives.
+  // Reads the child's stdout until EOF or the deadline and returns it; with `on_chunk`, each piece goes there as it
+  // arrives instead (and the result is empty).
   Result<std::string> ReadStdout(std::chrono::milliseconds timeout,
                                  const std::function<void(std::string_view)>& on_chunk = {});
   // Waits for the exit; returns the exit status as from waitpid (use WIFEXITED etc.), or DEADLINE_EXCEEDED.

@@ -76,6 +76,8 @@ const sparsereduce::AllreduceOptions kExact{~uint64_t{0}, sparsereduce::CodecOpt
 // Lossy codecs are not checked bit for bit: their results differ from the exact sum by design.
 bool ChecksBitExactly(const Config& c) { return c.check && c.codec.name == "none"; }
 
+uint64_t ElementBytes(const Config& c) { return c.dtype == "int32" ? sizeof(int32_t) : sizeof(float); }
+
 tools::SyntheticSpec Spec(const Config& c, uint64_t count, uint64_t seed) {
   return tools::SyntheticSpec{count, c.block_size, c.density, ParseOverlap(c.overlap), c.world_size, seed};
 }
@@ -91,7 +93,7 @@ bool ValidateOptions(const Config& c) {
     std::fprintf(stderr, "sparsereduce-perf: %s\n", message.c_str());
     ok = false;
   };
-  const uint64_t elem = c.dtype == "int32" ? sizeof(int32_t) : sizeof(float);
+  const uint64_t elem = ElementBytes(c);
   auto min_bytes = tools::ParseByteSize(c.min_bytes);
   auto max_bytes = tools::ParseByteSize(c.max_bytes);
   if (!min_bytes.ok()) fail("-b: " + min_bytes.status().message());
@@ -271,7 +273,7 @@ int RunRank(const Config& c) {  // c has passed ValidateOptions
     if (c.rank == 0) PrintHeader(c, worker.transports());
     for (double size = static_cast<double>(*min_bytes); size <= static_cast<double>(*max_bytes) * 1.0000001;
          size *= c.step_factor) {
-      const uint64_t elem = c.dtype == "int32" ? sizeof(int32_t) : sizeof(float);
+      const uint64_t elem = ElementBytes(c);
       const uint64_t bytes = static_cast<uint64_t>(size) / elem * elem;
       Row row = c.dtype == "int32" ? RunSize<int32_t>(worker, c, bytes) : RunSize<float>(worker, c, bytes);
       if (row.own_wrong != 0) {

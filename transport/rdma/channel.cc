@@ -264,6 +264,11 @@ void RdmaChannel::PostDue() {
   }
 }
 
+void RdmaChannel::PostDueOrWatch() {
+  PostDue();
+  if (schedule_.due()) WatchCompletions();  // what is left goes when completions free the send queue
+}
+
 void RdmaChannel::Drain() {
   const uint64_t tail_before = peer_tail_;
   bool sends_completed = false;
@@ -354,8 +359,7 @@ void RdmaChannel::Consumed(uint64_t tail) {
   credited_ = tail;
   connection_->credit_staging_ = tail;
   schedule_.Credit();
-  PostDue();
-  if (schedule_.due()) WatchCompletions();
+  PostDueOrWatch();
 }
 
 asio::awaitable<void> RdmaChannel::WaitForData(uint64_t tail) {
@@ -367,8 +371,7 @@ asio::awaitable<void> RdmaChannel::WaitForData(uint64_t tail) {
 
 void RdmaChannel::Publish(uint64_t, uint64_t to) {
   schedule_.Publish(to);
-  PostDue();
-  if (schedule_.due()) WatchCompletions();
+  PostDueOrWatch();
 }
 
 void RdmaChannel::WaitForSpace(uint64_t head, std::function<void()> wake) {
@@ -382,8 +385,7 @@ void RdmaChannel::WaitForSpace(uint64_t head, std::function<void()> wake) {
 
 void RdmaChannel::CloseSend(uint64_t) {
   schedule_.EndOfStream();
-  PostDue();
-  if (schedule_.due()) WatchCompletions();
+  PostDueOrWatch();
 }
 
 void RdmaChannel::WhenDelivered(std::function<void()> then) {

@@ -98,8 +98,10 @@ class RdmaChannel final : public transport::RingChannel {
   void OnEvent();
   // Arms, then polls once more for completions that came before the ask: for whoever waits for a completion.
   void WatchCompletions();
-  // Posts what the schedule lets go now; watches completions while something is left for lack of room.
+  // Posts what the schedule lets go now.
   void PostDue();
+  // The same, and watches completions while something is left for lack of room (after Publish, Consumed, CloseSend).
+  void PostDueOrWatch();
   bool PostWrite(const WriteSchedule::Write& write);
 
   std::unique_ptr<RdmaConnection> connection_;
