@@ -39,6 +39,17 @@ class ConnectionSet {
     }
     for (auto& close : closers) close();
   }
+  // Closes the connection registered first (ids grow), if any: HttpEndpoint makes room this way at its limit.
+  void CloseOldest() {
+    std::function<void()> close;
+    {
+      std::lock_guard lock(mutex_);
+      if (open_.empty()) return;
+      close = std::move(open_.begin()->second);
+      open_.erase(open_.begin());
+    }
+    close();
+  }
   size_t size() const {
     std::lock_guard lock(mutex_);
     return open_.size();

@@ -139,10 +139,12 @@ asio::awaitable<void> HttpEndpoint::AcceptLoop() {
     auto close = [weak = std::weak_ptr<beast::tcp_stream>(connection)] {
       if (auto held = weak.lock()) asio::post(held->get_executor(), [held] { held->close(); });
     };
-    // Over the limit, or stopped: closed at once (not logged: that would let the client flood the log instead).
-    std::optional<uint64_t> id;
-    if (connections_.size() < kMaxConnections) id = connections_.Add(close);
-    if (!id) {
+    // At the limit the longest-open connection makes room, so that a client holding kMaxConnections idle
+    // connections cannot keep the kubelet's probes or the scraper out (which would get the daemon restarted). Not
+    // logged: that would let the client flood the log instead.
+    if (connections_.size() >= kMaxConnections) connections_.CloseOldest();
+    const std::optional<uint64_t> id = connections_.Add(close);
+    if (!id) {  // stopped
       boost::system::error_code ignored;
       connection->socket().close(ignored);
       continue;

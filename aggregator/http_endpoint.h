@@ -1,8 +1,8 @@
 // The operations HTTP endpoint (--metrics-listen): GET /metrics (Prometheus text format 0.0.4), /healthz (200
 // while the process serves) and /readyz (200 when ready, 503 while starting or draining). Boost.Beast, on the
 // daemon's io_context; each connection has a 10 s deadline per request and a small request size limit, and at most
-// kMaxConnections are served at once (more are closed when accepted), so clients cannot hold the descriptors the
-// data plane needs.
+// kMaxConnections are served at once (a new one closes the longest-open one), so clients can hold neither the
+// descriptors the data plane needs nor every place the probes need.
 #pragma once
 
 #include <boost/asio/awaitable.hpp>
