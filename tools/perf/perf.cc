@@ -4,9 +4,9 @@
 //   sparsereduce-perf --aggregators h1:19875,h2:19875 --job 7 --rank R --world-size 4 -b 64M -e 64M
 //
 // Every rank runs the same sweep; rank 0 prints the table. Per size: warm-up iterations, then timed iterations,
-// each started together (a one-element allreduce serves as barrier; another one before the input is copied back, so
-// that no rank copies while another still times its allreduce); an iteration's time is the slowest rank's,
-// and the table shows the median over iterations.
+// each started together (a one-element allreduce serves as barrier; another one before the input is copied back, and
+// one before the result is checked, so that no rank copies or checks while another still times its allreduce); an
+// iteration's time is the slowest rank's, and the table shows the median over iterations.
 #include <sys/wait.h>
 
 #include <CLI/CLI.hpp>
@@ -128,8 +128,8 @@ Row RunSize(sparsereduce::Worker& worker, const Config& c, uint64_t bytes) {
   std::vector<float> times(size_t{c.world_size} * c.iters, 0.0f);
   uint64_t wrong = 0, sent = 0, received = 0;
   for (uint32_t it = 0; it < c.warmup + c.iters; ++it) {
-    // Barriers on both sides of the input copy: no rank copies (or checks) while another is still timing its
-    // allreduce, so a timed window holds the collective alone and not other ranks' 64 MiB copies.
+    // Barriers on both sides of the input copy, and before the check: no rank copies or checks while another is
+    // still timing its allreduce, so a timed window holds the collective alone and not other ranks' 64 MiB copies.
     worker.allreduce(std::span(token), kExact);
     std::memcpy(work.data(), input.data(), count * sizeof(T));
     worker.allreduce(std::span(token), kExact);
@@ -142,6 +142,7 @@ Row RunSize(sparsereduce::Worker& worker, const Config& c, uint64_t bytes) {
     received = stats.bytes_received;
     times[size_t{c.rank} * c.iters + (it - c.warmup)] = static_cast<float>(us);
     if (exact_check) {
+      worker.allreduce(std::span(token), kExact);  // no rank checks while another still times its allreduce
       uint64_t w = 0;
       for (uint64_t i = 0; i < count; ++i) w += std::memcmp(&work[i], &reference[i], sizeof(T)) != 0;
       wrong = std::max(wrong, w);
