@@ -27,6 +27,12 @@ follow the bucket from step to step and never mix between states. The states of 
 collective's spec), or pass `key_space=` explicitly. Registering one state on two DDP modules would mix their
 buckets' codec state (both have a bucket 0): the hook cannot tell the modules apart. Results stay identical on
 every rank.
+
+DDP rebuilds its buckets after the first step (in the order the gradients became ready), so a bucket index can
+keep its size but hold other parameters. The hook notices (the bucket's parameters are not the ones of its last
+reduction, the same on every rank, as DDP syncs the rebuild) and reduces that bucket once without a codec, which
+starts its key's codec state over on every rank and at the aggregators; otherwise the error feedback or h of
+one parameter would be added to another.
 """
 
 import collections
@@ -74,6 +80,7 @@ class SparseReduceState:
             raise ValueError(f"sparsereduce: key_space must be from 0 to {(1 << (64 - KEY_SPACE_BITS)) - 1}, got "
                              f"{key_space}")
         self._records = []
+        self._layouts = {}  # bucket index -> ids of its parameters at its last reduction
         self._pending = queue.SimpleQueue()
         # Collectives finish in submission order, so one thread waiting on them in that order completes every
         # future as early as possible. It waits with the GIL released (Handle.wait).
@@ -135,9 +142,15 @@ def allreduce_hook(state, bucket):
     then(), whose callback re-raises the exception and so fails the returned future as a real error."""
     buffer = bucket.buffer()
     buffer.mul_(1.0 / state.world_size)
-    handle = state.worker.allreduce_async(buffer, key=state.key_space << KEY_SPACE_BITS | bucket.index())
+    index = bucket.index()
+    layout = tuple(id(p) for p in bucket.parameters())
+    codec = None  # the Worker's
+    if state._layouts.setdefault(index, layout) != layout:  # DDP rebuilt its buckets (see the module's docstring)
+        state._layouts[index] = layout
+        codec = "none"
+    handle = state.worker.allreduce_async(buffer, key=state.key_space << KEY_SPACE_BITS | index, codec=codec)
     future = torch.futures.Future()
-    state._pending.put((handle, future, buffer, bucket.index()))
+    state._pending.put((handle, future, buffer, index))
     return future.then(_value_or_raise)
 
 

@@ -215,12 +215,15 @@ class Orphans {
 };
 
 // One allreduce in flight. Holds the caller's buffer and the Worker until the collective has finished, so
-// neither can go away while the I/O thread still reads or writes the memory.
+// neither can go away while the I/O thread still reads or writes the memory; then lets both go, so that a finished
+// handle the caller keeps does not keep a closed Worker in the job.
 class Handle {
  public:
   Handle(std::shared_ptr<Worker> worker, std::shared_ptr<Orphans> orphans, HeldBuffer buffer,
          std::shared_future<void> future, uint64_t seq)
-      : worker_(std::move(worker)),
+      : job_(worker->options().job),
+        rank_(worker->options().rank),
+        worker_(std::move(worker)),
         orphans_(std::move(orphans)),
         buffer_(std::move(buffer)),
         future_(std::move(future)),
@@ -246,11 +249,7 @@ class Handle {
   // whatever a signal handler raises (KeyboardInterrupt) if a signal arrives while waiting. None, inf or more
   // than a year: no timeout; NaN or negative: ValueError.
   void Wait(std::optional<double> timeout) {
-    if (orphans_->InForkedChild()) {
-      throw Error("UNSUPPORTED", "sparsereduce: " + JobRank(worker_->options().job, worker_->options().rank) +
-                                     ": this allreduce runs in process " + std::to_string(orphans_->creator_pid()) +
-                                     ", not in this one forked from it; create a new Worker here");
-    }
+    RefuseInForkedChild();
     std::optional<Clock::time_point> deadline;
     if (timeout) {
       double t = *timeout;
@@ -260,7 +259,7 @@ class Handle {
       if (t <= kYear) deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(t));
     }
     if (!WaitUntil(future_, deadline)) {
-      std::string message = "sparsereduce: " + JobRank(worker_->options().job, worker_->options().rank) +
+      std::string message = "sparsereduce: " + JobRank(job_, rank_) +
                             ": the allreduce did not finish within " + PythonSeconds(*timeout) +
                             " s (it keeps running: wait again)";
       PyErr_SetString(PyExc_TimeoutError, message.c_str());
@@ -272,6 +271,7 @@ class Handle {
 
   bool Done() {
     if (finished_) return true;
+    RefuseInForkedChild();  // else False forever: only the parent's I/O thread runs the collective
     if (future_.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return false;
     Finish();
     return true;
@@ -296,9 +296,22 @@ class Handle {
       CollectiveStats s = worker_->last_stats();
       if (s.seq == seq_) stats_ = s;
     }
+    std::shared_ptr<Worker> worker = std::move(worker_);
+    GilRelease release;  // possibly the last reference to a closed Worker, whose destructor leaves the job
+    worker.reset();
   }
 
-  std::shared_ptr<Worker> worker_;
+  void RefuseInForkedChild() const {
+    if (orphans_->InForkedChild()) {
+      throw Error("UNSUPPORTED", "sparsereduce: " + JobRank(job_, rank_) + ": this allreduce runs in process " +
+                                     std::to_string(orphans_->creator_pid()) +
+                                     ", not in this one forked from it; create a new Worker here");
+    }
+  }
+
+  const uint64_t job_;
+  const uint32_t rank_;
+  std::shared_ptr<Worker> worker_;  // until finished
   std::shared_ptr<Orphans> orphans_;
   HeldBuffer buffer_;
   std::shared_future<void> future_;

@@ -1,6 +1,6 @@
 """Child process of test_errors.py's fork test: a Worker with an allreduce in flight (rank 1 never joins in), then
 fork(). In the child the inherited Worker and handle raise UNSUPPORTED instead of waiting for a collective that
-only the parent's I/O thread runs, and the child exits normally (its garbage collection must not wait for them
+only the parent's I/O thread runs (or, for Handle.done, saying False forever), and the child exits normally (its garbage collection must not wait for them
 either). Prints one JSON line with what the child did.
 
 argv: AGGREGATOR JOB
@@ -34,7 +34,8 @@ handle = workers[0].allreduce_async(np.ones(1000, dtype=np.float32))
 pid = os.fork()
 if pid == 0:
     codes = []
-    for call in (lambda: handle.wait(timeout=5), lambda: workers[0].allreduce(np.ones(10, dtype=np.float32))):
+    calls = (lambda: handle.wait(timeout=5), handle.done, lambda: workers[0].allreduce(np.ones(10, dtype=np.float32)))
+    for call in calls:
         try:
             call()
             codes.append("returned")
@@ -42,7 +43,7 @@ if pid == 0:
             codes.append(e.code)
         except Exception as e:  # noqa: BLE001  (reported to the parent)
             codes.append(repr(e))
-    sys.exit(0 if codes == ["UNSUPPORTED", "UNSUPPORTED"] else 3)  # normal exit: the interpreter finalizes
+    sys.exit(0 if codes == ["UNSUPPORTED"] * 3 else 3)  # normal exit: the interpreter finalizes
 
 start = time.monotonic()
 status = None

@@ -226,3 +226,30 @@ def test_dropping_a_handle_keeps_its_collective_running_until_close(aggregator, 
 
     for a in run_ranks(2, rank):
         np.testing.assert_array_equal(a, np.full(5000, 3, dtype=np.float32))
+
+
+@pytest.mark.parametrize("seen_by", ["wait", "done"])
+def test_close_leaves_the_job_while_a_finished_handle_is_kept(aggregator, job, seen_by):
+    """A handle whose collective wait() or done() saw finish holds nothing: close() leaves the job at once although
+    the handle is still referenced, so the peer's next allreduce fails with PEER_LEFT. (The handle used to keep the
+    Worker, and the peer waited until its collective_timeout: DEADLINE_EXCEEDED.)"""
+    workers = run_ranks(2, lambda r: sparsereduce.Worker(aggregator, job, r, 2, **FAST))
+
+    def reduce(r):
+        handle = workers[r].allreduce_async(np.full(1000, r + 1, dtype=np.float32))
+        if seen_by == "wait":
+            handle.wait()
+        else:
+            deadline = time.monotonic() + 20
+            while not handle.done():
+                assert time.monotonic() < deadline, "done() never said True"
+                time.sleep(0.001)  # polling done() is what this case tests
+        return handle
+
+    handles = run_ranks(2, reduce)
+    workers[0].close()
+    with pytest.raises(sparsereduce.Error) as info:
+        workers[1].allreduce(np.ones(1000, dtype=np.float32))
+    assert info.value.code == "PEER_LEFT", info.value
+    assert handles[0].done() and handles[0].stats is not None and handles[0].stats.seq == 1
+    workers[1].close()

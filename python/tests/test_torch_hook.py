@@ -85,3 +85,48 @@ def test_ddp_backward_raises_the_library_message_when_the_aggregator_dies(own_ag
         state.close()
     finally:
         dist.destroy_process_group()
+
+
+class UsedInReverse(torch.nn.Module):
+    """Registered a, b; used b, then a: DDP's rebuild after the first step reorders its one bucket."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(10, 10)
+        self.b = torch.nn.Linear(10, 10)
+
+    def forward(self, x):
+        return self.a(self.b(x)).sum()
+
+
+def test_a_rebuilt_bucket_is_reduced_once_without_its_codec(aggregator, job, tmp_path):
+    """DDP rebuilds its buckets after the first step. Here bucket 0 keeps its 220 elements but holds the parameters
+    in another order, so the 3LC error feedback of its key belongs to other parameters: the hook reduces it once
+    without the codec (which starts the key's state over, here and at the aggregator), then with it again."""
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1,
+                            timeout=timedelta(seconds=30))
+    try:
+        torch.manual_seed(0)
+        ddp = DistributedDataParallel(UsedInReverse())
+        state = srt.SparseReduceState.from_process_group(aggregator, job, record=True, codec="3lc", **FAST)
+        layouts = []
+
+        def hook(hook_state, bucket):
+            layouts.append((bucket.index(), bucket.buffer().numel(), [id(p) for p in bucket.parameters()]))
+            return srt.allreduce_hook(hook_state, bucket)
+
+        ddp.register_comm_hook(state, hook)
+        codecs = []
+        for _ in range(4):
+            ddp(torch.randn(4, 10)).backward()
+            records = state.take_records()
+            assert [r.index for r in records] == [0], records
+            codecs.append(records[0].stats.codec)
+        assert state.error is None, state.error
+        # The premise: one bucket of the same size throughout, whose parameters changed order once.
+        assert [(index, numel) for index, numel, _ in layouts] == [(0, 220)] * 4
+        assert layouts[0][2] != layouts[1][2] and layouts[1][2] == layouts[2][2] == layouts[3][2]
+        assert codecs == ["3lc", "none", "3lc", "3lc"], codecs
+        state.close()
+    finally:
+        dist.destroy_process_group()

@@ -67,6 +67,9 @@ class FakeBucket:
     def index(self):
         return self._index
 
+    def parameters(self):
+        return []  # the same layout every step
+
 
 def test_hook_averages_and_completes_futures_in_order(aggregator, job):
     grads = {r: [torch.full((n,), float(r + 1)) for n in (100, 3000)] for r in range(2)}
