@@ -893,6 +893,33 @@ TEST(ShmSegment, AttachChecksSealsSizeAndHeader) {
     EXPECT_EQ(attached.status().message().find("not sealed") != std::string::npos, !seal_seal)
         << what << ": " << attached.status().ToString();
   }
+
+  // A header whose ring capacity is not a power of two of 4 KiB .. 4 GiB, and a descriptor that is no memfd (it
+  // cannot carry seals): PROTOCOL_VIOLATION as well (docs/PROTOCOL.md §10.1). They came back as INVALID_ARGUMENT
+  // and UNAVAILABLE, and a worker on transport "auto" took UNAVAILABLE for an unreachable socket and stayed on
+  // TCP without a word.
+  {
+    SegmentFds bad;
+    bad.memory = UniqueFd(memfd_create("test", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+    ASSERT_EQ(ftruncate(bad.memory.get(), static_cast<off_t>(Segment::SizeFor(4096))), 0);
+    std::vector<char> header(64, 0);
+    ASSERT_EQ(pread(created->fds.memory.get(), header.data(), header.size(), 0), 64);
+    const uint64_t capacity = 4096 + 1;
+    std::memcpy(header.data() + 16, &capacity, sizeof capacity);  // after magic, version and reserved
+    ASSERT_EQ(pwrite(bad.memory.get(), header.data(), header.size(), 0), 64);
+    ASSERT_EQ(fcntl(bad.memory.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL), 0);
+    auto attached = Segment::Attach(bad);
+    EXPECT_EQ(attached.status().code(), StatusCode::kProtocolViolation) << attached.status().ToString();
+  }
+  {
+    int pair[2];
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair), 0);
+    SegmentFds not_memfd;
+    not_memfd.memory = UniqueFd(pair[0]);
+    UniqueFd other(pair[1]);
+    auto attached = Segment::Attach(not_memfd);
+    EXPECT_EQ(attached.status().code(), StatusCode::kProtocolViolation) << attached.status().ToString();
+  }
 }
 
 }  // namespace

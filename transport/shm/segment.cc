@@ -66,24 +66,29 @@ Result<Segment::Created> Segment::Create(uint64_t ring_capacity) {
 }
 
 Result<std::shared_ptr<Segment>> Segment::Attach(const SegmentFds& fds) {
+  // Every check of docs/PROTOCOL.md §10.3 fails as a protocol violation of the offering aggregator, also where
+  // the descriptor cannot be examined (F_GET_SEALS fails on anything but a memfd): an UNAVAILABLE would make a
+  // worker on transport "auto" take it for an unreachable socket and stay on TCP without a word.
   const int seals = fcntl(fds.memory.get(), F_GET_SEALS);
-  if (seals < 0) return Errno("reading the seals of the shm segment");
+  if (seals < 0) return ProtocolError(std::string("the shm segment carries no seals: ") + std::strerror(errno));
   if ((seals & kSeals) != kSeals) {  // docs/PROTOCOL.md §10.3
     return ProtocolError("the shm segment is not sealed against resizing (F_SEAL_SHRINK, F_SEAL_GROW, F_SEAL_SEAL)");
   }
   struct stat st {};
-  if (fstat(fds.memory.get(), &st) != 0) return Errno("fstat of the shm segment");
+  if (fstat(fds.memory.get(), &st) != 0) {
+    return ProtocolError(std::string("fstat of the shm segment: ") + std::strerror(errno));
+  }
   const uint64_t size = static_cast<uint64_t>(st.st_size);
   if (size < kHeaderBytes) return ProtocolError("the shm segment is too small for its header");
   Header header{};
   if (pread(fds.memory.get(), &header, sizeof header, 0) != static_cast<ssize_t>(sizeof header)) {
-    return Errno("reading the shm segment header");
+    return ProtocolError("the shm segment's header cannot be read");
   }
   if (std::memcmp(header.magic, kMagic, sizeof kMagic) != 0 || header.version != kVersion) {
     return ProtocolError("the shm segment header has the wrong magic or version");
   }
   if (Status check = transport::ByteRing::CheckCapacity(header.ring_capacity); !check.ok()) {
-    return check.WithContext("shm segment");
+    return ProtocolError("the shm segment's header: " + check.message());
   }
   if (size != SizeFor(header.ring_capacity)) {
     return ProtocolError("the shm segment has " + std::to_string(size) + " bytes, its rings need " +
