@@ -21,7 +21,9 @@ Result<std::optional<std::string>> JobSecrets::Lookup(uint64_t job) const {
   std::ostringstream contents;
   contents << file.rdbuf();
   Result<std::string> secret = auth::NormalizeSecret(contents.str(), path);
-  if (!secret.ok()) return secret.status();
+  // The daemon's own configuration is at fault, not the worker's Hello: an internal error, as for an unreadable
+  // file (docs/PROTOCOL.md §8), not the INVALID_ARGUMENT NormalizeSecret gives a worker's own secret.
+  if (!secret.ok()) return Status(StatusCode::kInternal, secret.status().message());
   return std::optional<std::string>(std::move(*secret));
 }
 

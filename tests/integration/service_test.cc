@@ -302,6 +302,12 @@ TEST(Service, JobSecretsAuthenticateBothSides) {
   EXPECT_NE(what.find("holds none"), std::string::npos) << what;
   EXPECT_GE(Sample(daemon.Metrics(), R"(sparsereduce_errors_total\{instance_name="svc",kind="UNAUTHENTICATED"\})"),
             2);
+  // An empty secret file is the daemon's misconfiguration, not the worker's: an internal error naming the file
+  // (it came as INVALID_ARGUMENT, as if the worker's own arguments were wrong).
+  std::ofstream(secrets + "/9") << "\n";
+  std::tie(code, what) = JoinError(daemon.address(), 9, "s3cret");
+  EXPECT_EQ(code, "INTERNAL") << what;
+  EXPECT_NE(what.find(secrets + "/9 is empty"), std::string::npos) << what;
 }
 
 // A Hello the daemon refuses ends the job it names while that job forms (its other ranks learn at once that it
