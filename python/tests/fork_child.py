@@ -55,6 +55,7 @@ while time.monotonic() - start < 20:
 else:
     os.kill(pid, 9)
     os.waitpid(pid, 0)
+    status = None  # hung: reported as no exit code, not as the WNOHANG poll's 0
 print(json.dumps({"exit": os.waitstatus_to_exitcode(status) if status is not None else None,
                   "seconds": time.monotonic() - start}))
 workers[0].abort()

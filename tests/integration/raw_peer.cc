@@ -16,6 +16,12 @@
 
 namespace sparsereduce::testing {
 
+int AcceptWithin(int listener, std::chrono::milliseconds timeout) {
+  pollfd p{listener, POLLIN, 0};
+  if (poll(&p, 1, static_cast<int>(timeout.count())) != 1) return -1;
+  return accept(listener, nullptr, nullptr);
+}
+
 int ConnectToLoopback(uint16_t port, int receive_buffer) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return -1;

@@ -26,6 +26,9 @@ int ConnectToLoopback(const std::string& address, int receive_buffer = 0);
 // A listening socket on 127.0.0.1 (an aggregator played by hand), or -1; sets `port`. A `receive_buffer` > 0 sets
 // SO_RCVBUF, which accepted sockets inherit.
 int ListenOnLoopback(uint16_t* port, int receive_buffer = 0);
+// The next connection on `listener`, or -1 if none comes within `timeout` (a worker that failed before connecting
+// must fail the test, not hang it).
+int AcceptWithin(int listener, std::chrono::milliseconds timeout = std::chrono::seconds(10));
 
 // A connection to, or a listening socket on, the abstract Unix socket `name` (without its leading NUL, as in a
 // TransportOffer's shm_socket), or -1.

@@ -41,13 +41,6 @@ std::chrono::milliseconds AtOnce(std::chrono::milliseconds bound) {
   return bound * (scale ? std::max(1, std::atoi(scale)) : 1);
 }
 
-// accept() bounded by `timeout`; -1 when nobody connected.
-int AcceptWithin(int listener, std::chrono::milliseconds timeout) {
-  pollfd p{listener, POLLIN, 0};
-  if (poll(&p, 1, static_cast<int>(timeout.count())) != 1) return -1;
-  return accept(listener, nullptr, nullptr);
-}
-
 std::string UniqueName(const std::string& what) {
   return "sparsereduce-test/" + what + "/" + std::to_string(getpid());
 }
