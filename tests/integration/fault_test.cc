@@ -334,6 +334,21 @@ class FaultTest : public ::testing::Test {
     return c;
   }
 
+  // A daemon that RestartAggregator will bring back on its port: the port lies below Linux's ephemeral range
+  // (32768-60999 by default), so that no connection of a test running meanwhile (ctest -j) can take it as its
+  // local port after the kill. A port taken already is skipped.
+  Child* StartRestartableAggregator(const std::string& name, uint16_t* port) {
+    // Not rng_: its draws (the kill delays) must replay from the printed seed whatever ports were free.
+    std::mt19937 ports(std::random_device{}());
+    std::uniform_int_distribution<uint16_t> below_ephemeral(20000, 32000);
+    for (int attempt = 1; attempt <= 20; ++attempt) {
+      const uint16_t wanted = below_ephemeral(ports);
+      if (Child* c = TryStartAggregator(name, "127.0.0.1:" + std::to_string(wanted), port)) return c;
+    }
+    ADD_FAILURE() << name << ": no free port in 20000-32000 after 20 tries";
+    return nullptr;
+  }
+
   // A daemon on the port a killed daemon used; retried a few times (bounded) while the port is unavailable.
   Child* RestartAggregator(const std::string& name, uint16_t port) {
     for (int attempt = 1; attempt <= 5; ++attempt) {
@@ -511,7 +526,7 @@ TEST_F(FaultTest, KillWorkerMidCollective) {
 
 TEST_F(FaultTest, KillAggregatorMidCollective) {
   uint16_t port = 0;
-  Child* daemon = StartAggregator("aggregator", &port);
+  Child* daemon = StartRestartableAggregator("aggregator", &port);
   ASSERT_NE(daemon, nullptr);
   const uint64_t kJob = 7;
   auto workers = StartWorkers("job", Address(port), kJob, 3, kBusyFlags);
@@ -531,7 +546,8 @@ TEST_F(FaultTest, KillAggregatorMidCollective) {
 
 TEST_F(FaultTest, TwoAggregatorsKillOne) {
   uint16_t ports[2] = {0, 0};
-  Child* daemons[2] = {StartAggregator("aggregator 0", &ports[0]), StartAggregator("aggregator 1", &ports[1])};
+  Child* daemons[2] = {StartRestartableAggregator("aggregator 0", &ports[0]),
+                       StartRestartableAggregator("aggregator 1", &ports[1])};
   ASSERT_NE(daemons[0], nullptr);
   ASSERT_NE(daemons[1], nullptr);
   const std::string both = Address(ports[0]) + "," + Address(ports[1]);
