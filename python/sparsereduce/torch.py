@@ -33,12 +33,18 @@ keep its size but hold other parameters. The hook notices (the bucket's paramete
 reduction, the same on every rank, as DDP syncs the rebuild) and reduces that bucket once without a codec, which
 starts its key's codec state over on every rank and at the aggregators; otherwise the error feedback or h of
 one parameter would be added to another.
+
+Ctrl-C while DDP's backward() waits for a bucket aborts the states' Workers, so that the wait ends and
+KeyboardInterrupt follows (see _CtrlC; python/README.md).
 """
 
 import collections
 import itertools
 import queue
+import signal
+import socket
 import threading
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -51,6 +57,61 @@ BucketRecord = collections.namedtuple("BucketRecord", "index buffer stats")
 
 KEY_SPACE_BITS = 32  # a bucket's key: key_space << KEY_SPACE_BITS | bucket index
 _key_space_lock = threading.Lock()
+
+
+class _CtrlC:
+    """Ctrl-C while DDP waits for the hook's futures. torch waits in C++, where Python runs no signal handlers, so
+    KeyboardInterrupt would come only once the bucket's collective ended (at the latest after collective_timeout).
+    Python's C-level handler still writes the signal's number to the wakeup descriptor (signal.set_wakeup_fd): the
+    completion threads poll it between slices of their waits, and on SIGINT, while its handler is Python's default
+    (KeyboardInterrupt), abort the registered Workers. Their futures then fail with ABORTED, backward() returns
+    and the KeyboardInterrupt follows. One per process, since signal dispositions are; it installs the descriptor
+    only from the main thread and only where none is set (an asyncio loop's stays, and then Ctrl-C is late)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._workers = weakref.WeakSet()
+        self._reader = self._writer = None
+
+    def register(self, worker):
+        with self._lock:
+            self._workers.add(worker)
+            if self._reader is None and threading.current_thread() is threading.main_thread():
+                reader, writer = socket.socketpair()
+                reader.setblocking(False)
+                writer.setblocking(False)
+                previous = signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+                if previous == -1:
+                    self._reader, self._writer = reader, writer
+                else:  # someone else's descriptor: theirs stays
+                    signal.set_wakeup_fd(previous)
+                    reader.close()
+                    writer.close()
+
+    def unregister(self, worker):
+        with self._lock:
+            self._workers.discard(worker)
+
+    def poll(self):
+        """Aborts the registered Workers if SIGINT came since the last poll and Python would raise
+        KeyboardInterrupt for it; True then."""
+        with self._lock:
+            if self._reader is None:
+                return False
+            try:
+                received = self._reader.recv(4096)
+            except (BlockingIOError, InterruptedError):
+                return False
+            if signal.SIGINT not in received or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+                return False
+            workers = list(self._workers)
+        for worker in workers:
+            worker.abort()
+        return True
+
+
+_ctrl_c = _CtrlC()
+_WAIT_SLICE_S = 0.1  # how often a completion thread looks for Ctrl-C
 
 
 def _next_key_space(worker):
@@ -86,6 +147,7 @@ class SparseReduceState:
         # future as early as possible. It waits with the GIL released (Handle.wait).
         self._completer = threading.Thread(target=self._complete_in_order, name="sparsereduce-ddp", daemon=True)
         self._completer.start()
+        _ctrl_c.register(worker)
 
     @classmethod
     def from_process_group(cls, aggregators, job, process_group=None, *, record=False, **worker_options):
@@ -107,6 +169,7 @@ class SparseReduceState:
         the last backward has finished."""
         self._pending.put(None)
         self._completer.join()
+        _ctrl_c.unregister(self.worker)
         self.worker.close()
 
     def _complete_in_order(self):
@@ -116,7 +179,12 @@ class SparseReduceState:
                 return
             handle, future, buffer, index = item
             try:
-                handle.wait()
+                while True:
+                    try:
+                        handle.wait(timeout=_WAIT_SLICE_S)
+                        break
+                    except TimeoutError:
+                        _ctrl_c.poll()  # on Ctrl-C the Worker is aborted: the next wait raises ABORTED
             except BaseException as error:  # the hook's future fails with it (see allreduce_hook)
                 if self.error is None:
                     self.error = error

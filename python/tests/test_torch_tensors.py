@@ -2,6 +2,11 @@
 
 import torch_required  # noqa: F401  (fails clearly without torch)
 
+import json
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -221,3 +226,17 @@ def test_states_sharing_a_worker_keep_their_codec_state_apart(aggregator, job, n
     for r in range(2):
         for step in range(3):
             assert torch.equal(shared[r][step], alone[r][step]), (r, step)
+
+
+def test_ctrl_c_while_ddp_waits_for_the_hook_aborts_the_collective(aggregator, job):
+    """SIGINT while torch waits for the hook's future in C++ (where Python runs no signal handlers), for a bucket
+    whose collective the other rank never joins: the wait ends within a fraction of a second with the Worker
+    aborted (state.error ABORTED), and KeyboardInterrupt follows. It used to end only at collective_timeout (20 s
+    here, 30 min by default)."""
+    child = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "ddp_interrupt_child.py"),
+                            aggregator, str(job)], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr
+    result = json.loads(child.stdout.strip().splitlines()[-1])
+    assert result["wait_ended_after_signal"] < 2.0, result
+    assert result["error_code"] == "ABORTED", result
+    assert result.get("keyboard_interrupt"), result
