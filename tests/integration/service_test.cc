@@ -24,7 +24,9 @@
 #include <thread>
 
 #include "protocol/control.h"
+#include "protocol/frame.h"
 #include "protocol/frame_format.h"
+#include "protocol/layout.h"
 #include "sparsereduce/worker.h"
 #include "tests/integration/metrics_probe.h"
 #include "tests/integration/raw_peer.h"
@@ -597,6 +599,59 @@ TEST(Service, MetricsEndpointBoundsItsConnectionsAndStillServesAProbe) {
   }
   EXPECT_TRUE(ReadUntilClosed(idle[1], 5s)) << "the second-oldest connection was kept past the limit";
   for (int fd : idle) close(fd);
+}
+
+// A member that does not read its RESULTs holds the others back in the begin phase too: there the hold leaves a
+// late rank's CollectiveBegin unread, so the collective would wait for it up to --begin-timeout-ms (30 min by
+// default) and then blame the rank that is held back. It is aborted at the stall timeout instead, naming the
+// member that does not read. Here rank 0 (by hand, 4 KiB receive buffer) lets rank 1 stream all 256
+// CONTRIBUTIONs of 64 blocks of collective 1 (window 256) before it announces nothing, so that the daemon answers
+// them all at once: rank 1 reads its RESULTs, rank 0 none, and 16 MiB of them are far more than the kernel's
+// send buffer (at most 4 MiB here) takes. Rank 1 then begins collective 2, and rank 0 never does.
+TEST(Service, AMemberThatDoesNotReadEndsTheBeginPhaseAtTheStallTimeout) {
+  Daemon daemon({"--stall-timeout-ms", "2000", "--begin-timeout-ms", "600000"});
+  WorkerOptions options = Options(daemon.address(), 44, 1, 2);
+  options.transport = "tcp";
+  options.slots = 1;
+  options.blocks_per_message = 64;
+  options.window = 256;
+  const int fd = ConnectToLoopback(daemon.address(), /*receive_buffer=*/4096);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendControl(fd, RawHello(options.job, 0, 2, 1, options)));
+  auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  std::unique_ptr<Worker> rank1 = joined.get();
+
+  const CollectiveSpec spec{256u * 64u * 256u, DType::kFloat32, ReduceOp::kSum, options.block_size};
+  proto::ControlMessage begin;
+  begin.mutable_collective_begin()->set_seq(1);
+  *begin.mutable_collective_begin()->mutable_spec() = SpecToProto(spec);
+  ASSERT_TRUE(SendControl(fd, begin));
+  std::vector<float> tensor(spec.element_count, 1.0f);
+  auto first = rank1->allreduce_async(std::span(tensor));
+  // Rank 1's announce and 256 CONTRIBUTIONs of 64 blocks (40 + 64 · (24 + 1024) bytes each) have been read.
+  ASSERT_TRUE(Eventually([&] {
+    return Sample(daemon.Metrics(), R"(sparsereduce_received_bytes_total\{instance_name="svc"\})") >=
+           256.0 * (40 + 64 * (24 + 1024));
+  })) << daemon.Metrics();
+  const JobShape shape{2, 1, options.slots, options.blocks_per_message, options.window};
+  const ColumnLayout layout(shape, spec.element_count, spec.block_size, 4);
+  std::vector<Entry> announce;
+  for (uint32_t k = 0; k < layout.NonEmptyLanes(0, 0); ++k) announce.push_back({layout.Column(0, 0, k), kEndOfColumn, 0});
+  const ByteBuffer frame = EncodeDataFrame({FrameType::kContribution, 0, 0, options.job, 1, 0}, announce, {});
+  ASSERT_TRUE(WriteAll(fd, std::span(frame.data(), frame.size())));
+  ASSERT_EQ(first.wait_for(20s), std::future_status::ready);
+  first.get();  // rank 1 has its sums; rank 0's RESULTs wait in the daemon
+
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    rank1->allreduce(std::span(tensor));
+    ADD_FAILURE() << "collective 2 completed without rank 0";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "DEADLINE_EXCEEDED") << e.what();
+    EXPECT_NE(std::string(e.what()).find("rank(s) 0 do not read their RESULTs"), std::string::npos) << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 30s) << "waited for the begin timeout";
+  close(fd);
 }
 
 TEST(Service, TensorLimitRefusesThatJobOnly) {
