@@ -10,6 +10,8 @@
 #include "aggregator/peer_text.h"
 #include "aggregator/service_context.h"
 #include "aggregator/session.h"
+#include "codec/codec_spec.h"
+#include "codec/wire.h"
 #include "core/dtype.h"
 #include "protocol/control.h"
 #include "protocol/frame_format.h"
@@ -38,10 +40,31 @@ Job::Job(uint64_t id, boost::asio::any_io_executor strand, JobRegistry& registry
       formation_timer_(strand),
       uncongested_(strand, std::chrono::steady_clock::time_point::max()) {}
 
+namespace {
+
+// The most the frames queued for a member may hold before the job stops reading, unless two RESULTs already do.
+constexpr uint64_t kQueuedResultBytes = 64ull << 20;
+
+// Version 2's lockstep rounds let at most S RESULTs wait per member. A deeper queue keeps a CPU-bound reader
+// (loopback) busy; the RESULTs are shared by all members, so this bounds the job's queued RESULTs. Fewer where
+// RESULTs are large (K x B chosen by the workers), so that the bound is one of bytes too.
+size_t CongestionFrames(const JobShape& shape, uint64_t max_result_buffer) {
+  const uint64_t by_count = 16 * uint64_t{shape.slots} + 16;
+  return static_cast<size_t>(std::clamp<uint64_t>(kQueuedResultBytes / max_result_buffer, 2, by_count));
+}
+
+}  // namespace
+
 size_t Job::CongestionLimit() const {
-  // Version 2's lockstep rounds let at most S RESULTs wait per member. A deeper queue keeps a CPU-bound reader
-  // (loopback) busy; the RESULTs are shared by all members, so this bounds the job's queued RESULTs.
-  return 16 * size_t{shape_.slots} + 16;
+  return congestion_limit_ != 0 ? congestion_limit_ : 16 * size_t{shape_.slots} + 16;
+}
+
+bool Job::AnyMemberQueued() const {
+  return std::any_of(members_.begin(), members_.end(), [](const auto& m) { return m && m->queued_frames() > 0; });
+}
+
+void Job::OnMemberIdle() {
+  if (!undelivered_results_.empty() && !AnyMemberQueued()) undelivered_results_.clear();
 }
 
 std::vector<uint32_t> Job::CongestedRanks() const {
@@ -373,20 +396,21 @@ void Job::OnCollectiveBegin(uint32_t rank, const proto::CollectiveBegin& begin) 
                                     std::to_string(last_completed_seq_ + 1)));
       return;
     }
-    Result<uint64_t> reserved = Admit(*spec);
+    Result<Admission> reserved = Admit(*spec);
     if (!reserved.ok()) {
       Abort(reserved.status().WithContext(Describe(rank) + ", collective " + std::to_string(begin.seq())), {rank});
       return;
     }
     Result<codec::ErrorMemory*> error_memory = ErrorMemoryFor(*spec);
     if (!error_memory.ok()) {
-      context_.memory.Release(*reserved);
+      context_.memory.Release(reserved->engine_bytes + reserved->results_bytes);
       Abort(error_memory.status().WithContext(Describe(rank) + ", collective " + std::to_string(begin.seq())),
             {rank});
       return;
     }
     active_.emplace();
-    active_->memory.emplace(context_.memory, *reserved);
+    active_->memory.emplace(context_.memory, reserved->engine_bytes);
+    active_->results_memory.emplace(context_.memory, reserved->results_bytes);
     active_->started = std::chrono::steady_clock::now();
     active_->seq = begin.seq();
     active_->spec = *spec;
@@ -471,7 +495,7 @@ void Job::EraseErrorMemory(std::map<uint64_t, std::unique_ptr<KeyedErrorMemory>>
   error_memories_.erase(it);
 }
 
-Result<uint64_t> Job::Admit(const CollectiveSpec& spec) {
+Result<Job::Admission> Job::Admit(const CollectiveSpec& spec) {
   const ServerOptions& limits = context_.options;
   const uint32_t element_size = FindDType(spec.dtype)->size;
   if (spec.element_count > limits.max_tensor_bytes / element_size) {
@@ -484,17 +508,29 @@ Result<uint64_t> Job::Admit(const CollectiveSpec& spec) {
   const ColumnLayout layout(shape_, spec.element_count, spec.block_size, element_size);
   uint64_t columns = 0;
   for (uint32_t s = 0; s < shape_.slots; ++s) columns += layout.NonEmptyLanes(aggregator_index_, s);
-  const uint64_t memory =
+  const uint64_t engine =
       ColumnEngine::MemoryBound(shape_, columns, uint64_t{spec.block_size} * element_size, layout);
+  // RESULTs waiting for the slowest member (they are shared by all): up to the backpressure limit of frames, plus
+  // what one more read completes, which the engine held (their buffers at most four times its blocks); never more
+  // than all of the collective's RESULTs. They held memory nobody accounted for: a member that reads nothing with
+  // large K x B made the daemon queue far beyond --max-job-memory.
+  const uint64_t wire_block = codec::MaxWireBytes(DownloadFormat(spec.codec), spec.block_size, element_size);
+  const uint64_t result_buffer = ColumnEngine::MaxResultBufferBytes(shape_, wire_block);
+  const size_t congestion_frames = CongestionFrames(shape_, result_buffer);
+  const uint64_t results =
+      std::min(ColumnEngine::ResultMemoryBound(shape_, layout.BlocksOf(aggregator_index_), columns, wire_block),
+               (congestion_frames + 1) * result_buffer + 4 * engine);
+  const uint64_t memory = engine + results;
   if (memory > limits.max_job_memory) {
     return Status(StatusCode::kResourceExhausted,
                   "the collective would hold up to " + std::to_string(memory) + " bytes on this aggregator (" +
-                      std::to_string(shape_.world_size) + " ranks x window " + std::to_string(shape_.window) +
-                      " frames per slot over " + std::to_string(columns) + " columns of " +
-                      std::to_string(spec.block_size * element_size) + "-byte blocks, plus RESULTs and tables over " +
-                      std::to_string(layout.num_places()) + " columns of " +
-                      std::to_string(shape_.num_aggregators) + " aggregators), " +
-                      "above its --max-job-memory of " + std::to_string(limits.max_job_memory) +
+                      std::to_string(engine) + " for " + std::to_string(shape_.world_size) + " ranks x window " +
+                      std::to_string(shape_.window) + " frames per slot over " + std::to_string(columns) +
+                      " columns of " + std::to_string(spec.block_size * element_size) +
+                      "-byte blocks, a RESULT and tables over " + std::to_string(layout.num_places()) +
+                      " columns of " + std::to_string(shape_.num_aggregators) + " aggregators; " +
+                      std::to_string(results) + " for RESULTs waiting in send queues), above its " +
+                      "--max-job-memory of " + std::to_string(limits.max_job_memory) +
                       "; use fewer slots, blocks per message or a smaller window");
   }
   if (!context_.memory.TryReserve(memory)) {
@@ -503,7 +539,8 @@ Result<uint64_t> Job::Admit(const CollectiveSpec& spec) {
                       "collectives already hold " + std::to_string(context_.memory.reserved()) + " of its " +
                       "--max-total-memory of " + std::to_string(context_.memory.limit()) + "; retry later");
   }
-  return memory;
+  congestion_limit_ = congestion_frames;
+  return Admission{engine, results};
 }
 
 void Job::AbortIfForming(const Status& error, uint32_t rank) {
@@ -519,6 +556,8 @@ void Job::MaybeCompleteCollective() {
     context_.metrics.CollectiveCompleted(elapsed.count(), active_->engine->blocks_aggregated(),
                                          active_->engine->owned_blocks());
     last_completed_seq_ = active_->seq;
+    // Its RESULTs may still wait for slow members: their reservation stays until every queue ran empty.
+    if (AnyMemberQueued()) undelivered_results_.push_back(std::move(*active_->results_memory));
     active_.reset();
     stall_timer_.cancel();
     uncongested_.cancel();

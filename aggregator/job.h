@@ -37,7 +37,8 @@ struct ActiveCollective {
   uint32_t begun_count = 0;
   std::unique_ptr<ColumnEngine> engine;
   std::chrono::steady_clock::time_point started;
-  std::optional<MemoryReservation> memory;  // this collective's share of --max-total-memory
+  std::optional<MemoryReservation> memory;  // this collective's share of --max-total-memory: the engine
+  std::optional<MemoryReservation> results_memory;  // and its RESULTs waiting in send queues, until they are written
 };
 
 class Job : public std::enable_shared_from_this<Job> {
@@ -66,6 +67,9 @@ class Job : public std::enable_shared_from_this<Job> {
   void OnControl(uint32_t rank, const proto::ControlMessage& message);
   // The rank's connection ended (or broke the protocol: `reason` is a kProtocolViolation).
   void OnDisconnect(uint32_t rank, const Session* session, const Status& reason);
+  // A member's send queue ran empty (on the strand): releases the reservations of completed collectives' RESULTs
+  // once no member has frames queued.
+  void OnMemberIdle();
 
   // Fails the job: every member gets an Error (`offender`, if any, gets `error` itself, the others a PEER_LEFT or
   // the same error) and is disconnected; the job leaves the registry.
@@ -92,8 +96,13 @@ class Job : public std::enable_shared_from_this<Job> {
   // memory reserved) at first use; nullptr when none is needed.
   Result<codec::ErrorMemory*> ErrorMemoryFor(const CollectiveSpec& spec);
   // Checks the limits a new collective must fit (tensor size, per-job and total memory) and reserves its memory
-  // in the shared budget; returns the bytes reserved, for the collective's MemoryReservation to release.
-  Result<uint64_t> Admit(const CollectiveSpec& spec);
+  // in the shared budget: the engine's, and what its RESULTs can hold while they wait in members' send queues
+  // (bounded by the backpressure limit, which it sets for this collective). Returns the bytes reserved for each.
+  struct Admission {
+    uint64_t engine_bytes = 0;
+    uint64_t results_bytes = 0;
+  };
+  Result<Admission> Admit(const CollectiveSpec& spec);
   void EndForDrain();
   void MaybeCompleteCollective();
   void Violation(uint32_t rank, const Status& error);
@@ -107,6 +116,7 @@ class Job : public std::enable_shared_from_this<Job> {
   // Members with more than the backpressure limit of frames queued (ascending ranks).
   std::vector<uint32_t> CongestedRanks() const;
   size_t CongestionLimit() const;
+  bool AnyMemberQueued() const;
   void OnStallTimer(uint64_t seq);
   // --formation-timeout-ms after the first Hello: ends the job if it has not formed by then.
   void ArmFormationTimer();
@@ -124,6 +134,11 @@ class Job : public std::enable_shared_from_this<Job> {
   std::vector<uint32_t> departed_;                       // ranks that left after formation
   std::map<uint32_t, std::string> departure_reasons_;  // their Goodbye reasons, where they gave one
   std::optional<ActiveCollective> active_;
+  // Frames queued for one member beyond which the job stops reading (WaitWhileCongested); set per collective from
+  // its largest RESULT, 0 until the first.
+  size_t congestion_limit_ = 0;
+  // Completed collectives' RESULT reservations, held until no member has frames queued (OnMemberIdle).
+  std::vector<MemoryReservation> undelivered_results_;
   // 3LC's error feedback on the results this aggregator sends, per collective key, for the job's lifetime; each
   // holds its share of --max-total-memory while it exists.
   struct KeyedErrorMemory {

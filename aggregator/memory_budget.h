@@ -23,13 +23,20 @@ class MemoryBudget {
   std::atomic<uint64_t> reserved_{0};
 };
 
-// A reservation released on destruction (held by the running collective).
+// A reservation released on destruction (held by the running collective, or by the job while that collective's
+// RESULTs still wait in members' send queues). Movable: the moved-from one releases nothing.
 class MemoryReservation {
  public:
   MemoryReservation(MemoryBudget& budget, uint64_t bytes) : budget_(&budget), bytes_(bytes) {}
+  MemoryReservation(MemoryReservation&& other) noexcept : budget_(other.budget_), bytes_(other.bytes_) {
+    other.bytes_ = 0;
+  }
   MemoryReservation(const MemoryReservation&) = delete;
   MemoryReservation& operator=(const MemoryReservation&) = delete;
-  ~MemoryReservation() { budget_->Release(bytes_); }
+  MemoryReservation& operator=(MemoryReservation&&) = delete;
+  ~MemoryReservation() {
+    if (bytes_ > 0) budget_->Release(bytes_);
+  }
   uint64_t bytes() const { return bytes_; }
 
  private:

@@ -469,6 +469,10 @@ asio::awaitable<void> Session::ReadLoop(std::shared_ptr<Job> job) {
     metrics.RingRecalled();
     if (std::shared_ptr<Job> held = weak.lock()) held->ReturnLoans(rank);
   });
+  // The job holds the memory of RESULTs until they are written (on the strand, like the writer's completions).
+  channel_->set_idle_handler([weak = std::weak_ptr<Job>(job)] {
+    if (std::shared_ptr<Job> held = weak.lock()) held->OnMemberIdle();
+  });
   context_.metrics.WorkerJoined();
   // However the loop ends, the connection is done: no grace timer keeps the session (and the daemon's shutdown)
   // waiting once the worker has closed its side.

@@ -57,6 +57,17 @@ uint64_t ColumnEngine::MemoryBound(const JobShape& shape, uint64_t columns, uint
   return W * shape.window * columns * (entry + kHeldBlockOverhead) + columns * entry + W * columns * 16 + places;
 }
 
+uint64_t ColumnEngine::MaxResultBufferBytes(const JobShape& shape, uint64_t wire_block_bytes) {
+  return 2 * (kFrameHeaderSize + MaxDataPayloadFor(shape.blocks_per_message, wire_block_bytes));
+}
+
+uint64_t ColumnEngine::ResultMemoryBound(const JobShape& shape, uint64_t owned_blocks, uint64_t columns,
+                                         uint64_t wire_block_bytes) {
+  const uint64_t frames = owned_blocks * (kFrameHeaderSize + kEntrySize + Pad8(wire_block_bytes)) +
+                          columns * kEntrySize + uint64_t{shape.slots} * kFrameHeaderSize;
+  return 4 * frames;
+}
+
 uint64_t ColumnEngine::MaxContributionPayload() const {
   return MaxDataPayloadFor(shape_.blocks_per_message, codec::MaxWireBytes(upload_, spec_.block_size, element_size_));
 }

@@ -46,6 +46,15 @@ class ColumnEngine {
   // min(A x S x K, NB) entries, so A times its own columns). aggregator/job.cc admits a collective against it.
   static uint64_t MemoryBound(const JobShape& shape, uint64_t columns, uint64_t block_bytes,
                               const ColumnLayout& layout);
+  // The largest buffer a RESULT of K entries of `wire_block_bytes` (the download format's largest block) can hold:
+  // its frame, in a pool buffer of up to twice that (BufferPool::Acquire).
+  static uint64_t MaxResultBufferBytes(const JobShape& shape, uint64_t wire_block_bytes);
+  // All the RESULTs of one collective together, while they wait in members' send queues (a RESULT is shared by
+  // all members): every one of the aggregator's `owned_blocks` once, in a frame of its own at worst, and one
+  // announce reply per slot over its `columns`; a buffer holds at most four times its frame's bytes (FlushResult
+  // keeps a buffer at most twice its content, the pool's at most twice what was asked).
+  static uint64_t ResultMemoryBound(const JobShape& shape, uint64_t owned_blocks, uint64_t columns,
+                                    uint64_t wire_block_bytes);
 
   // A CONTRIBUTION from `rank` (header already decoded; `payload` holds header.payload_length bytes). The engine
   // keeps the payload until every block in it is aggregated (a rank streams up to D frames per slot ahead, §4), so

@@ -601,57 +601,88 @@ TEST(Service, MetricsEndpointBoundsItsConnectionsAndStillServesAProbe) {
   for (int fd : idle) close(fd);
 }
 
+// Collective 1 of a job of two ranks, after which rank 0 (by hand, 4 KiB receive buffer) has read none of its
+// RESULTs: it lets rank 1 stream all 256 CONTRIBUTIONs of 64 blocks (window 256) before it announces nothing, so
+// that the daemon answers them all at once. Rank 1 reads its RESULTs; rank 0's 16 MiB are far more than the
+// kernel's send buffer (at most 4 MiB here) takes, so the daemon keeps most of them queued.
+struct UnreadResults {
+  int fd = -1;  // rank 0's connection
+  std::unique_ptr<Worker> rank1;
+  std::vector<float> tensor;
+  ~UnreadResults() {
+    if (fd >= 0) close(fd);
+  }
+
+  void Run(Daemon& daemon, uint64_t job) {
+    WorkerOptions options = Options(daemon.address(), job, 1, 2);
+    options.transport = "tcp";
+    options.slots = 1;
+    options.blocks_per_message = 64;
+    options.window = 256;
+    fd = ConnectToLoopback(daemon.address(), /*receive_buffer=*/4096);
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(SendControl(fd, RawHello(job, 0, 2, 1, options)));
+    auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+    rank1 = joined.get();
+
+    const CollectiveSpec spec{256u * 64u * 256u, DType::kFloat32, ReduceOp::kSum, options.block_size};
+    proto::ControlMessage begin;
+    begin.mutable_collective_begin()->set_seq(1);
+    *begin.mutable_collective_begin()->mutable_spec() = SpecToProto(spec);
+    ASSERT_TRUE(SendControl(fd, begin));
+    tensor.assign(spec.element_count, 1.0f);
+    auto first = rank1->allreduce_async(std::span(tensor));
+    // Rank 1's announce and 256 CONTRIBUTIONs of 64 blocks (40 + 64 · (24 + 1024) bytes each) have been read.
+    ASSERT_TRUE(Eventually([&] {
+      return Sample(daemon.Metrics(), R"(sparsereduce_received_bytes_total\{instance_name="svc"\})") >=
+             256.0 * (40 + 64 * (24 + 1024));
+    })) << daemon.Metrics();
+    const JobShape shape{2, 1, options.slots, options.blocks_per_message, options.window};
+    const ColumnLayout layout(shape, spec.element_count, spec.block_size, 4);
+    std::vector<Entry> announce;
+    for (uint32_t k = 0; k < layout.NonEmptyLanes(0, 0); ++k) announce.push_back({layout.Column(0, 0, k), kEndOfColumn, 0});
+    const ByteBuffer frame = EncodeDataFrame({FrameType::kContribution, 0, 0, job, 1, 0}, announce, {});
+    ASSERT_TRUE(WriteAll(fd, std::span(frame.data(), frame.size())));
+    ASSERT_EQ(first.wait_for(20s), std::future_status::ready);
+    first.get();  // rank 1 has its sums; rank 0's RESULTs wait in the daemon
+  }
+};
+
 // A member that does not read its RESULTs holds the others back in the begin phase too: there the hold leaves a
 // late rank's CollectiveBegin unread, so the collective would wait for it up to --begin-timeout-ms (30 min by
 // default) and then blame the rank that is held back. It is aborted at the stall timeout instead, naming the
-// member that does not read. Here rank 0 (by hand, 4 KiB receive buffer) lets rank 1 stream all 256
-// CONTRIBUTIONs of 64 blocks of collective 1 (window 256) before it announces nothing, so that the daemon answers
-// them all at once: rank 1 reads its RESULTs, rank 0 none, and 16 MiB of them are far more than the kernel's
-// send buffer (at most 4 MiB here) takes. Rank 1 then begins collective 2, and rank 0 never does.
+// member that does not read. Here rank 1 begins collective 2 after UnreadResults, and rank 0 never does.
 TEST(Service, AMemberThatDoesNotReadEndsTheBeginPhaseAtTheStallTimeout) {
   Daemon daemon({"--stall-timeout-ms", "2000", "--begin-timeout-ms", "600000"});
-  WorkerOptions options = Options(daemon.address(), 44, 1, 2);
-  options.transport = "tcp";
-  options.slots = 1;
-  options.blocks_per_message = 64;
-  options.window = 256;
-  const int fd = ConnectToLoopback(daemon.address(), /*receive_buffer=*/4096);
-  ASSERT_GE(fd, 0);
-  ASSERT_TRUE(SendControl(fd, RawHello(options.job, 0, 2, 1, options)));
-  auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
-  std::unique_ptr<Worker> rank1 = joined.get();
-
-  const CollectiveSpec spec{256u * 64u * 256u, DType::kFloat32, ReduceOp::kSum, options.block_size};
-  proto::ControlMessage begin;
-  begin.mutable_collective_begin()->set_seq(1);
-  *begin.mutable_collective_begin()->mutable_spec() = SpecToProto(spec);
-  ASSERT_TRUE(SendControl(fd, begin));
-  std::vector<float> tensor(spec.element_count, 1.0f);
-  auto first = rank1->allreduce_async(std::span(tensor));
-  // Rank 1's announce and 256 CONTRIBUTIONs of 64 blocks (40 + 64 · (24 + 1024) bytes each) have been read.
-  ASSERT_TRUE(Eventually([&] {
-    return Sample(daemon.Metrics(), R"(sparsereduce_received_bytes_total\{instance_name="svc"\})") >=
-           256.0 * (40 + 64 * (24 + 1024));
-  })) << daemon.Metrics();
-  const JobShape shape{2, 1, options.slots, options.blocks_per_message, options.window};
-  const ColumnLayout layout(shape, spec.element_count, spec.block_size, 4);
-  std::vector<Entry> announce;
-  for (uint32_t k = 0; k < layout.NonEmptyLanes(0, 0); ++k) announce.push_back({layout.Column(0, 0, k), kEndOfColumn, 0});
-  const ByteBuffer frame = EncodeDataFrame({FrameType::kContribution, 0, 0, options.job, 1, 0}, announce, {});
-  ASSERT_TRUE(WriteAll(fd, std::span(frame.data(), frame.size())));
-  ASSERT_EQ(first.wait_for(20s), std::future_status::ready);
-  first.get();  // rank 1 has its sums; rank 0's RESULTs wait in the daemon
-
+  UnreadResults unread;
+  ASSERT_NO_FATAL_FAILURE(unread.Run(daemon, 44));
   const auto start = std::chrono::steady_clock::now();
   try {
-    rank1->allreduce(std::span(tensor));
+    unread.rank1->allreduce(std::span(unread.tensor));
     ADD_FAILURE() << "collective 2 completed without rank 0";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), "DEADLINE_EXCEEDED") << e.what();
     EXPECT_NE(std::string(e.what()).find("rank(s) 0 do not read their RESULTs"), std::string::npos) << e.what();
   }
   EXPECT_LT(std::chrono::steady_clock::now() - start, 30s) << "waited for the begin timeout";
-  close(fd);
+}
+
+// RESULTs that wait in a member's send queue keep their share of --max-total-memory after the collective completed,
+// until they are written: they were released at completion, so a member that read nothing (with large K x B, far
+// beyond --max-job-memory) held memory nobody accounted for, between collectives for as long as it stayed
+// connected. Here rank 0 then reads everything, and the reservation goes.
+TEST(Service, QueuedResultsKeepTheirMemoryReservedUntilWritten) {
+  Daemon daemon;
+  UnreadResults unread;
+  ASSERT_NO_FATAL_FAILURE(unread.Run(daemon, 45));
+  const std::string reserved = R"(sparsereduce_memory_reserved_bytes\{instance_name="svc"\})";
+  EXPECT_GT(Sample(daemon.Metrics(), reserved), 4 << 20) << "the queued RESULTs hold no reservation";
+  std::vector<char> sink(1 << 20);
+  EXPECT_TRUE(Eventually([&] {
+    while (recv(unread.fd, sink.data(), sink.size(), MSG_DONTWAIT) > 0) {
+    }
+    return Sample(daemon.Metrics(), reserved) == 0;
+  })) << daemon.Metrics();
 }
 
 TEST(Service, TensorLimitRefusesThatJobOnly) {
@@ -671,16 +702,24 @@ TEST(Service, TensorLimitRefusesThatJobOnly) {
 // S and K), W = 2 and the default window of 1 (ColumnEngine::MemoryBound, docs/OPERATIONS.md "Sizing"): 2·1·16
 // held blocks of (24+1024) frame bytes plus 64 of bookkeeping, 16·(24+1024) for the RESULTs, 2·16·16 of tables,
 // 16·8 for the column -> lane table.
-constexpr uint64_t kCollectiveMemoryW2 =
+constexpr uint64_t kEngineMemoryW2 =
     2ull * 16 * (24 + 1024 + 64) + 16ull * (24 + 1024) + 2ull * 16 * 16 + 16ull * 8;
+// Its RESULTs while they wait in send queues (ColumnEngine::ResultMemoryBound): each of the 16 blocks in a frame
+// of its own (40 + 24 + block bytes), the announce replies (16 entries of 24, a frame of 40 per slot), four times
+// (buffers up to twice their frame, frames up to twice their content). Blocks travel raw (1024 bytes) or, with 3LC's
+// ternary results, in 56 (a 4-byte scale and 52 bytes of 5 elements per byte).
+constexpr uint64_t ResultMemoryW2(uint64_t block_bytes) { return 4 * (16 * (40 + 24 + block_bytes) + 16 * 24 + 8 * 40); }
+constexpr uint64_t kCollectiveMemoryW2 = kEngineMemoryW2 + ResultMemoryW2(1024);
 
 // 3LC's error memory lives as long as the job, one per key (docs/PROTOCOL.md §11.3). A job's keys together stay
 // within --max-job-memory, so that one job cannot take all of --max-total-memory by using many keys. Here each
-// key holds 16 blocks of 256 floats (16384 bytes) and its entry (256); the limit admits the collective and three
-// keys, not four.
+// key holds 16 blocks of 256 floats (16384 bytes) and its entry (256); the limit, a byte short of four keys,
+// admits the collective and three keys, not four.
 TEST(Service, ErrorMemoryOfAllKeysOfAJobStaysWithinTheJobLimit) {
   constexpr uint64_t kErrorMemoryPerKey = 16ull * 256 * 4 + 256;
-  Daemon daemon({"--max-job-memory", std::to_string(3 * kErrorMemoryPerKey + kErrorMemoryPerKey / 2)});
+  constexpr uint64_t kLimit = 4 * kErrorMemoryPerKey - 1;
+  static_assert(kEngineMemoryW2 + ResultMemoryW2(56) <= kLimit, "the 3LC collective itself must fit");
+  Daemon daemon({"--max-job-memory", std::to_string(kLimit)});
   auto workers = JoinPair(daemon.address(), 28);  // not a structured binding: the lambda below captures it
   std::unique_ptr<Worker>& r0 = workers.first;
   std::unique_ptr<Worker>& r1 = workers.second;
