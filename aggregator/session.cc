@@ -105,7 +105,6 @@ Session::~Session() {
 void Session::HandOverToJob() {
   if (handshake_id_) context_.handshakes.Remove(*handshake_id_);
   handshake_id_.reset();
-  handshake_slot_.reset();
 }
 
 void Session::StopHandshake() {
@@ -160,6 +159,18 @@ void Session::RejectBeforeJoin(const Status& error) {
   context_.metrics.Error(error.code());
   channel_ = MakeChannel(executor_);
   Fail(error, 0, {});
+  asio::co_spawn(executor_, [self = shared_from_this()] { return self->DrainUntilClosed(); },
+                 [peer = peer_](std::exception_ptr error) {
+                   if (error) spdlog::error("peer {}: draining a refused connection: {}", peer, ExceptionText(error));
+                 });
+}
+
+asio::awaitable<void> Session::DrainUntilClosed() {
+  while (true) {
+    Result<FrameHeader> header = co_await channel_->ReadHeader();
+    if (!header.ok() || !(co_await channel_->Discard(header->payload_length)).ok()) break;
+  }
+  if (close_grace_) close_grace_->cancel();
 }
 
 asio::awaitable<Result<proto::ControlMessage>> Session::ReadControl() {
@@ -460,7 +471,11 @@ asio::awaitable<void> Session::ReadLoop(std::shared_ptr<Job> job) {
   }
   channel_ = MakeChannel(executor_);
   channel_->set_error_handler([](const Status&) {});  // the read side reports the failure
-  if (job->Join(shared_from_this()) == Job::JoinOutcome::kRejected) co_return;
+  if (job->Join(shared_from_this()) == Job::JoinOutcome::kRejected) {
+    co_await DrainUntilClosed();
+    co_return;
+  }
+  handshake_slot_.reset();  // a member now: the job's limits apply
 
   const uint32_t rank = hello_.rank();
   // The job holds what the channel lends until its blocks are aggregated; the channel calls this (on the strand,

@@ -80,9 +80,14 @@ class Session : public std::enable_shared_from_this<Session> {
   // After Close: the connection is aborted unless the worker closes it within 5 s.
   void ArmCloseGrace();
   void RejectBeforeJoin(const Status& error);
+  // A refused connection, closing (Fail): drops what the worker still sends until it closes, then ends the close
+  // grace, so that the connection (with its handshake place) goes at once rather than after 5 s; the grace bounds
+  // the wait for a worker that does not close.
+  boost::asio::awaitable<void> DrainUntilClosed();
   // The connection goes to its job (on the session strand): Server::Stop no longer ends it through
-  // context_.handshakes, and its address's handshake place is free. A refused connection keeps both until it is
-  // closed (its close grace), so that refusals cannot pile up connections past the limit.
+  // context_.handshakes. Its address's handshake place is freed once the job has taken it as a member (ReadLoop);
+  // a connection refused before (in its handshake, or by the job's Join) keeps it until it is closed (its close
+  // grace), so that refusals cannot pile up connections past the limit.
   void HandOverToJob();
   // Server::Stop, on the session strand: closes the connection unless it went to its job.
   void StopHandshake();
@@ -93,7 +98,9 @@ class Session : public std::enable_shared_from_this<Session> {
   // In context_.handshakes while the handshake runs (on the session strand); reset when the connection goes to its
   // job.
   std::optional<uint64_t> handshake_id_;
-  std::optional<HandshakeLimit::Slot> handshake_slot_;  // held until the connection goes to its job, or ends
+  // Held until the job takes the connection as a member, or the connection ends: one the job refuses (JOB_FULL,
+  // a mismatch) keeps it while it waits for the worker to close, as one refused in its handshake does.
+  std::optional<HandshakeLimit::Slot> handshake_slot_;
   bool handshake_stopped_ = false;        // on the session strand: Server::Stop closed the socket
   JobRegistry& registry_;
   ServiceContext& context_;

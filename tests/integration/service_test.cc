@@ -467,6 +467,36 @@ TEST(Service, ConnectionsInTheirHandshakeAreBoundedPerAddress) {
   EXPECT_TRUE(Eventually([&] { return JoinError(daemon.address(), 60, "").first.empty(); }));
 }
 
+// The same for connections the job refuses when they join (here JOB_FULL: a Hello for a job that formed already):
+// they gave the place back before the job refused them, so a client repeating such Hellos held any number of
+// descriptors for their close grace (1500 from one address in 0.15 s, until accept failed for every job with "Too
+// many open files").
+TEST(Service, ConnectionsTheJobRefusesKeepTheirHandshakePlaceUntilClosed) {
+  Daemon daemon({"--max-handshakes-per-address", "16"});
+  Worker member(Options(daemon.address(), 83, 0, 1));  // job 83 forms with its only rank
+  auto refusal = [&](int fd) {
+    EXPECT_TRUE(SendControl(fd, RawHello(83, 0, 1, 1)));
+    const std::optional<RawFrame> frame = ReadFrame(fd);
+    EXPECT_TRUE(frame) << "no Error";
+    Result<proto::ControlMessage> message =
+        frame ? DecodeControl(frame->payload) : Result<proto::ControlMessage>(ProtocolError("none"));
+    EXPECT_TRUE(message.ok() && message->has_error());
+    return message.ok() && message->has_error() ? message->error().code() : proto::ERROR_CODE_UNSPECIFIED;
+  };
+  std::vector<int> refused;
+  for (int i = 0; i < 16; ++i) {
+    refused.push_back(ConnectToLoopback(daemon.address()));
+    ASSERT_GE(refused.back(), 0);
+    ASSERT_EQ(refusal(refused.back()), proto::JOB_FULL);
+  }
+  const int extra = ConnectToLoopback(daemon.address());
+  ASSERT_GE(extra, 0);
+  EXPECT_EQ(refusal(extra), proto::RESOURCE_EXHAUSTED) << "the 17th connection reached the job";
+  close(extra);
+  for (int fd : refused) close(fd);
+  EXPECT_TRUE(Eventually([&] { return JoinError(daemon.address(), 84, "").first.empty(); }));
+}
+
 // A refused connection keeps its address's handshake place until it is closed: after its Error the daemon waits up
 // to 5 s for the client to close, holding the descriptor. It gave the place back as soon as it refused, so a client
 // that sent invalid Hellos and kept the connections open held any number of descriptors, 16 (here) at a time.
