@@ -467,6 +467,34 @@ TEST(Service, ConnectionsInTheirHandshakeAreBoundedPerAddress) {
   EXPECT_TRUE(Eventually([&] { return JoinError(daemon.address(), 60, "").first.empty(); }));
 }
 
+// A shared-memory offer costs the daemon its listening Unix socket until a connection presents the token; the
+// segment (a memfd and four socket pairs) is made only then. It was made for every Hello listing "shm2", so that
+// handshakes that never took their offers held about 11 descriptors each until their deadline (64 of them: 714).
+TEST(Service, SharedMemoryOffersNobodyTakesHoldNoSegment) {
+  Daemon daemon;
+  auto descriptors = [&] {
+    return std::distance(std::filesystem::directory_iterator("/proc/" + std::to_string(daemon.process()->pid()) + "/fd"),
+                         std::filesystem::directory_iterator());
+  };
+  const auto before = descriptors();
+  constexpr int kOffers = 8;
+  std::vector<int> fds;
+  for (int i = 0; i < kOffers; ++i) {
+    fds.push_back(ConnectToLoopback(daemon.address()));
+    ASSERT_GE(fds.back(), 0);
+    proto::ControlMessage hello = RawHello(90 + i, 0, 2, 1);
+    hello.mutable_hello()->add_transports("shm2");
+    ASSERT_TRUE(SendControl(fds.back(), hello));
+    const std::optional<RawFrame> frame = ReadFrame(fds.back());
+    ASSERT_TRUE(frame);
+    Result<proto::ControlMessage> offer = DecodeControl(frame->payload);
+    ASSERT_TRUE(offer.ok() && offer->has_transport_offer()) << (offer.ok() ? offer->DebugString() : "");
+  }
+  // Each: its TCP connection and the offer's listening socket.
+  EXPECT_LE(descriptors() - before, 2 * kOffers);
+  for (int fd : fds) close(fd);
+}
+
 // The same for connections the job refuses when they join (here JOB_FULL: a Hello for a job that formed already):
 // they gave the place back before the job refused them, so a client repeating such Hellos held any number of
 // descriptors for their close grace (1500 from one address in 0.15 s, until accept failed for every job with "Too

@@ -26,6 +26,7 @@
 
 #include "protocol/auth.h"
 #include "transport/deadline.h"
+#include "transport/ring/byte_ring.h"
 #include "transport/shm/channel.h"
 
 namespace sparsereduce::shm {
@@ -185,8 +186,7 @@ bool PendingOffers::TryAcquire() {
 
 Result<std::unique_ptr<ShmOffer>> ShmOffer::Create(const asio::any_io_executor& executor, uint64_t ring_capacity,
                                                    PendingOffers& pending) {
-  auto created = Segment::Create(ring_capacity);
-  if (!created.ok()) return created.status();
+  if (Status st = transport::ByteRing::CheckCapacity(ring_capacity); !st.ok()) return st;
   std::string name, token;
   try {
     name = "sparsereduce/" + Hex(auth::RandomBytes(16));
@@ -200,9 +200,7 @@ Result<std::unique_ptr<ShmOffer>> ShmOffer::Create(const asio::any_io_executor& 
   if (!ec) acceptor.bind(AbstractEndpoint(name), ec);
   if (!ec) acceptor.listen(4, ec);
   if (ec) return Status(StatusCode::kUnavailable, "listening on the shm socket @" + name + ": " + ec.message());
-  return std::unique_ptr<ShmOffer>(new ShmOffer(std::move(acceptor), name, std::move(token),
-                                                std::move(created->segment), std::move(created->fds),
-                                                std::move(created->peer_events), &pending));
+  return std::unique_ptr<ShmOffer>(new ShmOffer(std::move(acceptor), name, std::move(token), ring_capacity, &pending));
 }
 
 namespace {
@@ -279,6 +277,13 @@ asio::awaitable<Status> ShmOffer::HandOver(std::chrono::steady_clock::time_point
                          " shm offers wait for their workers to receive the descriptors (the cap); not sending more");
   }
   PendingPlace place(pending_);
+  // Made only now, for the connection that presented the token, and within the cap above: a segment takes nine
+  // descriptors, which every handshake that merely listed "shm2" held until its deadline.
+  auto created = Segment::Create(ring_capacity_);
+  if (!created.ok()) co_return Status(StatusCode::kResourceExhausted, created.status().message());
+  segment_ = std::move(created->segment);
+  fds_ = std::move(created->fds);
+  peer_events_ = std::move(created->peer_events);
   if (Status st = SendDescriptors(worker_->native_handle(), fds_.memory, peer_events_); !st.ok()) {
     co_return Status(StatusCode::kResourceExhausted, st.message());
   }

@@ -59,8 +59,9 @@ class PendingOffers {
 // The aggregator's side.
 class ShmOffer {
  public:
-  // Creates a segment with rings of `ring_capacity` bytes and listens for its worker. `pending` must outlive the
-  // executor's io_context (a hand-over that was not received is watched after the offer is gone).
+  // Listens for its worker; the segment, with rings of `ring_capacity` bytes, is made when the worker has presented
+  // the token. `pending` must outlive the executor's io_context (a hand-over that was not received is watched after
+  // the offer is gone).
   static Result<std::unique_ptr<ShmOffer>> Create(const boost::asio::any_io_executor& executor,
                                                   uint64_t ring_capacity,
                                                   PendingOffers& pending);
@@ -73,7 +74,8 @@ class ShmOffer {
   // Every connection's token is read concurrently, so one that stays silent does not hold back the worker behind
   // it; connections with a wrong token are closed, and the others when the handoff ends. Ends with
   // kDeadlineExceeded at `deadline`, kAborted when cancelled, and kResourceExhausted when the segment was not sent
-  // (the PendingOffers cap is reached, or sendmsg failed): the caller then withdraws the offer by destroying this
+  // (the PendingOffers cap is reached, it could not be made, or sendmsg failed): the caller then withdraws the
+  // offer by destroying this
   // object, which closes the worker's Unix connection, and the worker stays on TCP.
   boost::asio::awaitable<Status> Handoff(std::chrono::steady_clock::time_point deadline);
 
@@ -83,15 +85,12 @@ class ShmOffer {
 
  private:
   ShmOffer(boost::asio::local::stream_protocol::acceptor acceptor, std::string name, std::string token,
-           std::shared_ptr<Segment> segment, SegmentFds fds, std::array<UniqueFd, 4> peer_events,
-           PendingOffers* pending)
+           uint64_t ring_capacity, PendingOffers* pending)
       : pending_(pending),
         acceptor_(std::move(acceptor)),
         name_(std::move(name)),
         token_(std::move(token)),
-        segment_(std::move(segment)),
-        fds_(std::move(fds)),
-        peer_events_(std::move(peer_events)) {}
+        ring_capacity_(ring_capacity) {}
 
   // Sends the descriptors to the worker that presented the token, and waits for its acknowledgement.
   boost::asio::awaitable<Status> HandOver(std::chrono::steady_clock::time_point deadline);
@@ -101,7 +100,8 @@ class ShmOffer {
   std::optional<boost::asio::local::stream_protocol::socket> worker_;  // the connection with the right token
   std::string name_;
   std::string token_;
-  std::shared_ptr<Segment> segment_;
+  uint64_t ring_capacity_;
+  std::shared_ptr<Segment> segment_;     // made by HandOver
   SegmentFds fds_;                       // this side's
   std::array<UniqueFd, 4> peer_events_;  // the worker's socket ends, until handed over
 };
