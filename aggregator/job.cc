@@ -434,7 +434,8 @@ void Job::OnCollectiveBegin(uint32_t rank, const proto::CollectiveBegin& begin) 
     Abort(Status(StatusCode::kSpecMismatch, "job " + std::to_string(id_) + ", collective " +
                                                 std::to_string(active_->seq) + ": rank " + std::to_string(rank) +
                                                 " passed " + spec->ToString() + " but rank(s) " +
-                                                RankList(agreeing) + " passed " + active_->spec.ToString()),
+                                                RankList(agreeing) + " passed " + active_->spec.ToString() +
+                                                PeersOf(ranks)),
           ranks);
     return;
   }

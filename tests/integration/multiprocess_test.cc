@@ -209,6 +209,8 @@ TEST(MultiProcess, DtypeAndBlockSizeMismatchesFailEveryRank) {
       const bool names_rank1 = r.lines.back().find("rank 1 passed") != std::string::npos ||
                                r.lines.back().find("rank(s) 1 passed") != std::string::npos;
       EXPECT_TRUE(names_rank1) << r.lines.back();
+      // And where it runs, to find the host.
+      EXPECT_NE(r.lines.back().find("rank 1 at 127.0.0.1:"), std::string::npos) << r.lines.back();
     }
   }
 }
