@@ -636,9 +636,11 @@ void Job::Abort(const Status& error, const std::vector<uint32_t>& ranks, std::op
   for (uint32_t r = 0; r < members_.size(); ++r) {
     if (!members_[r]) continue;
     if (offender && r != *offender) {
+      // Violation put the offender in front of the message already; it is named once.
+      std::string why = error.message();
+      if (const std::string named = Describe(*offender) + ": "; why.starts_with(named)) why.erase(0, named.size());
       members_[r]->Fail(Status(StatusCode::kPeerLeft, "job " + std::to_string(id_) + " aborted because " +
-                                                          Describe(*offender) + " broke the protocol: " +
-                                                          error.message()),
+                                                          Describe(*offender) + " broke the protocol: " + why),
                         seq, ranks);
     } else {
       members_[r]->Fail(error, seq, ranks);

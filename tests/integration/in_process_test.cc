@@ -932,6 +932,12 @@ TEST(InProcess, AFrameOfAnotherVersionAfterTheJobFormedIsAVersionMismatch) {
     EXPECT_EQ(e.code(), "PEER_LEFT") << e.what();
     EXPECT_NE(std::string(e.what()).find("broke the protocol"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("frame version 2"), std::string::npos) << e.what();
+    // The offender is named once (it was named twice: as the one who broke the protocol, then again in front of
+    // the reason).
+    const std::string what = e.what();
+    const size_t first = what.find("rank 1 (peer");
+    EXPECT_NE(first, std::string::npos) << what;
+    EXPECT_EQ(what.find("rank 1 (peer", first + 1), std::string::npos) << what;
   }
   worker.reset();
   EXPECT_TRUE((*daemon)->Stop());
