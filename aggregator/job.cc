@@ -46,17 +46,19 @@ namespace {
 constexpr uint64_t kQueuedResultBytes = 64ull << 20;
 
 // Version 2's lockstep rounds let at most S RESULTs wait per member. A deeper queue keeps a CPU-bound reader
-// (loopback) busy; the RESULTs are shared by all members, so this bounds the job's queued RESULTs. Fewer where
-// RESULTs are large (K x B chosen by the workers), so that the bound is one of bytes too.
+// (loopback) busy; the RESULTs are shared by all members, so this bounds the job's queued RESULTs.
+size_t CongestionFramesByCount(const JobShape& shape) { return 16 * size_t{shape.slots} + 16; }
+
+// Fewer where RESULTs are large (K x B chosen by the workers), so that the bound is one of bytes too.
 size_t CongestionFrames(const JobShape& shape, uint64_t max_result_buffer) {
-  const uint64_t by_count = 16 * uint64_t{shape.slots} + 16;
-  return static_cast<size_t>(std::clamp<uint64_t>(kQueuedResultBytes / max_result_buffer, 2, by_count));
+  return static_cast<size_t>(
+      std::clamp<uint64_t>(kQueuedResultBytes / max_result_buffer, 2, CongestionFramesByCount(shape)));
 }
 
 }  // namespace
 
 size_t Job::CongestionLimit() const {
-  return congestion_limit_ != 0 ? congestion_limit_ : 16 * size_t{shape_.slots} + 16;
+  return congestion_limit_ != 0 ? congestion_limit_ : CongestionFramesByCount(shape_);
 }
 
 bool Job::AnyMemberQueued() const {
@@ -581,7 +583,7 @@ void Job::EndForDrain() {
 
 void Job::Violation(uint32_t rank, const Status& error) {
   spdlog::warn("{}: {}; dropping the connection", Describe(rank), error.ToString());
-  Abort(error.WithContext(Describe(rank)), {rank}, rank);
+  Abort(error, {rank}, rank);
 }
 
 void Job::OnDisconnect(uint32_t rank, const Session* session, const Status& reason) {
@@ -629,21 +631,20 @@ void Job::ReleaseIfEmpty() {
 void Job::Abort(const Status& error, const std::vector<uint32_t>& ranks, std::optional<uint32_t> offender) {
   if (dead_) return;
   dead_ = true;
-  spdlog::warn("job {}: aborted: {}", id_, error.ToString());
-  context_.metrics.Error(error.code());
+  const Status own = offender ? error.WithContext(Describe(*offender)) : error;
+  spdlog::warn("job {}: aborted: {}", id_, own.ToString());
+  context_.metrics.Error(own.code());
   if (active_) context_.metrics.CollectiveFailed();
   const uint64_t seq = active_ ? active_->seq : 0;
   for (uint32_t r = 0; r < members_.size(); ++r) {
     if (!members_[r]) continue;
     if (offender && r != *offender) {
-      // Violation put the offender in front of the message already; it is named once.
-      std::string why = error.message();
-      if (const std::string named = Describe(*offender) + ": "; why.starts_with(named)) why.erase(0, named.size());
       members_[r]->Fail(Status(StatusCode::kPeerLeft, "job " + std::to_string(id_) + " aborted because " +
-                                                          Describe(*offender) + " broke the protocol: " + why),
+                                                          Describe(*offender) + " broke the protocol: " +
+                                                          error.message()),
                         seq, ranks);
     } else {
-      members_[r]->Fail(error, seq, ranks);
+      members_[r]->Fail(own, seq, ranks);
     }
   }
   active_.reset();

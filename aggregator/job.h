@@ -71,8 +71,8 @@ class Job : public std::enable_shared_from_this<Job> {
   // once no member has frames queued.
   void OnMemberIdle();
 
-  // Fails the job: every member gets an Error (`offender`, if any, gets `error` itself, the others a PEER_LEFT or
-  // the same error) and is disconnected; the job leaves the registry.
+  // Fails the job: every member gets an Error (`offender`, if any, gets `error` with its description in front, the
+  // others a PEER_LEFT naming it; without one, all get `error`) and is disconnected; the job leaves the registry.
   void Abort(const Status& error, const std::vector<uint32_t>& ranks, std::optional<uint32_t> offender = {});
 
   bool dead() const { return dead_; }

@@ -94,20 +94,19 @@ class _CtrlC:
 
     def poll(self):
         """Aborts the registered Workers if SIGINT came since the last poll and Python would raise
-        KeyboardInterrupt for it; True then."""
+        KeyboardInterrupt for it."""
         with self._lock:
             if self._reader is None:
-                return False
+                return
             try:
                 received = self._reader.recv(4096)
             except (BlockingIOError, InterruptedError):
-                return False
+                return
             if signal.SIGINT not in received or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
-                return False
+                return
             workers = list(self._workers)
         for worker in workers:
             worker.abort()
-        return True
 
 
 _ctrl_c = _CtrlC()

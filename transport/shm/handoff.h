@@ -75,8 +75,7 @@ class ShmOffer {
   // it; connections with a wrong token are closed, and the others when the handoff ends. Ends with
   // kDeadlineExceeded at `deadline`, kAborted when cancelled, and kResourceExhausted when the segment was not sent
   // (the PendingOffers cap is reached, it could not be made, or sendmsg failed): the caller then withdraws the
-  // offer by destroying this
-  // object, which closes the worker's Unix connection, and the worker stays on TCP.
+  // offer by destroying this object, which closes the worker's Unix connection, and the worker stays on TCP.
   boost::asio::awaitable<Status> Handoff(std::chrono::steady_clock::time_point deadline);
 
   // After Handoff: the aggregator's end of the connection.
