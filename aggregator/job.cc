@@ -235,7 +235,8 @@ Job::JoinOutcome Job::Join(const std::shared_ptr<Session>& session) {
                                                  std::to_string(shape_.world_size) + " ranks" + holder +
                                                  " (Hello of rank " + std::to_string(rank) + " from " +
                                                  session->peer() + ")");
-    spdlog::warn("{}; refused", error.ToString());  // the job runs on: not an abort, but worth a line and a count
+    // The job runs on: not an abort, but worth a line (unless refusals come too fast) and a count.
+    if (context_.refusal_log.Admit()) spdlog::warn("{}; refused", error.ToString());
     context_.metrics.Error(error.code());
     session->Fail(error, 0, {rank});
     return JoinOutcome::kRejected;

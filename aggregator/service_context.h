@@ -4,12 +4,14 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 
 #include "aggregator/connection_set.h"
 #include "aggregator/handshake_limit.h"
 #include "aggregator/job_secrets.h"
+#include "aggregator/log_throttle.h"
 #include "aggregator/memory_budget.h"
 #include "aggregator/metrics.h"
 #include "aggregator/network_allowlist.h"
@@ -48,6 +50,14 @@ struct ServiceContext {
   ConnectionSet handshakes;
   // and how many of them one client address may have.
   HandshakeLimit handshake_limit{options.max_handshakes_per_address};
+  // The lines about connections that never became members of a job: any client can cause them as fast as it can
+  // connect, so they are rate limited (docs/OPERATIONS.md, Logs). Two budgets, so that connections merely closed
+  // early (info) cannot use up the one of refusals (warnings).
+  static constexpr uint32_t kConnectionLogBurst = 20;
+  static constexpr std::chrono::seconds kConnectionLogWindow{10};
+  LogThrottle refusal_log{"connections refused or timed out before joining a job", kConnectionLogBurst,
+                          kConnectionLogWindow};
+  LogThrottle early_close_log{"connections closed during their handshake", kConnectionLogBurst, kConnectionLogWindow};
 
   std::string RenderMetrics() { return metrics.Render(memory.reserved(), draining.load()); }
 };

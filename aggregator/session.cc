@@ -155,7 +155,7 @@ void Session::ArmCloseGrace() {
 }
 
 void Session::RejectBeforeJoin(const Status& error) {
-  spdlog::warn("peer {}: rejected before joining: {}", peer_, error.ToString());
+  if (context_.refusal_log.Admit()) spdlog::warn("peer {}: rejected before joining: {}", peer_, error.ToString());
   context_.metrics.Error(error.code());
   channel_ = MakeChannel(executor_);
   Fail(error, 0, {});
@@ -223,19 +223,22 @@ asio::awaitable<void> Session::Handshake() {
   }
   deadline.Cancel();
   if (handshake_stopped_) {
-    spdlog::info("{}: handshake ended: the aggregator is stopping", got_hello ? Who() : "peer " + peer_);
+    if (context_.early_close_log.Admit()) {
+      spdlog::info("{}: handshake ended: the aggregator is stopping", got_hello ? Who() : "peer " + peer_);
+    }
     co_return;
   }
   if (deadline.expired()) {
-    spdlog::warn("{}: no complete handshake within {} ms; connection dropped",
-                 got_hello ? Who() : "peer " + peer_,
-                 context_.options.handshake_timeout.count());
+    if (context_.refusal_log.Admit()) {
+      spdlog::warn("{}: no complete handshake within {} ms; connection dropped", got_hello ? Who() : "peer " + peer_,
+                   context_.options.handshake_timeout.count());
+    }
     context_.metrics.Error(StatusCode::kDeadlineExceeded);
     co_return;
   }
   if (!st.ok()) {
     if (st.code() == StatusCode::kUnavailable) {
-      spdlog::info("peer {}: closed during the handshake: {}", peer_, st.message());
+      if (context_.early_close_log.Admit()) spdlog::info("peer {}: closed during the handshake: {}", peer_, st.message());
       co_return;
     }
     RejectBeforeJoin(st.WithContext("handshake"));

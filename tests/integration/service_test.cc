@@ -42,8 +42,11 @@ namespace http = boost::beast::http;
 
 class Daemon {
  public:
-  // `launcher` goes before the daemon's own argv (e.g. a shell that lowers a limit and execs it).
-  explicit Daemon(std::vector<std::string> extra = {}, std::vector<std::string> launcher = {}) {
+  // `launcher` goes before the daemon's own argv (e.g. a shell that lowers a limit and execs it). With
+  // `capture_log`, the daemon's log (its stdout) is read by process()->ReadStdout; the test must read it before
+  // the daemon writes more than a pipe holds.
+  explicit Daemon(std::vector<std::string> extra = {}, std::vector<std::string> launcher = {},
+                  bool capture_log = false) {
     auto dir = tools::TempDir::Create("sr-service-");
     EXPECT_TRUE(dir.ok()) << dir.status().ToString();
     if (!dir.ok()) return;
@@ -56,7 +59,7 @@ class Daemon {
                                      "warn"};
     argv.insert(argv.end(), extra.begin(), extra.end());
     argv.insert(argv.begin(), launcher.begin(), launcher.end());
-    auto p = tools::Subprocess::Spawn(argv, false);
+    auto p = tools::Subprocess::Spawn(argv, capture_log);
     EXPECT_TRUE(p.ok()) << p.status().ToString();
     if (!p.ok()) return;
     process_ = std::move(*p);
@@ -174,6 +177,42 @@ TEST(Service, APortFileThatCannotBeWrittenStopsTheDaemon) {
     Result<int> status = (*daemon)->Wait(30s);
     ASSERT_TRUE(status.ok()) << option << ": the daemon kept running without its port file";
     EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 2) << option << ": " << tools::DescribeExit(*status);
+  }
+}
+
+// Any client can make the daemon refuse connections as fast as it can connect. Each refusal is counted, but the
+// log gets at most ServiceContext::kConnectionLogBurst (20) lines of them per 10 s, then one line saying how many
+// more there were (LogThrottle): one line per refusal would bury the lines an operator needs, and trip journald's
+// rate limit, which then drops all of the daemon's lines. Before, 200 refusals wrote 200 lines.
+TEST(Service, RefusedConnectionsCannotFloodTheLog) {
+  Daemon daemon({}, {}, /*capture_log=*/true);
+  ASSERT_NE(daemon.process(), nullptr);
+  constexpr int kConnections = 200;
+  const std::vector<std::byte> garbage(64, std::byte{0xff});
+  for (int i = 0; i < kConnections; ++i) {
+    const int fd = ConnectToLoopback(daemon.address());
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(WriteAll(fd, garbage));
+    const std::optional<std::string> answer = ReadUntilClosed(fd);  // the refusal, then EOF
+    close(fd);
+    ASSERT_TRUE(answer) << "connection " << i << " was not closed within 10 s";
+    ASSERT_NE(answer->find("bad frame magic"), std::string::npos) << *answer;
+  }
+  EXPECT_EQ(Sample(daemon.Metrics(), R"(sparsereduce_errors_total\{instance_name="svc",kind="PROTOCOL_VIOLATION"\})"),
+            kConnections)
+      << "every refusal is counted";
+  daemon.process()->Signal(SIGTERM);
+  ASSERT_TRUE(daemon.process()->Wait(30s).ok()) << "the daemon did not stop";
+  Result<std::string> log = daemon.process()->ReadStdout(10s);
+  ASSERT_TRUE(log.ok()) << log.status().ToString();
+  size_t refusal_lines = 0;
+  for (size_t pos = 0; (pos = log->find("rejected before joining", pos)) != std::string::npos; ++pos) ++refusal_lines;
+  EXPECT_GE(refusal_lines, 1u) << *log;
+  // 20 per window; the loop may straddle one window's end on a slow machine, and then the next window's line
+  // reports the refusals held back.
+  EXPECT_LE(refusal_lines, 40u) << *log;
+  if (refusal_lines > 20) {
+    EXPECT_NE(log->find("more messages about connections refused"), std::string::npos) << *log;
   }
 }
 

@@ -17,3 +17,7 @@ gtest_discover_tests(aggregator_config_test DISCOVERY_TIMEOUT 60)
 add_executable(codec_simulation_test codec_simulation_test.cc)
 target_link_libraries(codec_simulation_test PRIVATE sparsereduce_protocol GTest::gtest_main)
 gtest_discover_tests(codec_simulation_test DISCOVERY_TIMEOUT 60 PROPERTIES LABELS codec)
+
+add_executable(log_throttle_test log_throttle_test.cc)
+target_link_libraries(log_throttle_test PRIVATE sparsereduce_aggregator GTest::gtest_main)
+gtest_discover_tests(log_throttle_test DISCOVERY_TIMEOUT 60)

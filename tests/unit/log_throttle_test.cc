@@ -1,0 +1,89 @@
+#include "aggregator/log_throttle.h"
+
+#include <gtest/gtest.h>
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <memory>
+#include <sstream>
+#include <string>
+
+namespace sparsereduce::aggregator {
+namespace {
+
+using namespace std::chrono_literals;
+
+// The default logger replaced by one writing into a string for the test's lifetime.
+class CapturedLog {
+ public:
+  CapturedLog() : previous_(spdlog::default_logger()) {
+    auto sink = std::make_shared<spdlog::sinks::ostream_sink_st>(text_);
+    sink->set_pattern("%l %v");
+    spdlog::set_default_logger(std::make_shared<spdlog::logger>("captured", sink));
+  }
+  ~CapturedLog() { spdlog::set_default_logger(previous_); }
+  std::string text() const { return text_.str(); }
+
+ private:
+  std::ostringstream text_;
+  std::shared_ptr<spdlog::logger> previous_;
+};
+
+struct FakeClock {
+  std::chrono::steady_clock::time_point now{std::chrono::steady_clock::time_point{} + 1h};
+};
+
+TEST(LogThrottle, LetsABurstThroughPerWindowAndReportsWhatItHeldBack) {
+  CapturedLog log;
+  FakeClock clock;
+  LogThrottle throttle("refused connections", 3, 10s, [&] { return clock.now; });
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(throttle.Admit()) << i;
+  for (int i = 0; i < 5; ++i) EXPECT_FALSE(throttle.Admit()) << i;
+  EXPECT_EQ(throttle.suppressed_total(), 5u);
+  EXPECT_EQ(log.text(), "") << "nothing is reported while the window lasts";
+
+  clock.now += 9999ms;
+  EXPECT_FALSE(throttle.Admit()) << "the window is not over";
+  clock.now += 1ms;
+  EXPECT_TRUE(throttle.Admit());
+  EXPECT_EQ(log.text(),
+            "warning 6 more messages about refused connections were not logged (at most 3 are logged per 10 s)\n");
+  EXPECT_TRUE(throttle.Admit());
+  EXPECT_TRUE(throttle.Admit());
+  EXPECT_FALSE(throttle.Admit());
+  EXPECT_EQ(throttle.suppressed_total(), 7u);
+}
+
+TEST(LogThrottle, AQuietWindowReportsNothing) {
+  CapturedLog log;
+  FakeClock clock;
+  LogThrottle throttle("x", 2, 1s, [&] { return clock.now; });
+  for (int window = 0; window < 4; ++window) {
+    EXPECT_TRUE(throttle.Admit());
+    EXPECT_TRUE(throttle.Admit());
+    clock.now += 1s;
+  }
+  EXPECT_EQ(throttle.suppressed_total(), 0u);
+  EXPECT_EQ(log.text(), "");
+}
+
+TEST(LogThrottle, TheCountCoversEveryWindowSinceTheLastLine) {
+  // Held back in one window and the next (each window's burst used up), reported once, with both counts.
+  CapturedLog log;
+  FakeClock clock;
+  LogThrottle throttle("x", 1, 1s, [&] { return clock.now; });
+  EXPECT_TRUE(throttle.Admit());
+  EXPECT_FALSE(throttle.Admit());
+  clock.now += 1s;
+  EXPECT_TRUE(throttle.Admit());
+  EXPECT_EQ(log.text(), "warning 1 more message about x was not logged (at most 1 are logged per 1 s)\n");
+  EXPECT_FALSE(throttle.Admit());
+  EXPECT_FALSE(throttle.Admit());
+  clock.now += 5s;
+  EXPECT_TRUE(throttle.Admit());
+  EXPECT_NE(log.text().find("warning 2 more messages about x"), std::string::npos) << log.text();
+}
+
+}  // namespace
+}  // namespace sparsereduce::aggregator
