@@ -319,6 +319,14 @@ asio::awaitable<Status> Session::Authenticate() {
   challenge.mutable_auth_challenge()->set_server_proof(auth::ServerProof(**secret, transcript));
   if (Status st = co_await WriteControl(challenge); !st.ok()) co_return st.WithContext("sending AuthChallenge");
   Result<proto::ControlMessage> response = co_await ReadControl();
+  if (!response.ok() && response.status().code() == StatusCode::kUnavailable) {
+    // A worker that finds the aggregator's proof wrong closes without a word: without this, a mismatched secret
+    // (the common case: one side rotated) would show only as an early close, neither warned about nor counted.
+    co_return Status(StatusCode::kUnauthenticated,
+                     "closed the connection after the AuthChallenge instead of answering it: most likely its secret "
+                     "for the job differs from this aggregator's (a worker refuses an aggregator whose proof is "
+                     "wrong)");
+  }
   if (!response.ok()) co_return response.status();
   if (response->body_case() != proto::ControlMessage::kAuthResponse) {
     co_return ProtocolError("expected AuthResponse after AuthChallenge");
