@@ -137,7 +137,9 @@ int main(int argc, char** argv) {
   boost::asio::dispatch(lifecycle, [&] { systemd.StartWatchdog(); });
 
   // First SIGTERM/SIGINT: drain. A second one, or the drain deadline: abort what is left. Either way exit 0.
-  boost::asio::signal_set signals(lifecycle, SIGINT, SIGTERM);
+  // SIGHUP, which daemons often take as "reload", is ignored with a warning: its default action would end the
+  // daemon at once, without a drain, and systemd counts that a clean exit, so it would not restart it either.
+  boost::asio::signal_set signals(lifecycle, SIGINT, SIGTERM, SIGHUP);
   boost::asio::steady_timer drain_deadline(lifecycle);
   bool finished = false;
   // Once: the jobs that Stop() aborts empty the registry, which posts the drain's own "drained" finish again.
@@ -154,6 +156,13 @@ int main(int argc, char** argv) {
   bool draining = false;
   on_signal = [&](const boost::system::error_code& ec, int signal) {
     if (ec) return;
+    if (signal == SIGHUP) {
+      spdlog::warn("signal {} (SIGHUP) ignored: there is nothing to reload (job secrets are read at every "
+                   "handshake; other settings are read at start: restart the service to change them)",
+                   signal);
+      signals.async_wait(on_signal);
+      return;
+    }
     if (draining) {
       spdlog::warn("signal {} while draining: aborting the remaining jobs", signal);
       finish();

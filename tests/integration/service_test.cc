@@ -216,6 +216,24 @@ TEST(Service, RefusedConnectionsCannotFloodTheLog) {
   }
 }
 
+// SIGHUP, which operators send daemons to reload them, is ignored with a warning: the daemon serves on. It used to
+// end the daemon at once, without a drain, and systemd counts that a clean exit, so it did not restart it.
+TEST(Service, SighupIsIgnoredWithAWarning) {
+  Daemon daemon({}, {}, /*capture_log=*/true);
+  ASSERT_NE(daemon.process(), nullptr);
+  daemon.process()->Signal(SIGHUP);
+  const tools::SyntheticSpec spec{3000, 256, 0.5, tools::Overlap::kRandom, 2, 11};
+  for (const auto& e : RunJob(daemon.address(), 1, spec)) EXPECT_EQ(e, "");
+  EXPECT_EQ(daemon.Get("/readyz").status, 200);
+  daemon.process()->Signal(SIGTERM);
+  Result<int> status = daemon.process()->Wait(30s);
+  ASSERT_TRUE(status.ok()) << "the daemon did not stop";
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << tools::DescribeExit(*status);
+  Result<std::string> log = daemon.process()->ReadStdout(10s);
+  ASSERT_TRUE(log.ok()) << log.status().ToString();
+  EXPECT_NE(log->find("(SIGHUP) ignored"), std::string::npos) << *log;
+}
+
 TEST(Service, MetricsAndProbesDescribeWhatHappened) {
   Daemon daemon;
   EXPECT_EQ(daemon.Get("/healthz").status, 200);
