@@ -2,6 +2,7 @@
 // endpoint, systemd notifications and signals together; the behaviour lives in those classes.
 #include <algorithm>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
@@ -86,12 +87,34 @@ Status OpenRdma(const ServerOptions& options, ServiceContext& context) {
 
 }  // namespace
 
+// Every worker connection holds a descriptor (two over shared memory, while its segment is handed over), and the
+// soft limit a daemon inherits is often 1024 (containers, shells) though the hard limit allows far more: raise it
+// to the hard limit, as systemd's LimitNOFILE= does for the unit.
+void RaiseOpenFileLimit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  if (limit.rlim_cur >= limit.rlim_max) {
+    spdlog::debug("open-file limit {}", limit.rlim_cur);
+    return;
+  }
+  const rlim_t before = limit.rlim_cur;
+  limit.rlim_cur = limit.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &limit) != 0) {
+    spdlog::warn("open-file limit {}: cannot raise it to the hard limit {}: {}", before, limit.rlim_max,
+                 std::strerror(errno));
+    return;
+  }
+  spdlog::info("open-file limit raised from {} to the hard limit {} (one per worker connection)", before,
+               limit.rlim_max);
+}
+
 int main(int argc, char** argv) {
   auto parsed = ParseDaemonConfig(std::vector<std::string>(argv, argv + argc), std::cout, std::cerr);
   if (const int* exit_code = std::get_if<int>(&parsed)) return *exit_code;
   DaemonConfig config = std::get<DaemonConfig>(std::move(parsed));
   if (config.server.name.empty()) config.server.name = Hostname();
   ConfigureLogging(config.log_level, config.log_format, config.server.name);
+  RaiseOpenFileLimit();
 
   const uint32_t threads =
       config.server.io_threads ? config.server.io_threads : std::max(1u, std::thread::hardware_concurrency());

@@ -468,6 +468,23 @@ double CpuSeconds(int pid) {
   return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
+// The daemon raises its open-file soft limit to the hard limit (each worker connection needs a descriptor): a
+// container or shell often hands it a soft limit of 1024 under a far higher hard one, and it stayed there.
+TEST(Service, TheOpenFileLimitIsRaisedToTheHardLimit) {
+  Daemon daemon({}, {"/bin/sh", "-c", "ulimit -S -n 64 && ulimit -H -n 4096 && exec \"$@\"", "sh"});
+  ASSERT_FALSE(daemon.address().empty());
+  std::ifstream limits("/proc/" + std::to_string(daemon.process()->pid()) + "/limits");
+  std::string line, found;
+  while (std::getline(limits, line)) {
+    if (line.rfind("Max open files", 0) == 0) found = line;
+  }
+  std::istringstream fields(found.substr(std::string("Max open files").size()));
+  std::string soft, hard;
+  fields >> soft >> hard;
+  EXPECT_EQ(soft, "4096") << found;
+  EXPECT_EQ(hard, "4096") << found;
+}
+
 // Out of file descriptors, a failed accept leaves the connection in the backlog; accepting again at once failed
 // again at once, and the daemon spun (800,000 log lines in 2 s). It pauses instead, and serves jobs again once
 // descriptors are free.
