@@ -81,6 +81,15 @@ set(CPACK_DEBIAN_PACKAGE_SECTION net)
 set(CPACK_DEBIAN_PACKAGE_PRIORITY optional)
 # Depends is computed by dpkg-shlibdeps from the ELF files (libc6, libstdc++6, libprotobuf32, ...).
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+# The Python module (when built) is for one interpreter version; Recommends, not Depends: the daemon needs no Python
+# (the image installs without recommends).
+get_property(sparsereduce_python_version GLOBAL PROPERTY SPARSEREDUCE_PYTHON_VERSION)
+if(sparsereduce_python_version MATCHES "^([0-9]+)\\.([0-9]+)$")
+  math(EXPR sparsereduce_python_next "${CMAKE_MATCH_2} + 1")
+  set(CPACK_DEBIAN_PACKAGE_RECOMMENDS
+    "python3 (>= ${sparsereduce_python_version}), python3 (<< ${CMAKE_MATCH_1}.${sparsereduce_python_next})")
+  set(CPACK_DEBIAN_PACKAGE_SUGGESTS "python3-torch")
+endif()
 set(CPACK_DEBIAN_PACKAGE_CONTROL_EXTRA
   ${SPARSEREDUCE_DEPLOY_DIR}/debian/conffiles
   ${SPARSEREDUCE_DEPLOY_DIR}/debian/triggers

@@ -48,6 +48,12 @@ dpkg-deb --field "$deb" Package Version Architecture Section Priority Maintainer
 depends=$(dpkg-deb --field "$deb" Depends)
 # Computed by dpkg-shlibdeps: every C++ binary needs at least these.
 [[ $depends == *libc6* && $depends == *libstdc++6* ]] || fail "Depends was not computed from the binaries: '$depends'"
+# The Python module under /usr/lib/python3.X loads into that interpreter only.
+if dpkg-deb --contents "$deb" | grep -q '/dist-packages/sparsereduce/'; then
+  recommends=$(dpkg-deb --field "$deb" Recommends)
+  [[ $recommends =~ python3\ \(\>=\ 3\.[0-9]+\),\ python3\ \(\<\<\ 3\.[0-9]+\) ]] ||
+    fail "the package ships a Python module but does not recommend its interpreter: Recommends '$recommends'"
+fi
 dpkg-deb --control "$deb" "$work/control"
 grep -qx /etc/sparsereduce/aggregator.toml "$work/control/conffiles" || fail "the config is not a conffile"
 grep -qx 'activate-noawait ldconfig' "$work/control/triggers" || fail "no ldconfig trigger for libsparsereduce.so"
