@@ -23,6 +23,7 @@ elements failing allclose(rtol=1e-5), summed over ranks (the worst iteration on 
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -223,28 +224,49 @@ def run_spawn(args, argv):
             if r == 0 and args.json:
                 cmd += ["--json", args.json]
             procs.append(subprocess.Popen(cmd, stdout=None if r == 0 else subprocess.DEVNULL))
-        deadline = time.monotonic() + args.run_timeout
-        result = 0
-        while any(p.poll() is None for p in procs):
-            failed = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode not in (None, 0)]
-            if failed or time.monotonic() > deadline:
+        return wait_for_ranks(procs, args.run_timeout)
+
+
+def describe_exit(code):
+    """Popen.returncode -> 'exit status 3' or 'killed by signal 9 (SIGKILL)'."""
+    if code >= 0:
+        return f"exit status {code}"
+    try:
+        return f"killed by signal {-code} ({signal.Signals(-code).name})"
+    except ValueError:
+        return f"killed by signal {-code}"
+
+
+def wait_for_ranks(procs, run_timeout, poll_s=0.05):
+    """Waits for the rank processes (procs[r] is rank r); returns the exit status for --spawn.
+
+    Every process is polled on every pass, so the first rank to fail is noticed at once, whichever it is: that rank
+    is named with its exit status, the others are killed (they would wait for it until --timeout) and 1 is returned.
+    Past run_timeout seconds all are killed and 1 is returned; 0 once every rank has exited with 0.
+    """
+    deadline = time.monotonic() + run_timeout
+    try:
+        while True:
+            codes = [p.poll() for p in procs]  # a list, not any(): every rank is polled
+            failed = [(r, code) for r, code in enumerate(codes) if code not in (None, 0)]
+            if failed:
                 for r, code in failed:
-                    print(f"torch_sparse_baseline: rank {r} failed (exit status {code})", file=sys.stderr)
-                if not failed:
-                    print(f"torch_sparse_baseline: run exceeded --run-timeout {args.run_timeout} s",
-                          file=sys.stderr)
-                for p in procs:
-                    if p.poll() is None:
-                        p.kill()
-                for p in procs:
-                    p.wait()
+                    print(f"torch_sparse_baseline: rank {r} failed ({describe_exit(code)}); stopping the other ranks",
+                          file=sys.stderr, flush=True)
                 return 1
-            time.sleep(0.05)
-        for r, p in enumerate(procs):
-            if p.returncode != 0:
-                print(f"torch_sparse_baseline: rank {r} failed (exit status {p.returncode})", file=sys.stderr)
-                result = 1
-        return result
+            if all(code == 0 for code in codes):
+                return 0
+            if time.monotonic() > deadline:
+                print(f"torch_sparse_baseline: run exceeded --run-timeout {run_timeout} s; stopping the ranks",
+                      file=sys.stderr, flush=True)
+                return 1
+            time.sleep(poll_s)
+    finally:  # also on an exception (Ctrl-C): no rank outlives the run
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for p in procs:
+            p.wait()
 
 
 def main():

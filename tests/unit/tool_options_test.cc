@@ -4,9 +4,11 @@
 #include <sys/wait.h>
 
 #include <chrono>
+#include <csignal>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "tools/common/subprocess.h"
@@ -139,6 +141,58 @@ TEST(BwOptions, ZeroIterationsIsAUsageError) {
 TEST(BwOptions, SizesAFrameCannotCarryAreUsageErrors) {
   ExpectUsageError(SPARSEREDUCE_BW_BIN, {"-p", "9", "-s", "4G", "127.0.0.1"}, "at most 4294967295 bytes");
   ExpectUsageError(SPARSEREDUCE_BW_BIN, {"-p", "9", "-s", "17179869185G", "127.0.0.1"}, "64 bits");
+}
+
+// -s 0 said only "bad -s '0'".
+TEST(BwOptions, SizeZeroSaysWhatIsAllowed) {
+  ExpectUsageError(SPARSEREDUCE_BW_BIN, {"-p", "9", "-s", "0", "127.0.0.1"}, "-s 0: a message carries at least 1");
+}
+
+// -D -1, -D nan and -D 0 fell back to -n without a word; -D 1e30 cast an out-of-range double to the frame count (16
+// frames ran); text other than a number was a CLI11 conversion error (exit code 104).
+TEST(BwOptions, DurationsThatCannotRunAreUsageErrors) {
+  for (const char* bad : {"-1", "nan", "0", "1e-400"}) {
+    ExpectUsageError(SPARSEREDUCE_BW_BIN, {"-p", "9", "-D", bad, "127.0.0.1"},
+                     std::string("-D ") + bad + ": the duration must be a number of seconds above 0");
+  }
+  for (const char* bad : {"1e30", "inf", "86401", "1e400"}) {
+    ExpectUsageError(SPARSEREDUCE_BW_BIN, {"-p", "9", "-D", bad, "127.0.0.1"},
+                     std::string("-D ") + bad + ": the duration is at most 86400 seconds (a day)");
+  }
+  for (const char* bad : {"1s", "", " 1"}) {
+    ExpectUsageError(SPARSEREDUCE_BW_BIN, {"-p", "9", "-D", bad, "127.0.0.1"},
+                     std::string("-D '") + bad + "' is not a number of seconds");
+  }
+}
+
+// A server on -p 0 said "waiting on port 0" while it listened on a port the system picked: it prints that port, and a
+// client reaches the server there.
+TEST(BwServer, PortZeroPrintsTheBoundPort) {
+  auto server = Subprocess::Spawn({SPARSEREDUCE_BW_BIN, "-p", "0"}, /*capture_stdout=*/true);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  const std::string kWaiting = "waiting on port ";
+  std::string output;
+  bool client_ran = false;
+  Outcome client;
+  // The server ends after its one client; the client runs as soon as the server has said where it listens.
+  auto read = (*server)->ReadStdout(std::chrono::seconds(60), [&](std::string_view chunk) {
+    output += chunk;
+    const size_t at = output.find(kWaiting);
+    if (client_ran || at == std::string::npos) return;
+    const size_t end = output.find('\n', at);
+    if (end == std::string::npos) return;
+    client_ran = true;
+    const std::string port = output.substr(at + kWaiting.size(), end - at - kWaiting.size());
+    EXPECT_NE(port, "0") << output;
+    client = RunTool(SPARSEREDUCE_BW_BIN, {"-p", port, "-s", "1K", "-n", "16", "127.0.0.1"});
+    if (client.exit_code != 0) (*server)->Signal(SIGKILL);  // nobody else would end it
+  });
+  ASSERT_TRUE(read.ok()) << read.status().ToString();
+  ASSERT_TRUE(client_ran) << output;
+  EXPECT_EQ(client.exit_code, 0) << client.output;
+  auto status = (*server)->Wait(std::chrono::seconds(10));
+  ASSERT_TRUE(status.ok()) << status.status().ToString() << "\n" << output;
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << DescribeExit(*status) << "\n" << output;
 }
 
 }  // namespace

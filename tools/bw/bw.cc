@@ -18,12 +18,15 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <cctype>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "protocol/control.h"
@@ -57,7 +60,8 @@ struct Config {
   std::string size = "64K";
   bool all_sizes = false;
   uint64_t iters = 1000;
-  double duration = 0;
+  std::optional<std::string> duration_text;  // -D as given; none: run -n messages
+  double duration = 0;        // -D in seconds, checked by ParseDuration; 0: run -n messages
   bool gbits = false;
   std::string transport = "tcp";
   std::string server;
@@ -67,6 +71,33 @@ struct Config {
 };
 
 constexpr uint64_t kRingBytes = 4u << 20;
+constexpr double kMaxDurationSeconds = 86400;  // -D: a day per size is more than any link check needs
+
+// Parses -D: a finite number of seconds above 0 and at most a day. An out-of-range double would be cast to an
+// undefined uint64 frame count, and NaN or a negative value fell back to -n without a word.
+bool ParseDuration(Config& c) {
+  if (!c.duration_text) return true;
+  const std::string& text = *c.duration_text;
+  // strtod, not from_chars: out of range it gives HUGE_VAL (too large) or about 0 (too small), which the checks
+  // below report as such.
+  char* end = nullptr;
+  const double value = std::strtod(text.c_str(), &end);
+  if (end == text.c_str() || *end != '\0' || std::isspace(static_cast<unsigned char>(text[0]))) {
+    std::fprintf(stderr, "sparsereduce-bw: -D '%s' is not a number of seconds\n", text.c_str());
+    return false;
+  }
+  if (!(value > 0)) {  // also NaN
+    std::fprintf(stderr, "sparsereduce-bw: -D %s: the duration must be a number of seconds above 0\n", text.c_str());
+    return false;
+  }
+  if (!(value <= kMaxDurationSeconds)) {
+    std::fprintf(stderr, "sparsereduce-bw: -D %s: the duration is at most %.0f seconds (a day) per size\n",
+                 text.c_str(), kMaxDurationSeconds);
+    return false;
+  }
+  c.duration = value;
+  return true;
+}
 
 #if SPARSEREDUCE_HAVE_RDMA
 std::unique_ptr<sparsereduce::rdma::RdmaConnection> RdmaConnection(const Config& c) {
@@ -279,15 +310,18 @@ void Run(asio::io_context& io, asio::awaitable<void> task) {
   if (failure) std::rethrow_exception(failure);
 }
 
-int Main(const Config& c) {
+int Main(Config c) {
   asio::io_context io;
   if (c.iters == 0) {  // RunSize waits for at least one acknowledgement
     std::fprintf(stderr, "sparsereduce-bw: -n must be at least 1\n");
     return 2;
   }
+  if (!ParseDuration(c)) return 2;
   if (c.server.empty()) {
     tcp::acceptor acceptor(io, tcp::endpoint(tcp::v6(), c.port));
-    std::printf("sparsereduce-bw server: waiting on port %u\n", c.port);
+    // With -p 0 the system picks the port: print the one bound, which the client needs.
+    std::printf("sparsereduce-bw server: waiting on port %u\n",
+                static_cast<unsigned>(acceptor.local_endpoint().port()));
     std::fflush(stdout);
     tcp::socket socket = acceptor.accept();
     socket.set_option(tcp::no_delay(true));
@@ -299,15 +333,14 @@ int Main(const Config& c) {
     for (uint64_t sz = 2; sz <= (8u << 20); sz *= 2) sizes.push_back(sz);
   } else {
     auto parsed = sparsereduce::tools::ParseByteSize(c.size);
-    if (!parsed.ok() || *parsed == 0) {
-      std::fprintf(stderr, "sparsereduce-bw: bad -s '%s'%s\n", c.size.c_str(),
-                   parsed.ok() ? "" : (": " + parsed.status().message()).c_str());
+    if (!parsed.ok()) {
+      std::fprintf(stderr, "sparsereduce-bw: bad -s '%s': %s\n", c.size.c_str(), parsed.status().message().c_str());
       return 2;
     }
-    // A data frame's header carries its payload length in 32 bits.
-    if (*parsed > UINT32_MAX) {
-      std::fprintf(stderr, "sparsereduce-bw: -s %s: a frame carries at most %u bytes (4 GiB - 1)\n", c.size.c_str(),
-                   UINT32_MAX);
+    // A data frame's header carries its payload length in 32 bits; a message of 0 bytes measures nothing.
+    if (*parsed == 0 || *parsed > UINT32_MAX) {
+      std::fprintf(stderr, "sparsereduce-bw: -s %s: a message carries at least 1 and at most %u bytes (4 GiB - 1)\n",
+                   c.size.c_str(), UINT32_MAX);
       return 2;
     }
     sizes.push_back(*parsed);
@@ -341,7 +374,8 @@ int main(int argc, char** argv) {
   app.add_option("-s,--size", c.size, "Message size (K/M/G suffixes)")->capture_default_str();
   app.add_flag("-a,--all", c.all_sizes, "All sizes 2 B .. 8 MiB");
   app.add_option("-n,--iters", c.iters, "Messages per size")->capture_default_str();
-  app.add_option("-D,--duration", c.duration, "Run each size for about this many seconds instead of -n");
+  app.add_option("-D,--duration", c.duration_text,
+                 "Run each size for about this many seconds (above 0, at most 86400) instead of -n");
   app.add_flag("--report_gbits", c.gbits, "Report Gbit/s instead of MB/s");
   app.add_option("--transport", c.transport,
                  "Client: tcp, shm (shared memory; the server must run on the same host) or rdma")
