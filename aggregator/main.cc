@@ -32,7 +32,7 @@ using sparsereduce::Status;
 using sparsereduce::StatusCode;
 
 // Written whole, then renamed into place: a reader never sees part of it. A file that cannot be written stops the
-// daemon (exit 2, like an address it cannot bind): whoever asked for it waits for it, and would wait in vain.
+// daemon (exit 2, a configuration error): whoever asked for it waits for it, and would wait in vain.
 Status WritePortFile(const std::string& option, const std::string& path, uint16_t port) {
   if (path.empty()) return Status::Ok();
   const std::string tmp = path + ".tmp";
@@ -108,6 +108,11 @@ void RaiseOpenFileLimit() {
                limit.rlim_max);
 }
 
+// The exit code of a listener that cannot be opened: 1 where it cannot be bound (the address is taken, or not yet
+// configured on this host: a restart may succeed, and systemd's Restart=on-failure retries), 2 where the address
+// itself is wrong (unparsable, unresolvable: RestartPreventExitStatus=2 stops the retries).
+int ListenFailureExitCode(const Status& status) { return status.code() == StatusCode::kUnavailable ? 1 : 2; }
+
 int main(int argc, char** argv) {
   auto parsed = ParseDaemonConfig(std::vector<std::string>(argv, argv + argc), std::cout, std::cerr);
   if (const int* exit_code = std::get_if<int>(&parsed)) return *exit_code;
@@ -134,7 +139,7 @@ int main(int argc, char** argv) {
     auto bound = http.Listen(config.metrics_listen);
     if (!bound.ok()) {
       spdlog::critical("{}", bound.status().ToString());
-      return 2;
+      return ListenFailureExitCode(bound.status());
     }
     spdlog::info("metrics, health and readiness on http://{}:{}/", bound->address().to_string(), bound->port());
     if (Status st = WritePortFile("metrics-port-file", config.metrics_port_file, bound->port()); !st.ok()) {
@@ -146,7 +151,7 @@ int main(int argc, char** argv) {
   auto bound = server.Listen();
   if (!bound.ok()) {
     spdlog::critical("{}", bound.status().ToString());
-    return 2;
+    return ListenFailureExitCode(bound.status());
   }
   for (const auto& endpoint : *bound) {
     spdlog::info("{}: listening on {}:{}", config.server.name, endpoint.address().to_string(), endpoint.port());
