@@ -1,16 +1,21 @@
 // sparsereduce-perf and sparsereduce-bw run as the user runs them: options that cannot work are usage errors (exit
 // code 2, a message naming the option) before anything connects, and the table says when a check proves little.
 #include <gtest/gtest.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <csignal>
+#include <filesystem>
 #include <fstream>
+#include <future>
 #include <sstream>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "tools/common/local_cluster.h"
 #include "tools/common/subprocess.h"
 #include "tools/common/temp_dir.h"
 
@@ -131,6 +136,163 @@ TEST(PerfCheck, JsonHasNoWrongCountWhereNothingWasChecked) {
   EXPECT_EQ(exact.exit_code, 0) << exact.output;
   EXPECT_NE(ReadFile(dir->File("none.json")).find("\"wrong\":0"), std::string::npos)
       << ReadFile(dir->File("none.json"));
+}
+
+// --spawn -1 was read by sscanf("%u") as 4294967295 ranks and started thousands of processes; "2x" was taken as 2.
+TEST(PerfOptions, SpawnCountsOutOfRangeOrNotNumbersAreUsageErrors) {
+  for (const char* bad : {"-1", "2x", "4,-1", "4,0", "0", "5000", "4,257", "", "4,"}) {
+    ExpectUsageError(SPARSEREDUCE_PERF_BIN, {"--spawn", bad, "-b", "4K", "-e", "4K"},
+                     std::string("--spawn ") + bad + ": takes W or W,A, with 1 <= W <= 4096");
+  }
+}
+
+// --spawn gives each rank its own --aggregators, --rank and --world-size: the user's were appended to them (and
+// the ranks failed with a CLI11 message, or ran against both aggregator lists until the timeout).
+TEST(PerfOptions, SpawnWithARanksOwnOptionsIsAUsageError) {
+  for (const char* option : {"--world-size", "--rank", "--aggregators"}) {
+    const std::string value = std::string(option) == "--aggregators" ? "127.0.0.1:9" : "1";
+    ExpectUsageError(SPARSEREDUCE_PERF_BIN, {"--spawn", "2", option, value, "-b", "4K", "-e", "4K"}, "excludes");
+  }
+  ExpectUsageError(SPARSEREDUCE_PERF_BIN, PerfArgs({"--overlap", "sideways"}), "--overlap");  // CLI11's own: 2 too
+}
+
+TEST(PerfOptions, ACodecOnInt32TensorsIsAUsageError) {
+  // The worker sends int32 exactly whatever the codec: the run said "codec topk" and measured no codec.
+  ExpectUsageError(SPARSEREDUCE_PERF_BIN, PerfArgs({"-d", "int32", "--codec", "topk"}),
+                   "--codec topk compresses float tensors only");
+}
+
+TEST(PerfOptions, ZeroTimeoutIsAUsageError) {
+  ExpectUsageError(SPARSEREDUCE_PERF_BIN, {"--aggregators", "127.0.0.1:9", "--timeout-ms", "0"},
+                   "--timeout-ms must be at least 1");
+}
+
+// A --json file that cannot be written failed silently after the run (exit 0, no file); it fails at once.
+TEST(PerfOptions, AJsonFileThatCannotBeWrittenFailsBeforeTheRun) {
+  const auto start = std::chrono::steady_clock::now();
+  ExpectUsageError(SPARSEREDUCE_PERF_BIN, SpawnArgs("2", {"--json", "/nonexistent/dir/r.json"}),
+                   "--json /nonexistent/dir/r.json: cannot open for writing");
+  ExpectUsageError(SPARSEREDUCE_PERF_BIN, PerfArgs({"--json", "/nonexistent/dir/r.json"}),
+                   "--json /nonexistent/dir/r.json: cannot open for writing");
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
+// A step factor below 2 rounds two steps down to one size: each size is run once (4, 6 -> 4, 9 -> 8, 13.5 -> 12).
+TEST(PerfCheck, AFactorBelowTwoRunsEachSizeOnce) {
+  const Outcome o = RunTool(SPARSEREDUCE_PERF_BIN, {"--spawn", "2", "--aggregator-bin", SPARSEREDUCE_AGGREGATOR_BIN,
+                                                    "-b", "4", "-e", "16", "-f", "1.5", "-n", "1", "-w", "0"});
+  EXPECT_EQ(o.exit_code, 0) << o.output;
+  std::vector<std::string> sizes;
+  std::istringstream lines(o.output);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream fields(line);
+    std::string size, count, type;
+    if (line.empty() || line[0] == '#' || !(fields >> size >> count >> type) || type != "float") continue;
+    sizes.push_back(size);
+  }
+  EXPECT_EQ(sizes, (std::vector<std::string>{"4", "8", "12"})) << o.output;
+}
+
+// The density column is the fraction of blocks rank 0's tensor has nonzero, not --density: with full overlap every
+// rank has the same blocks, so it equals the union, which 16 blocks at 10 % cannot make 0.1.
+TEST(PerfCheck, TheDensityColumnIsMeasured) {
+  const Outcome o = RunTool(SPARSEREDUCE_PERF_BIN, SpawnArgs("2", {"--overlap", "full", "--density", "0.1"}));
+  EXPECT_EQ(o.exit_code, 0) << o.output;
+  std::istringstream lines(o.output);
+  bool found = false;
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream fields(line);
+    std::string size, count, type, redop, time, algbw, busbw, wrong, density, union_density;
+    if (!(fields >> size >> count >> type >> redop >> time >> algbw >> busbw >> wrong >> density >> union_density) ||
+        size != "4096") {
+      continue;
+    }
+    found = true;
+    EXPECT_EQ(density, union_density) << o.output;
+    EXPECT_NE(density, "0.1000") << o.output;  // 4 blocks: 0, 0.25, 0.5, ...
+  }
+  EXPECT_TRUE(found) << o.output;
+}
+
+// #wrong is the exact sum over the ranks: it was capped at 524287 per rank (an int32 allreduce of the counts).
+// Rank 1 uses another seed, so every element of the 1M-element sum differs from both ranks' references.
+TEST(PerfCheck, TheWrongCountIsNotCapped) {
+  auto cluster = LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
+  ASSERT_TRUE(cluster.ok()) << cluster.status().ToString();
+  auto rank = [&](int r, const std::string& seed) {
+    return RunTool(SPARSEREDUCE_PERF_BIN, {"--aggregators", (*cluster)->AddressList(), "--rank", std::to_string(r),
+                                           "--world-size", "2", "-b", "4M", "-e", "4M", "-n", "1", "-w", "0",
+                                           "--seed", seed, "--timeout-ms", "30000"});
+  };
+  auto rank1 = std::async(std::launch::async, rank, 1, "2");
+  const Outcome rank0 = rank(0, "1");
+  EXPECT_EQ(rank0.exit_code, 3) << rank0.output;  // 3: wrong results
+  EXPECT_NE(rank0.output.find(" 2097152 "), std::string::npos) << rank0.output;
+  EXPECT_EQ(rank1.get().exit_code, 3);
+  EXPECT_TRUE((*cluster)->Stop());
+}
+
+// The processes this test started and left: with the test a subreaper, whatever its children leave behind becomes
+// its child. Kills and reaps them, and returns how many there were.
+int ReapLeftovers() {
+  int found = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    std::getline(stat, line);
+    const size_t paren = line.rfind(')');
+    if (paren == std::string::npos) continue;
+    std::istringstream fields(line.substr(paren + 2));
+    std::string state;
+    int parent = 0;
+    fields >> state >> parent;
+    if (parent != getpid()) continue;
+    ++found;
+    kill(std::stoi(name), SIGKILL);
+    waitpid(std::stoi(name), nullptr, 0);
+  }
+  return found;
+}
+
+// SIGTERM (or Ctrl-C) to `sparsereduce-perf --spawn` stops its ranks and aggregators and removes their temporary
+// directory, and it exits 128 + 15. It used to die alone, leaving them all running (and the directory behind).
+TEST(PerfSpawn, AStopSignalStopsTheRanksAndAggregators) {
+  ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  auto perf = Subprocess::Spawn({SPARSEREDUCE_PERF_BIN, "--spawn", "3,2", "--aggregator-bin",
+                                 SPARSEREDUCE_AGGREGATOR_BIN, "-b", "64K", "-e", "64K", "-n", "1000000", "-w", "0"},
+                                /*capture_stdout=*/true);
+  ASSERT_TRUE(perf.ok()) << perf.status().ToString();
+  std::string output;
+  bool signalled = false;
+  auto read = (*perf)->ReadStdout(std::chrono::seconds(60), [&](std::string_view chunk) {
+    output += chunk;
+    // The table's header: the ranks have joined and time their collectives.
+    if (!signalled && output.find("#       size") != std::string::npos) {
+      signalled = true;
+      (*perf)->Signal(SIGTERM);
+    }
+  });
+  EXPECT_TRUE(read.ok()) << read.status().ToString() << "\n" << output;
+  EXPECT_TRUE(signalled) << output;
+  auto status = (*perf)->Wait(std::chrono::seconds(30));
+  ASSERT_TRUE(status.ok()) << status.status().ToString();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 128 + SIGTERM) << DescribeExit(*status);
+  EXPECT_EQ(ReapLeftovers(), 0) << "processes of the run were left running";
+  ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 0), 0);
+}
+
+// --run-timeout-ms bounds a --spawn run (rank 0's output was cut at 20 x --timeout-ms, undocumented; a long sweep
+// with the default timeout died after 40 minutes): at the deadline the ranks are stopped and the run fails.
+TEST(PerfSpawn, TheRunTimeoutStopsTheRanks) {
+  const auto start = std::chrono::steady_clock::now();
+  const Outcome o = RunTool(SPARSEREDUCE_PERF_BIN, {"--spawn", "2", "--aggregator-bin", SPARSEREDUCE_AGGREGATOR_BIN,
+                                                    "-b", "4K", "-e", "4K", "-n", "10000000", "-w", "0",
+                                                    "--timeout-ms", "100", "--run-timeout-ms", "1000"});
+  EXPECT_EQ(o.exit_code, 1) << o.output;
+  EXPECT_NE(o.output.find("(--run-timeout-ms 1000); stopping the ranks"), std::string::npos) << o.output;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
 }
 
 // A server address nobody answers on: a run that gets past the options fails with exit code 1 after 5 s of retries.

@@ -8,7 +8,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <fstream>
 #include <thread>
@@ -22,7 +24,7 @@ using Clock = std::chrono::steady_clock;
 
 int RemainingMs(Clock::time_point deadline) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-  return left < 0 ? 0 : static_cast<int>(left);
+  return left < 0 ? 0 : static_cast<int>(std::min<int64_t>(left, INT_MAX));  // poll's int (a day is 8.6e7)
 }
 
 }  // namespace
@@ -40,8 +42,17 @@ Result<std::unique_ptr<Subprocess>> Subprocess::Spawn(const std::vector<std::str
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  // The child starts with no signal blocked, whatever this thread blocks (sparsereduce-perf --spawn blocks the
+  // stop signals to forward them): a blocked mask survives exec, and the child could not be stopped by them.
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attributes, &none);
+  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK);
   pid_t pid = -1;
-  const int rc = posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ);
+  const int rc = posix_spawn(&pid, args[0], &actions, &attributes, args.data(), environ);
+  posix_spawnattr_destroy(&attributes);
   posix_spawn_file_actions_destroy(&actions);
   if (capture_stdout) close(pipe_fds[1]);
   if (rc != 0) {

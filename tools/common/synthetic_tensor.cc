@@ -118,4 +118,12 @@ double UnionDensity(const SyntheticSpec& spec) {
   return static_cast<double>(nonzero) / static_cast<double>(blocks);
 }
 
+double BlockDensity(const SyntheticSpec& spec, uint32_t rank) {
+  const uint64_t blocks = (spec.elements + spec.block_size - 1) / spec.block_size;
+  if (blocks == 0) return 0;
+  uint64_t nonzero = 0;
+  for (uint64_t b = 0; b < blocks; ++b) nonzero += BlockIsNonzero(spec, rank, b);
+  return static_cast<double>(nonzero) / static_cast<double>(blocks);
+}
+
 }  // namespace sparsereduce::tools

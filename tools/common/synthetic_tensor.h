@@ -44,4 +44,7 @@ std::vector<int32_t> ReferenceSumInt32(const SyntheticSpec& spec);
 // Fraction of blocks nonzero on at least one rank.
 double UnionDensity(const SyntheticSpec& spec);
 
+// Fraction of blocks nonzero on `rank`: what its tensor has, where RankDensity is what it has in expectation.
+double BlockDensity(const SyntheticSpec& spec, uint32_t rank);
+
 }  // namespace sparsereduce::tools

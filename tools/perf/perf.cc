@@ -7,16 +7,23 @@
 // each started together (a one-element allreduce serves as barrier; another one before the input is copied back, and
 // one before the result is checked, so that no rank copies or checks while another still times its allreduce); an
 // iteration's time is the slowest rank's, and the table shows the median over iterations.
+#include <pthread.h>
+#include <signal.h>
 #include <sys/wait.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <mutex>
+#include <optional>
+#include <regex>
 #include <sstream>
+#include <thread>
 
 #include "sparsereduce/worker.h"
 #include "tools/common/local_cluster.h"
@@ -46,6 +53,7 @@ struct Config {
   std::string aggregator_bin;
   uint64_t seed = 1;
   uint64_t timeout_ms = 120000;
+  uint64_t run_timeout_ms = 0;  // --spawn: bound on the whole run; 0: none
   std::string transport;  // empty: SPARSEREDUCE_TRANSPORT, else auto
   std::string tcp_send_buffer = "0";  // 0: SPARSEREDUCE_TCP_SEND_BUFFER, else the kernel's autotuning
   bool restore_on_failure = true;
@@ -59,7 +67,7 @@ struct Row {
   double algbw, busbw;
   uint64_t wrong;      // summed over the ranks (through the system under test)
   uint64_t own_wrong;  // this rank's own count, worst iteration
-  double density, union_density;
+  double density, union_density;  // measured: rank 0's fraction of nonzero blocks; all ranks' union
   uint64_t sent, received;
 };
 
@@ -105,9 +113,24 @@ bool ValidateOptions(const Config& c) {
   if (min_bytes.ok() && max_bytes.ok() && *min_bytes > *max_bytes) fail("need -b <= -e");
   if (!(c.step_factor > 1) || !std::isfinite(c.step_factor)) fail("-f must be a finite factor above 1");
   if (c.iters == 0) fail("-n must be at least 1 (the table shows the median of the timed iterations)");
+  if (c.timeout_ms == 0) fail("--timeout-ms must be at least 1");
+  if (c.dtype == "int32" && c.codec.name != "none") {
+    fail("--codec " + c.codec.name + " compresses float tensors only; -d int32 tensors are always sent exactly");
+  }
   // Block size, world size and density, as the synthetic tensors need them.
   if (const sparsereduce::Status st = tools::ValidateSpec(Spec(c, 0, 0)); !st.ok()) fail(st.message());
   return ok;
+}
+
+// The sum of every rank's `value`, exact: int32 sums of 12-bit pieces, which cannot overflow for up to 2^19 ranks.
+uint64_t SumOverRanks(sparsereduce::Worker& worker, uint64_t value) {
+  constexpr int kBits = 12, kPieces = (64 + kBits - 1) / kBits;
+  std::vector<int32_t> pieces(kPieces);
+  for (int k = 0; k < kPieces; ++k) pieces[k] = static_cast<int32_t>((value >> (k * kBits)) & ((1u << kBits) - 1));
+  worker.allreduce(std::span(pieces), kExact);
+  uint64_t sum = 0;
+  for (int k = 0; k < kPieces; ++k) sum += static_cast<uint64_t>(pieces[k]) << (k * kBits);
+  return sum;
 }
 
 template <typename T>
@@ -151,8 +174,7 @@ Row RunSize(sparsereduce::Worker& worker, const Config& c, uint64_t bytes) {
   // Everyone learns every rank's times (each rank fills its own row) and the total #wrong. The total comes through
   // the system under test, so each rank also keeps its own count (RunRank fails the rank on either).
   worker.allreduce(std::span(times), kExact);
-  std::vector<int32_t> wrong_sum{static_cast<int32_t>(std::min<uint64_t>(wrong, INT32_MAX / 4096))};
-  worker.allreduce(std::span(wrong_sum), kExact);
+  const uint64_t wrong_total = SumOverRanks(worker, wrong);
   std::vector<double> per_iter(c.iters, 0);
   for (uint32_t it = 0; it < c.iters; ++it) {
     for (uint32_t r = 0; r < c.world_size; ++r) per_iter[it] = std::max<double>(per_iter[it], times[r * c.iters + it]);
@@ -168,9 +190,9 @@ Row RunSize(sparsereduce::Worker& worker, const Config& c, uint64_t bytes) {
   row.time_us_max = per_iter.back();
   row.algbw = row.time_us_median > 0 ? static_cast<double>(bytes) / 1e9 / (row.time_us_median / 1e6) : 0;
   row.busbw = row.algbw * 2.0 * (c.world_size - 1) / c.world_size;
-  row.wrong = static_cast<uint64_t>(wrong_sum[0]);
+  row.wrong = wrong_total;
   row.own_wrong = wrong;
-  row.density = tools::RankDensity(spec);
+  row.density = tools::BlockDensity(spec, c.rank);
   row.union_density = tools::UnionDensity(spec);
   row.sent = sent;
   row.received = received;
@@ -222,15 +244,22 @@ void PrintRow(const Config& c, const Row& r) {
   std::fflush(stdout);
 }
 
-void WriteJson(const Config& c, const std::vector<Row>& rows) {
-  std::ofstream out(c.json);
+// Writes what was measured, also when the sweep failed part-way ("complete": false); false if the file could not be
+// written.
+bool WriteJson(const Config& c, const std::vector<std::string>& transports, const std::vector<Row>& rows,
+               bool complete, std::ofstream& out) {
+  std::string used;
+  for (const std::string& t : transports) used += std::string(used.empty() ? "" : ",") + "\"" + t + "\"";
   out << "{\"tool\":\"sparsereduce\",\"world_size\":" << c.world_size << ",\"aggregators\":" << c.aggregators.size()
       << ",\"dtype\":\"" << c.dtype << "\",\"density\":" << UsedDensity(c) << ",\"requested_density\":" << c.density
       << ",\"overlap\":\"" << c.overlap
       << "\",\"block_size\":" << c.block_size << ",\"codec\":\"" << c.codec.name << "\",\"slots\":" << c.slots
       << ",\"blocks_per_message\":" << c.blocks_per_message << ",\"window\":" << c.window << ",\"tcp_send_buffer\":\"" << c.tcp_send_buffer
       << "\",\"restore_on_failure\":" << (c.restore_on_failure ? "true" : "false")
-      << ",\"yield_while_scanning\":" << (c.yield_while_scanning ? "true" : "false") << ",\"results\":[";
+      << ",\"yield_while_scanning\":" << (c.yield_while_scanning ? "true" : "false") << ",\"iterations\":" << c.iters
+      << ",\"warmup_iterations\":" << c.warmup << ",\"check\":" << (ChecksBitExactly(c) ? "true" : "false")
+      << ",\"seed\":" << c.seed << ",\"job\":" << c.job << ",\"transports\":[" << used << "]"
+      << ",\"complete\":" << (complete ? "true" : "false") << ",\"results\":[";
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     out << (i ? "," : "") << "{\"size\":" << r.size << ",\"count\":" << r.count
@@ -241,6 +270,8 @@ void WriteJson(const Config& c, const std::vector<Row>& rows) {
         << ",\"bytes_received\":" << r.received << "}";
   }
   out << "]}\n";
+  out.flush();
+  return out.good();
 }
 
 int RunRank(const Config& c) {  // c has passed ValidateOptions
@@ -267,15 +298,31 @@ int RunRank(const Config& c) {  // c has passed ValidateOptions
   options.codec = c.codec;
   options.connect_timeout = options.join_timeout = options.collective_timeout =
       std::chrono::milliseconds(c.timeout_ms);
+  // Opened first: a path that cannot be written fails the run before it starts, not after a long sweep.
+  std::ofstream json;
+  if (c.rank == 0 && !c.json.empty()) {
+    json.open(c.json);
+    if (!json) {
+      std::fprintf(stderr, "sparsereduce-perf: --json %s: cannot open for writing: %s\n", c.json.c_str(),
+                   std::strerror(errno));
+      return 2;
+    }
+  }
   std::vector<Row> rows;
+  std::vector<std::string> transports;
   bool any_wrong = false;
+  int rc = 0;
   try {
     sparsereduce::Worker worker(options);
-    if (c.rank == 0) PrintHeader(c, worker.transports());
+    transports = worker.transports();
+    if (c.rank == 0) PrintHeader(c, transports);
+    uint64_t previous_bytes = 0;
     for (double size = static_cast<double>(*min_bytes); size <= static_cast<double>(*max_bytes) * 1.0000001;
          size *= c.step_factor) {
       const uint64_t elem = ElementBytes(c);
       const uint64_t bytes = static_cast<uint64_t>(size) / elem * elem;
+      if (bytes == previous_bytes) continue;  // a factor below 2 rounds two steps down to one size
+      previous_bytes = bytes;
       Row row = c.dtype == "int32" ? RunSize<int32_t>(worker, c, bytes) : RunSize<float>(worker, c, bytes);
       if (row.own_wrong != 0) {
         std::fprintf(stderr, "sparsereduce-perf: rank %u: %llu elements differ from the reference at %llu bytes\n",
@@ -288,18 +335,88 @@ int RunRank(const Config& c) {  // c has passed ValidateOptions
     }
   } catch (const sparsereduce::Error& e) {
     std::fprintf(stderr, "sparsereduce-perf: %s\n", e.what());
-    return 1;
+    rc = 1;
   }
-  if (c.rank == 0 && !c.json.empty()) WriteJson(c, rows);
-  return any_wrong ? 3 : 0;
+  if (json.is_open() && !WriteJson(c, transports, rows, rc == 0, json)) {
+    std::fprintf(stderr, "sparsereduce-perf: --json %s: writing failed\n", c.json.c_str());
+    rc = rc ? rc : 1;
+  }
+  return rc ? rc : any_wrong ? 3 : 0;
 }
 
+// Ranks and aggregators of --spawn W[,A]: W up to the aggregators' default --max-world-size, A up to 256.
+constexpr uint32_t kMaxSpawnRanks = 4096, kMaxSpawnAggregators = 256;
+
+std::optional<std::pair<uint32_t, uint32_t>> ParseSpawn(const std::string& text) {
+  static const std::regex kForm("([0-9]{1,9})(?:,([0-9]{1,9}))?");
+  std::smatch m;
+  if (!std::regex_match(text, m, kForm)) return std::nullopt;
+  const auto workers = static_cast<uint32_t>(std::stoul(m[1]));
+  const auto aggregators = m[2].matched ? static_cast<uint32_t>(std::stoul(m[2])) : 1u;
+  if (workers < 1 || workers > kMaxSpawnRanks || aggregators < 1 || aggregators > kMaxSpawnAggregators) {
+    return std::nullopt;
+  }
+  return std::pair{workers, aggregators};
+}
+
+// A stop signal (SIGINT, SIGTERM, SIGHUP) during a --spawn run stops the ranks, so that the run ends as usual: rank
+// 0's output ends, the ranks are reaped, the aggregators stopped and their temporary directory removed. The
+// signals are blocked in this thread and waited for on a thread of their own (children start unblocked).
+class StopSignals {
+ public:
+  StopSignals() {
+    sigemptyset(&set_);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) sigaddset(&set_, sig);
+    pthread_sigmask(SIG_BLOCK, &set_, &previous_);
+    waiter_ = std::thread([this] {
+      int sig = 0;
+      while (sigwait(&set_, &sig) != 0) {
+      }
+      if (sig == SIGUSR1) return;  // the destructor's wake-up
+      std::lock_guard lock(mutex_);
+      caught_ = sig;
+      for (int pid : pids_) kill(pid, SIGTERM);
+    });
+  }
+  ~StopSignals() {
+    pthread_kill(waiter_.native_handle(), SIGUSR1);  // pending for that thread if it already returned: harmless
+    waiter_.join();
+    pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
+  }
+  // Registers a rank to stop; false (and the rank is stopped) if a signal came already.
+  bool Track(int pid) {
+    std::lock_guard lock(mutex_);
+    pids_.push_back(pid);
+    if (caught_) kill(pid, SIGTERM);
+    return caught_ == 0;
+  }
+  int caught() const {
+    std::lock_guard lock(mutex_);
+    return caught_;
+  }
+
+ private:
+  sigset_t set_, previous_;
+  mutable std::mutex mutex_;
+  std::vector<int> pids_;
+  int caught_ = 0;
+  std::thread waiter_;
+};
+
 int Spawn(Config c, char** argv, int argc) {
-  uint32_t workers = 0, aggregators = 1;
-  if (std::sscanf(c.spawn.c_str(), "%u,%u", &workers, &aggregators) < 1 || workers == 0 || aggregators == 0) {
-    std::fprintf(stderr, "sparsereduce-perf: --spawn takes W or W,A\n");
+  const auto counts = ParseSpawn(c.spawn);
+  if (!counts) {
+    std::fprintf(stderr, "sparsereduce-perf: --spawn %s: takes W or W,A, with 1 <= W <= %u ranks and 1 <= A <= %u "
+                 "aggregators\n", c.spawn.c_str(), kMaxSpawnRanks, kMaxSpawnAggregators);
     return 2;
   }
+  const auto [workers, aggregators] = *counts;
+  if (!c.json.empty() && !std::ofstream(c.json)) {  // before anything starts (rank 0 writes it)
+    std::fprintf(stderr, "sparsereduce-perf: --json %s: cannot open for writing: %s\n", c.json.c_str(),
+                 std::strerror(errno));
+    return 2;
+  }
+  StopSignals signals;
   const std::string agg_bin =
       c.aggregator_bin.empty() ? tools::FindToolBinary("sparsereduce-aggregator", "aggregator") : c.aggregator_bin;
   auto cluster = tools::LocalAggregators::Start(agg_bin, aggregators);
@@ -331,29 +448,47 @@ int Spawn(Config c, char** argv, int argc) {
       return 1;
     }
     ranks.push_back(std::move(*p));
+    if (!signals.Track(ranks.back()->pid())) break;
   }
   // Rank 0's table streams through as it is printed (a long sweep shows its rows as they come, and a run cut off
   // by the deadline keeps the rows it had).
   int rc = 0;
-  auto out = ranks[0]->ReadStdout(std::chrono::milliseconds(c.timeout_ms * 20), [](std::string_view chunk) {
+  const auto run_timeout =
+      c.run_timeout_ms ? std::chrono::milliseconds(c.run_timeout_ms) : std::chrono::milliseconds(std::chrono::hours(24 * 365));
+  auto out = ranks[0]->ReadStdout(run_timeout, [](std::string_view chunk) {
     std::fwrite(chunk.data(), 1, chunk.size(), stdout);
     std::fflush(stdout);
   });
   if (!out.ok()) {
-    std::fprintf(stderr, "sparsereduce-perf: rank 0's output: %s\n", out.status().ToString().c_str());
+    std::fprintf(stderr, "sparsereduce-perf: rank 0's output: %s (--run-timeout-ms %llu); stopping the ranks\n",
+                 out.status().ToString().c_str(), static_cast<unsigned long long>(c.run_timeout_ms));
+    for (auto& rank : ranks) rank->Signal(SIGTERM);
     rc = 1;
   }
-  for (uint32_t r = 0; r < workers; ++r) {
+  bool stopped_after_rank0 = false;
+  for (uint32_t r = 0; r < ranks.size(); ++r) {
     auto status = ranks[r]->Wait(std::chrono::milliseconds(c.timeout_ms));
+    if (r == 0 && !(status.ok() && WIFEXITED(*status) && WEXITSTATUS(*status) == 0)) {
+      // The others would wait for it until their timeout (those not yet joined: the join timeout).
+      for (auto& rank : ranks) rank->Signal(SIGTERM);
+      stopped_after_rank0 = true;
+    }
+    if (signals.caught()) continue;  // stopped on purpose: one line below, not one per rank
+    if (r > 0 && stopped_after_rank0 && status.ok() && WIFSIGNALED(*status) && WTERMSIG(*status) == SIGTERM) continue;
     if (!status.ok() || !WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
       std::fprintf(stderr, "sparsereduce-perf: rank %u failed: %s\n", r,
                    status.ok() ? tools::DescribeExit(*status).c_str() : status.status().ToString().c_str());
-      rc = status.ok() && WIFEXITED(*status) ? WEXITSTATUS(*status) : 1;
+      if (rc == 0) rc = status.ok() && WIFEXITED(*status) ? WEXITSTATUS(*status) : 1;
     }
   }
   if (!(*cluster)->Stop()) {
     std::fprintf(stderr, "sparsereduce-perf: an aggregator did not stop cleanly\n");
     rc = rc ? rc : 1;
+  }
+  if (const int sig = signals.caught()) {
+    std::fprintf(stderr, "sparsereduce-perf: stopped by signal %d (%s): ranks and aggregators stopped\n", sig,
+                 strsignal(sig));
+    return 128 + sig;
   }
   return rc;
 }
@@ -382,15 +517,24 @@ int main(int argc, char** argv) {
   app.add_option("--slots", c.slots, "Independent block streams per aggregator (WorkerOptions::slots)")->capture_default_str();
   app.add_option("--blocks-per-message", c.blocks_per_message, "Blocks fused per message")->capture_default_str();
   app.add_option("--window", c.window, "Messages per slot a worker streams ahead of the results")->capture_default_str();
-  app.add_option("--aggregators", c.aggregators, "HOST:PORT,... of the job's aggregators")->delimiter(',');
+  auto* aggregators = app.add_option("--aggregators", c.aggregators, "HOST:PORT,... of the job's aggregators")
+                          ->delimiter(',');
   app.add_option("--job", c.job, "Job id")->capture_default_str();
-  app.add_option("--rank", c.rank, "This process's rank")->capture_default_str();
-  app.add_option("--world-size", c.world_size, "Number of ranks")->capture_default_str();
-  app.add_option("--spawn", c.spawn, "W[,A]: launch W ranks and A aggregators on 127.0.0.1");
+  auto* rank = app.add_option("--rank", c.rank, "This process's rank")->capture_default_str();
+  auto* world_size = app.add_option("--world-size", c.world_size, "Number of ranks")->capture_default_str();
+  // --spawn sets each rank's --aggregators, --rank and --world-size itself.
+  auto* spawn = app.add_option("--spawn", c.spawn, "W[,A]: launch W ranks and A aggregators on 127.0.0.1")
+      ->excludes(aggregators)
+      ->excludes(rank)
+      ->excludes(world_size);
+  app.add_option("--run-timeout-ms", c.run_timeout_ms,
+                 "With --spawn: bound on the whole run, after which the ranks are stopped; 0: none")
+      ->capture_default_str();
   app.add_option("--aggregator-bin", c.aggregator_bin, "sparsereduce-aggregator to use with --spawn");
   app.add_option("--json", c.json, "Also write the results as JSON to this file");
   app.add_option("--seed", c.seed, "Seed of the synthetic tensors")->capture_default_str();
-  app.add_option("--timeout-ms", c.timeout_ms, "Connect/join/collective timeout")->capture_default_str();
+  app.add_option("--timeout-ms", c.timeout_ms, "Connect, join and each collective's timeout (at least 1)")
+      ->capture_default_str();
   app.add_option("--transport", c.transport,
                  "auto (shared memory with aggregators on this host, else TCP), tcp, shm or rdma; default "
                  "SPARSEREDUCE_TRANSPORT, else auto")
@@ -416,9 +560,14 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--alpha", c.codec.alpha, "diana: step of h (0: 1/sqrt(block size))")->capture_default_str();
   app.add_flag("--l2-norm", c.codec.l2_norm, "diana: 2-norm block scales");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help exits 0; every usage error exits 2, as the checks below do (CLI11's own codes are 100 and up).
+    return app.exit(e) == 0 ? 0 : 2;
+  }
   if (!ValidateOptions(c)) return 2;
-  if (!c.spawn.empty()) return Spawn(c, argv, argc);
+  if (spawn->count() > 0) return Spawn(c, argv, argc);
   if (c.aggregators.empty()) {
     std::fprintf(stderr, "sparsereduce-perf: give --aggregators (or --spawn W[,A])\n");
     return 2;
