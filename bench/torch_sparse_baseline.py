@@ -18,6 +18,13 @@ Timing: per iteration a barrier, then one timed all_reduce of a fresh copy of th
 are reduced with max over ranks and the median over iterations is reported. Every result is coalesced, made dense
 and compared with the dense sum of all ranks' inputs (each rank regenerates them from the seed); #wrong counts
 elements failing allclose(rtol=1e-5), summed over ranks (the worst iteration on each rank).
+
+--json names its fields as sparsereduce-perf does where the meaning is the same (time_us_median, wrong, density,
+union_density, iterations, warmup_iterations, check, complete, ...); bytes_sent and bytes_received are null: torch
+does not report them. A run that fails part-way still writes the rows it measured, with "complete": false.
+
+Exit status, as sparsereduce-perf's: 0 ok, 1 the run failed (a rank failed, --run-timeout passed), 2 usage error
+(also a --json file that cannot be opened), 3 wrong results (-c 1 found elements that differ from the sum).
 """
 
 import argparse
@@ -29,6 +36,12 @@ import subprocess
 import sys
 import tempfile
 import time
+
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_WRONG = 0, 1, 2, 3
+EXIT_STATUS = ("exit status: 0 ok; 1 the run failed (a rank failed, --run-timeout passed); 2 usage error (also a "
+               "--json file that cannot be opened); 3 wrong results (-c 1 found elements that differ from the sum). "
+               "As sparsereduce-perf's.")
 
 
 def parse_bytes(text):
@@ -54,7 +67,7 @@ def parse_densities(text):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=EXIT_STATUS)
     p.add_argument("--world-size", type=int, help="number of ranks (manual mode)")
     p.add_argument("--rank", type=int, help="this process's rank (manual mode; default: $RANK)")
     p.add_argument("--spawn", type=int, metavar="W", help="start W ranks on this host and wait for them")
@@ -125,6 +138,36 @@ def run_rank(args):
 
     torch.set_num_threads(args.threads)
     world, rank = args.world_size, args.rank
+    results = []
+    try:  # a run that fails, from the rendezvous on, still writes what it measured ("complete": false)
+        measure(args, world, rank, results, torch, dist, datetime)
+    except Exception:
+        if rank == 0 and args.json:
+            write_json(args, world, results, False, torch)
+        raise
+    if rank == 0 and args.json:
+        write_json(args, world, results, True, torch)
+    dist.destroy_process_group()
+    return exit_status(results)
+
+
+def exit_status(results):
+    """0, or EXIT_WRONG if any row found wrong elements (a row with wrong None was not checked)."""
+    return EXIT_WRONG if any(r["wrong"] for r in results) else EXIT_OK
+
+
+def write_json(args, world, results, complete, torch):
+    """Names as sparsereduce-perf's where the meaning is the same; the rows carry their own densities."""
+    doc = {"tool": "torch-sparse", "torch": torch.__version__, "world_size": world, "dtype": "float",
+           "block_size": args.block_size, "overlap": args.overlap, "transports": ["tcp"],
+           "iterations": args.iters, "warmup_iterations": args.warmup, "check": args.check, "seed": args.seed,
+           "complete": complete, "results": results}
+    with open(args.json, "w") as f:
+        json.dump(doc, f, indent=1)
+
+
+def measure(args, world, rank, results, torch, dist, datetime):
+    """Joins the group and measures one row per density, appended to results as it is measured."""
     if args.init_file:
         init = "file://" + os.path.abspath(args.init_file)
     else:
@@ -143,7 +186,6 @@ def run_rank(args):
             "size", "count", "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "density",
             "union", "sent(B)", "recv(B)"), flush=True)
 
-    results = []
     for density in args.density:
         dense = make_dense(args, rank, density, torch)
         sparse = dense.to_sparse()
@@ -180,22 +222,19 @@ def run_rank(args):
         num_blocks = (elements + args.block_size - 1) // args.block_size
         actual_density = nonzero_blocks(args, rank, density, torch).numel() / num_blocks
         row = {"size": size, "count": elements, "density": actual_density, "requested_density": density,
-               "union": union_density(args, world, density, torch), "time_us_median": median,
+               "union_density": union_density(args, world, density, torch), "time_us_median": median,
                "time_us_min": min(per_iter), "time_us_max": max(per_iter), "algbw": algbw, "busbw": busbw,
-               "wrong": int(w.item()) if args.check else None, "nnz_per_rank": sparse._nnz()}
+               "wrong": int(w.item()) if args.check else None, "bytes_sent": None, "bytes_received": None,
+               "nnz_per_rank": sparse._nnz()}
         results.append(row)
+        if rank == 0 and row["wrong"]:
+            print(f"torch_sparse_baseline: {row['wrong']} wrong elements at density {density:g}", file=sys.stderr,
+                  flush=True)
         if rank == 0:
             print("%12d %12d %6s %6s %11.1f %12.2f %12.2f %7s %8.3f %7.3f %12s %12s" % (
                 size, elements, "float", "sum", median, algbw, busbw,
-                "N/A" if row["wrong"] is None else str(row["wrong"]), row["density"], row["union"], "-", "-"),
+                "N/A" if row["wrong"] is None else str(row["wrong"]), row["density"], row["union_density"], "-", "-"),
                 flush=True)
-
-    if rank == 0 and args.json:
-        with open(args.json, "w") as f:
-            json.dump({"tool": "torch-sparse", "torch": torch.__version__, "world_size": world,
-                       "block_size": args.block_size, "overlap": args.overlap, "results": results}, f, indent=1)
-    dist.destroy_process_group()
-    return 0 if all((r["wrong"] or 0) == 0 for r in results) else 1
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -242,24 +281,26 @@ def wait_for_ranks(procs, run_timeout, poll_s=0.05):
 
     Every process is polled on every pass, so the first rank to fail is noticed at once, whichever it is: that rank
     is named with its exit status, the others are killed (they would wait for it until --timeout) and 1 is returned.
-    Past run_timeout seconds all are killed and 1 is returned; 0 once every rank has exited with 0.
+    A rank that exits 3 finished with wrong results (all ranks count the same sum): the others are left to finish
+    (rank 0 still writes --json), and 3 is returned once all have exited with 0 or 3. Past run_timeout seconds all
+    are killed and 1 is returned; 0 once every rank has exited with 0.
     """
     deadline = time.monotonic() + run_timeout
     try:
         while True:
             codes = [p.poll() for p in procs]  # a list, not any(): every rank is polled
-            failed = [(r, code) for r, code in enumerate(codes) if code not in (None, 0)]
+            failed = [(r, code) for r, code in enumerate(codes) if code not in (None, EXIT_OK, EXIT_WRONG)]
             if failed:
                 for r, code in failed:
                     print(f"torch_sparse_baseline: rank {r} failed ({describe_exit(code)}); stopping the other ranks",
                           file=sys.stderr, flush=True)
-                return 1
-            if all(code == 0 for code in codes):
-                return 0
+                return EXIT_FAILED
+            if all(code is not None for code in codes):
+                return EXIT_WRONG if EXIT_WRONG in codes else EXIT_OK
             if time.monotonic() > deadline:
                 print(f"torch_sparse_baseline: run exceeded --run-timeout {run_timeout} s; stopping the ranks",
                       file=sys.stderr, flush=True)
-                return 1
+                return EXIT_FAILED
             time.sleep(poll_s)
     finally:  # also on an exception (Ctrl-C): no rank outlives the run
         for p in procs:
@@ -267,6 +308,15 @@ def wait_for_ranks(procs, run_timeout, poll_s=0.05):
                 p.kill()
         for p in procs:
             p.wait()
+
+
+def check_json(parser, args):
+    """Before anything starts: a --json path that cannot be written is a usage error, not a failure at the end."""
+    if args.json:
+        try:
+            open(args.json, "w").close()
+        except OSError as e:
+            parser.error(f"--json {args.json}: cannot open for writing: {e.strerror}")
 
 
 def main():
@@ -278,6 +328,7 @@ def main():
         if args.spawn < 1 or args.rank is not None or args.world_size is not None or args.init_file \
                 or args.master_addr:
             parser.error("--spawn W (W >= 1) excludes --rank, --world-size, --init-file and --master-addr")
+        check_json(parser, args)
         return run_spawn(args, sys.argv[1:])
     if args.rank is None and "RANK" in os.environ:
         args.rank = int(os.environ["RANK"])
@@ -287,12 +338,14 @@ def main():
         parser.error("need --spawn W, or --rank R --world-size W with 0 <= R < W")
     if not args.init_file and (args.master_addr is None or args.master_port is None):
         parser.error("need --init-file PATH or --master-addr ADDR --master-port PORT")
+    if args.rank == 0:
+        check_json(parser, args)
     try:
         return run_rank(args)
     except Exception as e:  # report which rank failed, then exit non-zero
         print(f"torch_sparse_baseline: rank {args.rank} of {args.world_size}: {type(e).__name__}: {e}",
               file=sys.stderr)
-        return 1
+        return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -10,6 +10,14 @@
 // The buffer is refilled from a pristine copy before every iteration (between two barriers, outside every rank's
 // timed region), so every allreduce sums the same inputs and can be checked exactly: rank r's element i is
 // ((7i + 13r) mod 1024) / 8, small multiples of 1/8, whose sums are exact in float in any order.
+//
+// Exit status, as sparsereduce-perf's: 0 ok, 1 the run failed, 2 usage error, 3 wrong results (with -c 1).
+//
+// Bytes sent/received are not measured (Gloo keeps no counters): they are rank 0's payload bytes per allreduce as
+// Gloo's algorithm moves them, without Gloo's message headers and TCP/IP overhead. Ring: 2(n-1)/n x size each way
+// (rounded down; exact when the size splits evenly into Gloo's n chunks). BCUBE: computed from Gloo's group
+// arithmetic (gloo/allreduce.cc, bcube() with n = 2: the world size factored into 2s and a remainder group); it
+// is also 2(n-1)/n x size when every step's chunks are equal.
 
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -100,6 +108,32 @@ double Median(std::vector<double> values) {
   return n % 2 == 1 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
+// Rank `rank`'s payload bytes per BCUBE allreduce of `count` elements, sent and received alike, following gloo's
+// bcube(): group sizes per step are 2 while the remaining size is even, then the remainder; each reduce-scatter
+// step sends every other member its chunk of the current buffer and receives this rank's chunk from each of them,
+// and the allgather steps do the reverse.
+uint64_t BcubeBytes(uint64_t count, int world_size, int rank) {
+  if (world_size <= 1 || count == 0) return 0;
+  std::vector<uint64_t> group_sizes;
+  uint64_t size = static_cast<uint64_t>(world_size);
+  while (size % 2 == 0) {
+    group_sizes.push_back(2);
+    size /= 2;
+  }
+  if (size > 1) group_sizes.push_back(size);
+  uint64_t elements = 0, peer_distance = 1, buffer_length = count;
+  for (const uint64_t group_size : group_sizes) {
+    const uint64_t group_rank = (static_cast<uint64_t>(rank) / peer_distance) % group_size;
+    const uint64_t chunk = (buffer_length + group_size - 1) / group_size;
+    const uint64_t start = group_rank * chunk;
+    const uint64_t mine = start >= buffer_length ? 0 : std::min(chunk, buffer_length - start);
+    elements += (buffer_length - mine) + (group_size - 1) * mine;  // one way: the others' chunks, or mine to each
+    peer_distance *= group_size;
+    buffer_length = mine;
+  }
+  return elements * sizeof(float);
+}
+
 struct Row {
   uint64_t size = 0;
   uint64_t count = 0;
@@ -174,9 +208,11 @@ class GlooRank {
     row.algbw = static_cast<double>(row.size) / 1e9 / (row.median_us / 1e6);
     row.busbw = row.algbw * 2.0 * (world - 1) / world;
     if (options_.check != 0) row.wrong = static_cast<uint64_t>(wrong[0]);
-    // Ring: reduce-scatter and allgather each move (n-1)/n of the buffer per rank, each way. BCUBE's steps
-    // with group sizes g_k (product n) move (1 - 1/n) of it per phase too, so the same formula holds.
-    row.sent = row.recv = row.size * 2 * static_cast<uint64_t>(world - 1) / static_cast<uint64_t>(world);
+    // Rank 0's payload (see the top of the file). Ring: reduce-scatter and allgather each move (n-1)/n of the
+    // buffer per rank, each way.
+    row.sent = row.recv = options_.algorithm == "bcube"
+                              ? BcubeBytes(count, world, 0)
+                              : row.size * 2 * static_cast<uint64_t>(world - 1) / static_cast<uint64_t>(world);
     return row;
   }
 
@@ -213,9 +249,9 @@ void PrintHeader(const Options& o) {
       "# time: median over %d iterations of the slowest rank's allreduce (in place, after a barrier)\n",
       o.iters);
   if (o.algorithm == "bcube") {
-    std::printf("# sent/recv: ring formula 2(n-1)/n*size per rank; bcube moves the same total per rank\n");
+    std::printf("# sent/recv: rank 0's payload bytes as Gloo's bcube moves them (computed, not measured)\n");
   } else {
-    std::printf("# sent/recv: analytic per-rank bytes, 2(n-1)/n*size\n");
+    std::printf("# sent/recv: rank 0's payload bytes, 2(n-1)/n*size (computed, not measured)\n");
   }
   std::printf("#%11s %12s %6s %6s %11s %12s %12s %7s %8s %7s %12s %12s\n", "size", "count", "type", "redop",
               "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "density", "union", "sent(B)", "recv(B)");
@@ -231,12 +267,19 @@ void PrintRow(const Row& r) {
   std::fflush(stdout);
 }
 
-void WriteJson(const Options& o, const std::vector<Row>& rows) {
-  std::ofstream out(o.json_path);
-  if (!out) throw std::runtime_error("cannot write " + o.json_path);
-  char buf[512];
-  std::snprintf(buf, sizeof buf, "{\"tool\":\"gloo\",\"algorithm\":\"%s\",\"world_size\":%d,\"results\":[",
-                o.algorithm.c_str(), o.world_size);
+// Writes what was measured, also when the sweep failed part-way ("complete": false). The names are
+// sparsereduce-perf's where the meaning is the same; "algorithm" is the Gloo bench's own. density and
+// union_density are 1: a dense allreduce sends every element whatever its value.
+bool WriteJson(const Options& o, const std::vector<Row>& rows, bool complete, std::ofstream& out) {
+  char buf[768];
+  std::snprintf(buf, sizeof buf,
+                "{\"tool\":\"gloo\",\"algorithm\":\"%s\",\"world_size\":%d,\"dtype\":\"%s\",\"density\":1,"
+                "\"transports\":[\"tcp\"],\"iterations\":%d,\"warmup_iterations\":%d,\"check\":%d,"
+                "\"bytes\":\"%s\",\"complete\":%s,\"results\":[",
+                o.algorithm.c_str(), o.world_size, o.datatype.c_str(), o.iters, o.warmup_iters, o.check,
+                o.algorithm == "bcube" ? "computed: rank 0's payload per allreduce as Gloo's bcube moves it"
+                                       : "computed: rank 0's payload per allreduce, 2(n-1)/n x size",
+                complete ? "true" : "false");
   out << buf;
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
@@ -244,29 +287,56 @@ void WriteJson(const Options& o, const std::vector<Row>& rows) {
     std::snprintf(buf, sizeof buf,
                   "%s\n{\"size\":%" PRIu64 ",\"count\":%" PRIu64
                   ",\"time_us_median\":%.3f,\"time_us_min\":%.3f,\"time_us_max\":%.3f,"
-                  "\"algbw\":%.6f,\"busbw\":%.6f,\"wrong\":%s}",
+                  "\"algbw\":%.6f,\"busbw\":%.6f,\"wrong\":%s,\"density\":1,\"union_density\":1,"
+                  "\"bytes_sent\":%" PRIu64 ",\"bytes_received\":%" PRIu64 "}",
                   i == 0 ? "" : ",", r.size, r.count, r.median_us, r.min_us, r.max_us, r.algbw, r.busbw,
-                  wrong.c_str());
+                  wrong.c_str(), r.sent, r.recv);
     out << buf;
   }
   out << "\n]}\n";
-  if (!out.flush()) throw std::runtime_error("cannot write " + o.json_path);
+  return static_cast<bool>(out.flush());
 }
 
+// Exit status: 0 ok, 1 the run failed, 2 the --json file cannot be opened, 3 wrong results.
 int RunRank(const Options& o) {
   const uint64_t min_bytes = ParseBytes(o.min_bytes);
   const uint64_t max_bytes = ParseBytes(o.max_bytes);
-  GlooRank rank(o);
-  if (o.rank == 0) PrintHeader(o);
-  std::vector<Row> rows;
-  for (uint64_t size = min_bytes; size <= max_bytes; size *= o.step_factor) {
-    rows.push_back(rank.Measure(size / sizeof(float)));
-    if (o.rank == 0) PrintRow(rows.back());
+  // Opened first: a path that cannot be written fails the run before it starts, not after a long sweep.
+  std::ofstream json;
+  if (o.rank == 0 && !o.json_path.empty()) {
+    json.open(o.json_path);
+    if (!json) {
+      std::fprintf(stderr, "sparsereduce-gloo-bench: --json %s: cannot open for writing: %s\n", o.json_path.c_str(),
+                   std::strerror(errno));
+      return 2;
+    }
   }
-  if (o.rank == 0 && !o.json_path.empty()) WriteJson(o, rows);
-  bool ok = true;
-  for (const Row& r : rows) ok = ok && r.wrong.value_or(0) == 0;
-  return ok ? 0 : 1;
+  std::vector<Row> rows;
+  int rc = 0;
+  try {
+    GlooRank rank(o);
+    if (o.rank == 0) PrintHeader(o);
+    for (uint64_t size = min_bytes; size <= max_bytes; size *= o.step_factor) {
+      rows.push_back(rank.Measure(size / sizeof(float)));
+      if (o.rank == 0) PrintRow(rows.back());
+      if (rows.back().wrong.value_or(0) != 0 && o.rank == 0) {
+        std::fprintf(stderr, "sparsereduce-gloo-bench: %" PRIu64 " wrong elements at %" PRIu64 " bytes\n",
+                     *rows.back().wrong, rows.back().size);
+      }
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "sparsereduce-gloo-bench: rank %d of %d: %s\n", o.rank, o.world_size, e.what());
+    rc = 1;
+  }
+  if (json.is_open() && !WriteJson(o, rows, rc == 0, json)) {
+    std::fprintf(stderr, "sparsereduce-gloo-bench: --json %s: writing failed\n", o.json_path.c_str());
+    rc = rc ? rc : 1;
+  }
+  if (rc != 0) return rc;
+  for (const Row& r : rows) {
+    if (r.wrong.value_or(0) != 0) return 3;
+  }
+  return 0;
 }
 
 std::string DescribeStatus(int status) {
@@ -276,8 +346,15 @@ std::string DescribeStatus(int status) {
 }
 
 // Starts o.spawn ranks of this binary on this host and waits for all of them (bounded by --run-timeout). The
-// first failure kills the others. Returns the exit code for this process.
+// first failure kills the others. A rank that exits 3 finished its sweep with wrong results (every rank sees the
+// same sum of wrong elements): the others are left to finish (rank 0 still writes --json). Returns the exit code
+// for this process: 1 if a rank failed or the run timed out, else 3 if a rank found wrong results, else 0.
 int RunSpawn(const Options& o) {
+  if (!o.json_path.empty() && !std::ofstream(o.json_path)) {  // before anything starts (rank 0 writes it)
+    std::fprintf(stderr, "sparsereduce-gloo-bench: --json %s: cannot open for writing: %s\n", o.json_path.c_str(),
+                 std::strerror(errno));
+    return 2;
+  }
   char dir_template[] = "/tmp/sparsereduce-gloo-bench-XXXXXX";
   if (mkdtemp(dir_template) == nullptr) {
     std::fprintf(stderr, "sparsereduce-gloo-bench: mkdtemp: %s\n", std::strerror(errno));
@@ -332,6 +409,7 @@ int RunSpawn(const Options& o) {
 
   const auto deadline = Clock::now() + std::chrono::seconds(o.run_timeout_s);
   int running = 0;
+  bool wrong = false;
   for (pid_t pid : pids) running += pid > 0;
   while (running > 0) {
     bool reaped = false;
@@ -343,7 +421,9 @@ int RunSpawn(const Options& o) {
       reaped = true;
       pids[r] = -1;
       --running;
-      if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
+      if (WIFEXITED(status) && WEXITSTATUS(status) == 3) {
+        wrong = true;
+      } else if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
         std::fprintf(stderr, "sparsereduce-gloo-bench: rank %d failed (%s)\n", r,
                      DescribeStatus(status).c_str());
         result = 1;
@@ -367,7 +447,7 @@ int RunSpawn(const Options& o) {
 
   std::error_code ec;
   std::filesystem::remove_all(store_dir, ec);
-  return result;
+  return result != 0 ? result : wrong ? 3 : 0;
 }
 
 }  // namespace
@@ -396,7 +476,8 @@ int main(int argc, char** argv) {
   app.add_option("--algorithm", o.algorithm, "Gloo allreduce algorithm")
       ->check(CLI::IsMember({"ring", "bcube"}))
       ->capture_default_str();
-  app.add_option("--json", o.json_path, "also write the results as JSON (rank 0)");
+  app.add_option("--json", o.json_path,
+                 "also write the results as JSON (rank 0; also when the run fails part-way, with \"complete\": false)");
   app.add_option("--rank", o.rank, "this process's rank (manual mode)");
   app.add_option("--world-size", o.world_size, "number of ranks (manual mode)");
   app.add_option(
@@ -413,7 +494,16 @@ int main(int argc, char** argv) {
   app.add_option("--run-timeout", o.run_timeout_s, "seconds allowed for the whole --spawn run")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
+  app.footer(
+      "Exit status: 0 ok; 1 the run failed (a rank failed, a Gloo operation timed out, --run-timeout passed); 2 usage "
+      "error (also a --json file that cannot be opened); 3 wrong results (-c 1 found elements that differ from the "
+      "expected sum). As sparsereduce-perf's.");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help exits 0; every usage error exits 2, as the checks below do (CLI11's own codes are 100 and up).
+    return app.exit(e) == 0 ? 0 : 2;
+  }
 
   try {
     const uint64_t min_bytes = ParseBytes(o.min_bytes);

@@ -1,12 +1,14 @@
-"""bench/torch_sparse_baseline.py --spawn: how it waits for its ranks.
+"""bench/torch_sparse_baseline.py: how --spawn waits for its ranks, its exit statuses and its JSON.
 
 wait_for_ranks is tested on stand-in processes (no torch needed): a rank that fails while rank 0 still runs must be
 noticed at once. The old loop, `while any(p.poll() is None ...)`, stopped polling at the first running process, so
-it saw a later rank's failure only when rank 0 ended (or at --run-timeout). One end-to-end run checks that --spawn
-still succeeds through it.
+it saw a later rank's failure only when rank 0 ended (or at --run-timeout). Exit statuses are sparsereduce-perf's:
+1 failed run, 2 usage error, 3 wrong results (wrong results exited 1 before). End-to-end runs check that --spawn
+succeeds through it with JSON fields named as perf's, and that ranks that find wrong results exit 3.
 """
 
 import importlib.util
+import json
 import pathlib
 import subprocess
 import sys
@@ -33,13 +35,13 @@ SLEEPS = "import time; time.sleep(60)"
 
 
 def test_a_later_rank_failing_stops_the_others_at_once(baseline, capsys):
-    procs = [_rank(SLEEPS), _rank(SLEEPS), _rank("import sys, time; time.sleep(0.2); sys.exit(3)")]
+    procs = [_rank(SLEEPS), _rank(SLEEPS), _rank("import sys, time; time.sleep(0.2); sys.exit(1)")]
     start = time.monotonic()
     assert baseline.wait_for_ranks(procs, run_timeout=60) == 1
     assert time.monotonic() - start < 20  # not the 60 s of rank 0's sleep
     assert all(p.returncode is not None for p in procs), "the other ranks were left running"
     err = capsys.readouterr().err
-    assert "rank 2 failed (exit status 3)" in err
+    assert "rank 2 failed (exit status 1)" in err
     assert "rank 0 failed" not in err and "rank 1 failed" not in err  # the ones it stopped are not blamed
 
 
@@ -74,3 +76,93 @@ def test_spawn_runs_two_ranks(tmp_path):
                           capture_output=True, text=True, timeout=180)
     assert done.returncode == 0, done.stdout + done.stderr
     assert '"wrong": 0' in out.read_text()
+
+
+def test_a_rank_with_wrong_results_lets_the_others_finish_and_gives_3(baseline, capsys):
+    # Exit 3 is a finished sweep with wrong results, not a failure: rank 0, still running, must not be killed (it
+    # writes --json at its end), and the run exits 3.
+    procs = [_rank("import sys, time; time.sleep(1); sys.exit(3)"), _rank("import sys; sys.exit(3)")]
+    assert baseline.wait_for_ranks(procs, run_timeout=60) == 3
+    assert [p.returncode for p in procs] == [3, 3]  # rank 0 exited by itself, not killed (-9)
+    assert "failed" not in capsys.readouterr().err
+
+
+def test_a_failure_outranks_wrong_results(baseline, capsys):
+    procs = [_rank("import sys, time; time.sleep(0.5); sys.exit(3)"), _rank("import sys; sys.exit(1)")]
+    assert baseline.wait_for_ranks(procs, run_timeout=60) == 1
+    assert "rank 1 failed (exit status 1)" in capsys.readouterr().err
+
+
+def test_exit_status_of_a_rank(baseline):
+    assert baseline.exit_status([{"wrong": 0}, {"wrong": 0}]) == 0
+    assert baseline.exit_status([{"wrong": None}]) == 0  # -c 0: nothing checked
+    assert baseline.exit_status([{"wrong": 0}, {"wrong": 5}]) == 3
+    assert baseline.exit_status([]) == 0
+
+
+def test_help_and_usage_errors_give_the_exit_statuses(tmp_path):
+    done = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0
+    assert "3 wrong results" in " ".join(done.stdout.split())
+    done = subprocess.run([sys.executable, str(SCRIPT), "--spawn", "2", "--json", str(tmp_path / "no" / "r.json")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert "cannot open for writing" in done.stderr
+    done = subprocess.run([sys.executable, str(SCRIPT), "--spawn", "2", "-n", "0"], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2, done.stderr
+
+
+# A rank whose reference is off by one everywhere: it counts every element wrong (the sum itself is right).
+WRONG_REFERENCE = """
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("torch_sparse_baseline", sys.argv[1])
+module = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(module)
+real = module.make_dense
+def off_by_one(args, rank, density, torch):
+    out = real(args, rank, density, torch)
+    return out + 1 if rank != args.rank else out  # the other ranks' inputs, as this rank rebuilds them
+module.make_dense = off_by_one
+sys.argv = sys.argv[1:]
+sys.exit(module.main())
+"""
+
+
+def test_wrong_results_exit_3_and_are_in_the_json(baseline, tmp_path):
+    import torch_required  # noqa: F401  (fails clearly without torch)
+    out = tmp_path / "r.json"
+    init = tmp_path / "rendezvous"
+    procs = [subprocess.Popen([sys.executable, "-c", WRONG_REFERENCE, str(SCRIPT), "--rank", str(r),
+                               "--world-size", "2", "--init-file", str(init), "--size", "16K", "-n", "1", "-w", "0",
+                               "--timeout", "120"] + (["--json", str(out)] if r == 0 else []),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for r in range(2)]
+    assert baseline.wait_for_ranks(procs, run_timeout=180) == 3
+    assert [p.returncode for p in procs] == [3, 3]
+    assert "wrong elements" in procs[0].stderr.read()
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is True
+    assert doc["results"][0]["wrong"] > 0
+
+
+def test_the_json_names_fields_as_perf_does(tmp_path):
+    import torch_required  # noqa: F401  (fails clearly without torch)
+    out = tmp_path / "r.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--spawn", "2", "--size", "64K", "--density", "0.1,1",
+                           "-n", "2", "-w", "1", "--run-timeout", "120", "--json", str(out)],
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    doc = json.loads(out.read_text())
+    assert doc["tool"] == "torch-sparse" and doc["world_size"] == 2 and doc["dtype"] == "float"
+    assert (doc["iterations"], doc["warmup_iterations"], doc["check"], doc["complete"]) == (2, 1, 1, True)
+    assert doc["transports"] == ["tcp"] and doc["block_size"] == 256 and doc["overlap"] == "random"
+    assert [r["requested_density"] for r in doc["results"]] == [0.1, 1]  # tools/bench/tables.py reads it
+    for r in doc["results"]:
+        assert (r["size"], r["count"], r["wrong"]) == (65536, 16384, 0)
+        assert 0 < r["density"] <= r["union_density"] <= 1
+        assert r["time_us_min"] <= r["time_us_median"] <= r["time_us_max"]
+        assert r["algbw"] > 0 and r["busbw"] > 0
+        assert r["bytes_sent"] is None and r["bytes_received"] is None  # torch does not report them
+        assert "union" not in r  # renamed union_density, as perf names it
+    assert doc["results"][1]["density"] == 1
