@@ -6,8 +6,9 @@
 
 namespace sparsereduce::aggregator {
 
-LogThrottle::LogThrottle(std::string what, uint32_t burst, std::chrono::steady_clock::duration window, Clock clock)
-    : what_(std::move(what)), burst_(burst), window_(window), clock_(std::move(clock)) {}
+LogThrottle::LogThrottle(std::string what, spdlog::level::level_enum level, uint32_t burst,
+                         std::chrono::steady_clock::duration window, Clock clock)
+    : what_(std::move(what)), level_(level), burst_(burst), window_(window), clock_(std::move(clock)) {}
 
 bool LogThrottle::Admit() {
   uint64_t held_back = 0;
@@ -30,8 +31,8 @@ bool LogThrottle::Admit() {
   if (held_back > 0) {
     const auto seconds = std::chrono::duration_cast<std::chrono::milliseconds>(window_).count() / 1000.0;
     const bool one = held_back == 1;
-    spdlog::warn("{} more {} about {} {} not logged (at most {} are logged per {} s)", held_back,
-                 one ? "message" : "messages", what_, one ? "was" : "were", burst_, seconds);
+    spdlog::log(level_, "{} more {} about {} {} not logged (at most {} are logged per {} s)", held_back,
+                one ? "message" : "messages", what_, one ? "was" : "were", burst_, seconds);
   }
   return true;
 }

@@ -5,6 +5,8 @@
 // refusals are still counted in sparsereduce_errors_total. Thread-safe.
 #pragma once
 
+#include <spdlog/common.h>
+
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -17,14 +19,15 @@ class LogThrottle {
  public:
   using Clock = std::function<std::chrono::steady_clock::time_point()>;
 
-  // `what` completes the line that reports held-back messages: "N more messages about <what> were not logged".
-  LogThrottle(std::string what, uint32_t burst, std::chrono::steady_clock::duration window,
-              Clock clock = std::chrono::steady_clock::now);
+  // `what` completes the line that reports held-back messages: "N more messages about <what> were not logged";
+  // `level` is theirs, and so that line's (an operator who does not see them is not told about them either).
+  LogThrottle(std::string what, spdlog::level::level_enum level, uint32_t burst,
+              std::chrono::steady_clock::duration window, Clock clock = std::chrono::steady_clock::now);
   LogThrottle(const LogThrottle&) = delete;
   LogThrottle& operator=(const LogThrottle&) = delete;
 
   // True if a message may be written now. The first message let through after some were held back is preceded by
-  // a warning that says how many.
+  // a line that says how many.
   bool Admit();
 
   // Messages held back since the start (for tests and the curious).
@@ -32,6 +35,7 @@ class LogThrottle {
 
  private:
   const std::string what_;
+  const spdlog::level::level_enum level_;
   const uint32_t burst_;
   const std::chrono::steady_clock::duration window_;
   const Clock clock_;

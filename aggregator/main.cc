@@ -85,8 +85,6 @@ Status OpenRdma(const ServerOptions& options, ServiceContext& context) {
 #endif
 }
 
-}  // namespace
-
 // Every worker connection holds a descriptor (two over shared memory, while its segment is handed over), and the
 // soft limit a daemon inherits is often 1024 (containers, shells) though the hard limit allows far more: raise it
 // to the hard limit, as systemd's LimitNOFILE= does for the unit.
@@ -112,6 +110,8 @@ void RaiseOpenFileLimit() {
 // configured on this host: a restart may succeed, and systemd's Restart=on-failure retries), 2 where the address
 // itself is wrong (unparsable, unresolvable: RestartPreventExitStatus=2 stops the retries).
 int ListenFailureExitCode(const Status& status) { return status.code() == StatusCode::kUnavailable ? 1 : 2; }
+
+}  // namespace
 
 int main(int argc, char** argv) {
   auto parsed = ParseDaemonConfig(std::vector<std::string>(argv, argv + argc), std::cout, std::cerr);

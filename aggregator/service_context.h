@@ -55,9 +55,10 @@ struct ServiceContext {
   // early (info) cannot use up the one of refusals (warnings).
   static constexpr uint32_t kConnectionLogBurst = 20;
   static constexpr std::chrono::seconds kConnectionLogWindow{10};
-  LogThrottle refusal_log{"connections refused or timed out before joining a job", kConnectionLogBurst,
-                          kConnectionLogWindow};
-  LogThrottle early_close_log{"connections closed during their handshake", kConnectionLogBurst, kConnectionLogWindow};
+  LogThrottle refusal_log{"connections refused or timed out before joining a job", spdlog::level::warn,
+                          kConnectionLogBurst, kConnectionLogWindow};
+  LogThrottle early_close_log{"connections closed during their handshake", spdlog::level::info, kConnectionLogBurst,
+                              kConnectionLogWindow};
 
   std::string RenderMetrics() { return metrics.Render(memory.reserved(), draining.load()); }
 };

@@ -37,7 +37,7 @@ struct FakeClock {
 TEST(LogThrottle, LetsABurstThroughPerWindowAndReportsWhatItHeldBack) {
   CapturedLog log;
   FakeClock clock;
-  LogThrottle throttle("refused connections", 3, 10s, [&] { return clock.now; });
+  LogThrottle throttle("refused connections", spdlog::level::warn, 3, 10s, [&] { return clock.now; });
   for (int i = 0; i < 3; ++i) EXPECT_TRUE(throttle.Admit()) << i;
   for (int i = 0; i < 5; ++i) EXPECT_FALSE(throttle.Admit()) << i;
   EXPECT_EQ(throttle.suppressed_total(), 5u);
@@ -58,7 +58,7 @@ TEST(LogThrottle, LetsABurstThroughPerWindowAndReportsWhatItHeldBack) {
 TEST(LogThrottle, AQuietWindowReportsNothing) {
   CapturedLog log;
   FakeClock clock;
-  LogThrottle throttle("x", 2, 1s, [&] { return clock.now; });
+  LogThrottle throttle("x", spdlog::level::warn, 2, 1s, [&] { return clock.now; });
   for (int window = 0; window < 4; ++window) {
     EXPECT_TRUE(throttle.Admit());
     EXPECT_TRUE(throttle.Admit());
@@ -72,7 +72,7 @@ TEST(LogThrottle, TheCountCoversEveryWindowSinceTheLastLine) {
   // Held back in one window and the next (each window's burst used up), reported once, with both counts.
   CapturedLog log;
   FakeClock clock;
-  LogThrottle throttle("x", 1, 1s, [&] { return clock.now; });
+  LogThrottle throttle("x", spdlog::level::warn, 1, 1s, [&] { return clock.now; });
   EXPECT_TRUE(throttle.Admit());
   EXPECT_FALSE(throttle.Admit());
   clock.now += 1s;
@@ -83,6 +83,19 @@ TEST(LogThrottle, TheCountCoversEveryWindowSinceTheLastLine) {
   clock.now += 5s;
   EXPECT_TRUE(throttle.Admit());
   EXPECT_NE(log.text().find("warning 2 more messages about x"), std::string::npos) << log.text();
+}
+
+// The report of held-back messages has their level: info lines held back are reported at info, which a daemon
+// logging warnings only does not show (it told such a daemon at warn about lines it never meant to see).
+TEST(LogThrottle, ReportsAtTheLevelOfTheMessages) {
+  CapturedLog log;
+  FakeClock clock;
+  LogThrottle throttle("x", spdlog::level::info, 1, 1s, [&] { return clock.now; });
+  EXPECT_TRUE(throttle.Admit());
+  EXPECT_FALSE(throttle.Admit());
+  clock.now += 1s;
+  EXPECT_TRUE(throttle.Admit());
+  EXPECT_EQ(log.text(), "info 1 more message about x was not logged (at most 1 are logged per 1 s)\n");
 }
 
 }  // namespace
