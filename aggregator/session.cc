@@ -238,7 +238,9 @@ asio::awaitable<void> Session::Handshake() {
   }
   if (!st.ok()) {
     if (st.code() == StatusCode::kUnavailable) {
-      if (context_.early_close_log.Admit()) spdlog::info("peer {}: closed during the handshake: {}", peer_, st.message());
+      if (context_.early_close_log.Admit()) {
+        spdlog::info("peer {}: closed during the handshake: {}", peer_, st.message());
+      }
       co_return;
     }
     RejectBeforeJoin(st.WithContext("handshake"));

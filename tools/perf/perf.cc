@@ -453,8 +453,8 @@ int Spawn(Config c, char** argv, int argc) {
   // Rank 0's table streams through as it is printed (a long sweep shows its rows as they come, and a run cut off
   // by the deadline keeps the rows it had).
   int rc = 0;
-  const auto run_timeout =
-      c.run_timeout_ms ? std::chrono::milliseconds(c.run_timeout_ms) : std::chrono::milliseconds(std::chrono::hours(24 * 365));
+  const std::chrono::milliseconds run_timeout = c.run_timeout_ms ? std::chrono::milliseconds(c.run_timeout_ms)
+                                                                  : std::chrono::hours(24 * 365);
   auto out = ranks[0]->ReadStdout(run_timeout, [](std::string_view chunk) {
     std::fwrite(chunk.data(), 1, chunk.size(), stdout);
     std::fflush(stdout);
@@ -468,13 +468,16 @@ int Spawn(Config c, char** argv, int argc) {
   bool stopped_after_rank0 = false;
   for (uint32_t r = 0; r < ranks.size(); ++r) {
     auto status = ranks[r]->Wait(std::chrono::milliseconds(c.timeout_ms));
-    if (r == 0 && !(status.ok() && WIFEXITED(*status) && WEXITSTATUS(*status) == 0)) {
-      // The others would wait for it until their timeout (those not yet joined: the join timeout).
+    const bool finished = status.ok() && WIFEXITED(*status) && (WEXITSTATUS(*status) == 0 || WEXITSTATUS(*status) == 3);
+    if (r == 0 && !finished) {
+      // Rank 0 failed (3, wrong results, ends a finished sweep): the others would wait for it until their timeout
+      // (those not yet joined: the join timeout).
       for (auto& rank : ranks) rank->Signal(SIGTERM);
       stopped_after_rank0 = true;
     }
     if (signals.caught()) continue;  // stopped on purpose: one line below, not one per rank
-    if (r > 0 && stopped_after_rank0 && status.ok() && WIFSIGNALED(*status) && WTERMSIG(*status) == SIGTERM) continue;
+    const bool stopped_here = status.ok() && WIFSIGNALED(*status) && WTERMSIG(*status) == SIGTERM;
+    if (r > 0 && stopped_after_rank0 && stopped_here) continue;
     if (!status.ok() || !WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
       std::fprintf(stderr, "sparsereduce-perf: rank %u failed: %s\n", r,
                    status.ok() ? tools::DescribeExit(*status).c_str() : status.status().ToString().c_str());
