@@ -4,12 +4,18 @@
 torch.distributed (gloo backend) reduces a sparse tensor by allgathering every rank's indices and values and
 summing them locally, so each rank receives the nonzeros of every other rank. This script measures that on the same
 synthetic tensors as our perf tool (blocks of --block-size elements, a --density fraction of them nonzero per rank,
-placed at random per rank or identically on all ranks) and prints one row per density in the same table format as
-sparsereduce-gloo-bench (sent/recv as "-": torch does not report them).
+placed at random per rank, identically on all ranks, or on disjoint blocks) and prints one row per size and density
+in the same table format as sparsereduce-gloo-bench (sent/recv as "-": torch does not report them).
+
+Sizes sweep as sparsereduce-perf's and sparsereduce-gloo-bench's do: -b/--minbytes to -e/--maxbytes (K/M/G
+suffixes, powers of 1024), each size -f/--stepfactor times the one before, rounded down to whole float elements (a
+size equal to the one before is skipped). --size S is the single-size sweep -b S -e S; without any of them the
+sweep is the one size 64M. With several densities, each density sweeps the sizes in turn.
 
 Run it with Debian's interpreter, which has python3-torch (scripts/install-bench-deps.sh):
 
     /usr/bin/python3 bench/torch_sparse_baseline.py --spawn 4 --size 64M --density 0.01,0.1 -n 5 -w 2
+    /usr/bin/python3 bench/torch_sparse_baseline.py --spawn 4 -b 64K -e 64M -f 4 --density 0.01 --overlap disjoint
 
 or one process per rank: --rank R --world-size W and either --init-file PATH (shared file, absent or empty before
 the run) or --master-addr/--master-port (rank 0 listens there).
@@ -29,6 +35,7 @@ Exit status, as sparsereduce-perf's: 0 ok, 1 the run failed (a rank failed, --ru
 
 import argparse
 import json
+import math
 import os
 import signal
 import statistics
@@ -38,6 +45,7 @@ import tempfile
 import time
 
 
+DEFAULT_BYTES = 64 << 20  # the sweep without -b, -e or --size: one size, 64M
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_WRONG = 0, 1, 2, 3
 EXIT_STATUS = ("exit status: 0 ok; 1 the run failed (a rank failed, --run-timeout passed); 2 usage error (also a "
                "--json file that cannot be opened); 3 wrong results (-c 1 found elements that differ from the sum). "
@@ -56,6 +64,28 @@ def parse_bytes(text):
         raise argparse.ArgumentTypeError(f"bad byte count '{text}' (suffixes: K, M, G)")
 
 
+def parse_step_factor(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad factor '{text}'")
+    if not math.isfinite(value) or value <= 1:
+        raise argparse.ArgumentTypeError(f"{text}: must be a finite factor above 1")
+    return value
+
+
+def sweep_sizes(min_bytes, max_bytes, factor, element_bytes=4):
+    """The sizes of a -b/-e/-f sweep, as sparsereduce-perf's: each factor times the one before, rounded down to whole
+    elements, a size equal to the one before skipped, none above max_bytes."""
+    sizes, size = [], float(min_bytes)
+    while size <= max_bytes * 1.0000001:
+        nbytes = min(int(size), max_bytes) // element_bytes * element_bytes
+        if not sizes or nbytes != sizes[-1]:  # a factor below 2 rounds two steps down to one size
+            sizes.append(nbytes)
+        size *= factor
+    return sizes
+
+
 def parse_densities(text):
     try:
         values = [float(x) for x in text.split(",")]
@@ -71,14 +101,21 @@ def build_parser():
     p.add_argument("--world-size", type=int, help="number of ranks (manual mode)")
     p.add_argument("--rank", type=int, help="this process's rank (manual mode; default: $RANK)")
     p.add_argument("--spawn", type=int, metavar="W", help="start W ranks on this host and wait for them")
-    p.add_argument("--size", type=parse_bytes, default=parse_bytes("64M"), help="bytes per tensor (K/M/G)")
+    p.add_argument("-b", "--minbytes", type=parse_bytes, help="smallest size in bytes (K/M/G = 2^10/2^20/2^30; "
+                   "default 64M)")
+    p.add_argument("-e", "--maxbytes", type=parse_bytes, help="largest size in bytes (default 64M)")
+    p.add_argument("-f", "--stepfactor", type=parse_step_factor, default=2.0,
+                   help="size multiplier between rows (above 1, default 2; sizes round down to whole elements)")
+    p.add_argument("--size", type=parse_bytes, help="bytes per tensor (K/M/G): the single-size sweep -b SIZE -e SIZE")
     p.add_argument("--density", type=parse_densities, default=[0.01],
-                   help="fraction of nonzero blocks per rank; a comma-separated list gives one row each")
+                   help="fraction of nonzero blocks per rank; a comma-separated list sweeps the sizes once for each")
     p.add_argument("--block-size", type=int, default=256, help="elements per block")
-    p.add_argument("--overlap", choices=["random", "full"], default="random",
-                   help="random: each rank picks its own blocks; full: all ranks pick the same blocks")
-    p.add_argument("-n", "--iters", type=int, default=10, help="timed iterations per density")
-    p.add_argument("-w", "--warmup", type=int, default=3, help="untimed iterations per density")
+    p.add_argument("--overlap", choices=["random", "full", "disjoint"], default="random",
+                   help="random: each rank picks its own blocks; full: all ranks pick the same blocks; disjoint: "
+                   "blocks are dealt to the ranks round-robin and each rank keeps a density*W fraction of its own "
+                   "(capped at all of them: at most 1/W of the blocks per rank)")
+    p.add_argument("-n", "--iters", type=int, default=10, help="timed iterations per size and density")
+    p.add_argument("-w", "--warmup", type=int, default=3, help="untimed iterations per size and density")
     p.add_argument("-c", "--check", type=int, choices=[0, 1], default=1, help="check every result")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
@@ -95,22 +132,34 @@ def build_parser():
 # Synthetic tensors
 
 
-def nonzero_blocks(args, rank, density, torch):
-    """Sorted indices of rank's nonzero blocks."""
-    elements = args.size // 4
-    num_blocks = (elements + args.block_size - 1) // args.block_size
-    k = min(num_blocks, round(density * num_blocks))
+def nonzero_blocks(args, size, rank, density, torch):
+    """Sorted indices of rank's nonzero blocks in a tensor of size bytes.
+
+    random and full: round(density x blocks) blocks (at least one if density > 0) picked at random, with a seed of
+    the rank's own (random) or one seed for all ranks (full). disjoint, as the C++ synthetic tensors
+    (tools/common/synthetic_tensor.cc): block b is rank b % W's, and each rank keeps round(min(density x W, 1) x its
+    blocks) of its own (at least one if density > 0), so at most 1/W of the blocks per rank and none shared.
+    """
+    num_blocks = (size // 4 + args.block_size - 1) // args.block_size
+    if args.overlap == "disjoint":
+        candidates = torch.arange(rank, num_blocks, args.world_size)
+        fraction = min(density * args.world_size, 1.0)
+    else:
+        candidates = torch.arange(num_blocks)
+        fraction = density
+    k = min(candidates.numel(), round(fraction * candidates.numel()))
     if density > 0:
-        k = max(k, 1)
+        k = max(k, min(1, candidates.numel()))
     g = torch.Generator().manual_seed(args.seed * 1_000_003 + (0 if args.overlap == "full" else rank + 1))
-    return torch.sort(torch.randperm(num_blocks, generator=g)[:k]).values
+    return torch.sort(candidates[torch.randperm(candidates.numel(), generator=g)[:k]]).values
 
 
-def make_dense(args, rank, density, torch):
-    """rank's float32 tensor: nonzero blocks hold values in [0.5, 1.5) (no zeros, so to_sparse keeps them all)."""
-    elements = args.size // 4
+def make_dense(args, rank, density, size, torch):
+    """rank's float32 tensor of size bytes: nonzero blocks hold values in [0.5, 1.5) (no zeros, so to_sparse keeps
+    them all)."""
+    elements = size // 4
     out = torch.zeros(elements, dtype=torch.float32)
-    blocks = nonzero_blocks(args, rank, density, torch)
+    blocks = nonzero_blocks(args, size, rank, density, torch)
     g = torch.Generator().manual_seed(args.seed * 7_000_003 + rank)
     index = (blocks.unsqueeze(1) * args.block_size + torch.arange(args.block_size)).reshape(-1)
     index = index[index < elements]
@@ -118,11 +167,11 @@ def make_dense(args, rank, density, torch):
     return out
 
 
-def union_density(args, world, density, torch):
-    num_blocks = (args.size // 4 + args.block_size - 1) // args.block_size
+def union_density(args, world, density, size, torch):
+    num_blocks = (size // 4 + args.block_size - 1) // args.block_size
     seen = torch.zeros(num_blocks, dtype=torch.bool)
     for r in range(world):
-        seen[nonzero_blocks(args, r, density, torch)] = True
+        seen[nonzero_blocks(args, size, r, density, torch)] = True
     return seen.sum().item() / num_blocks
 
 
@@ -167,7 +216,7 @@ def write_json(args, world, results, complete, torch):
 
 
 def measure(args, world, rank, results, torch, dist, datetime):
-    """Joins the group and measures one row per density, appended to results as it is measured."""
+    """Joins the group and measures one row per density and size, appended to results as it is measured."""
     if args.init_file:
         init = "file://" + os.path.abspath(args.init_file)
     else:
@@ -175,66 +224,74 @@ def measure(args, world, rank, results, torch, dist, datetime):
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=args.timeout))
 
-    elements = args.size // 4
-    size = elements * 4
     if rank == 0:
         print(f"# torch_sparse_baseline: {world} ranks, torch {torch.__version__} gloo all_reduce of a sparse COO "
               f"tensor (allgather-based), float, block {args.block_size}, overlap {args.overlap}")
         print(f"# time: median over {args.iters} iterations of the slowest rank's all_reduce (after a barrier); "
               "busbw uses the dense formula algbw*2(n-1)/n")
+        if args.overlap == "disjoint" and any(d > 1 / world for d in args.density):
+            print(f"# disjoint overlap gives each rank at most 1/{world} of the blocks: a density above "
+                  f"{1 / world:g} is capped (the table shows the density used)")
         print("#%11s %12s %6s %6s %11s %12s %12s %7s %8s %7s %12s %12s" % (
             "size", "count", "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "density",
             "union", "sent(B)", "recv(B)"), flush=True)
 
     for density in args.density:
-        dense = make_dense(args, rank, density, torch)
-        sparse = dense.to_sparse()
-        expected = None
+        for size in args.sizes:
+            measure_size(args, world, rank, results, torch, dist, density, size)
+
+
+def measure_size(args, world, rank, results, torch, dist, density, size):
+    """One row: size bytes at density."""
+    elements = size // 4
+    dense = make_dense(args, rank, density, size, torch)
+    sparse = dense.to_sparse()
+    expected = None
+    if args.check:
+        expected = torch.zeros(elements, dtype=torch.float32)
+        for r in range(world):
+            expected += dense if r == rank else make_dense(args, r, density, size, torch)
+    del dense
+
+    times, worst_wrong = [], 0
+    for it in range(args.warmup + args.iters):
+        tensor = sparse.clone()
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_reduce(tensor)
+        elapsed = time.perf_counter() - start
+        if it >= args.warmup:
+            times.append(elapsed * 1e6)
         if args.check:
-            expected = torch.zeros(elements, dtype=torch.float32)
-            for r in range(world):
-                expected += dense if r == rank else make_dense(args, r, density, torch)
-        del dense
+            got = tensor.coalesce().to_dense()
+            wrong = (~torch.isclose(got, expected, rtol=1e-5, atol=1e-6)).sum().item()
+            worst_wrong = max(worst_wrong, wrong)
 
-        times, worst_wrong = [], 0
-        for it in range(args.warmup + args.iters):
-            tensor = sparse.clone()
-            dist.barrier()
-            start = time.perf_counter()
-            dist.all_reduce(tensor)
-            elapsed = time.perf_counter() - start
-            if it >= args.warmup:
-                times.append(elapsed * 1e6)
-            if args.check:
-                got = tensor.coalesce().to_dense()
-                wrong = (~torch.isclose(got, expected, rtol=1e-5, atol=1e-6)).sum().item()
-                worst_wrong = max(worst_wrong, wrong)
-
-        # The collective takes as long as its slowest rank: max over ranks, per iteration.
-        t = torch.tensor(times, dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        w = torch.tensor([worst_wrong], dtype=torch.int64)
-        dist.all_reduce(w)
-        per_iter = t.tolist()
-        median = statistics.median(per_iter)
-        algbw = size / 1e9 / (median / 1e6)
-        busbw = algbw * 2 * (world - 1) / world
-        num_blocks = (elements + args.block_size - 1) // args.block_size
-        actual_density = nonzero_blocks(args, rank, density, torch).numel() / num_blocks
-        row = {"size": size, "count": elements, "density": actual_density, "requested_density": density,
-               "union_density": union_density(args, world, density, torch), "time_us_median": median,
-               "time_us_min": min(per_iter), "time_us_max": max(per_iter), "algbw": algbw, "busbw": busbw,
-               "wrong": int(w.item()) if args.check else None, "bytes_sent": None, "bytes_received": None,
-               "nnz_per_rank": sparse._nnz()}
-        results.append(row)
-        if rank == 0 and row["wrong"]:
-            print(f"torch_sparse_baseline: {row['wrong']} wrong elements at density {density:g}", file=sys.stderr,
-                  flush=True)
-        if rank == 0:
-            print("%12d %12d %6s %6s %11.1f %12.2f %12.2f %7s %8.3f %7.3f %12s %12s" % (
-                size, elements, "float", "sum", median, algbw, busbw,
-                "N/A" if row["wrong"] is None else str(row["wrong"]), row["density"], row["union_density"], "-", "-"),
-                flush=True)
+    # The collective takes as long as its slowest rank: max over ranks, per iteration.
+    t = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    w = torch.tensor([worst_wrong], dtype=torch.int64)
+    dist.all_reduce(w)
+    per_iter = t.tolist()
+    median = statistics.median(per_iter)
+    algbw = size / 1e9 / (median / 1e6)
+    busbw = algbw * 2 * (world - 1) / world
+    num_blocks = (elements + args.block_size - 1) // args.block_size
+    actual_density = nonzero_blocks(args, size, rank, density, torch).numel() / num_blocks
+    row = {"size": size, "count": elements, "density": actual_density, "requested_density": density,
+           "union_density": union_density(args, world, density, size, torch), "time_us_median": median,
+           "time_us_min": min(per_iter), "time_us_max": max(per_iter), "algbw": algbw, "busbw": busbw,
+           "wrong": int(w.item()) if args.check else None, "bytes_sent": None, "bytes_received": None,
+           "nnz_per_rank": sparse._nnz()}
+    results.append(row)
+    if rank == 0 and row["wrong"]:
+        print(f"torch_sparse_baseline: {row['wrong']} wrong elements at {size} bytes, density {density:g}",
+              file=sys.stderr, flush=True)
+    if rank == 0:
+        print("%12d %12d %6s %6s %11.1f %12.2f %12.2f %7s %8.3f %7.3f %12s %12s" % (
+            size, elements, "float", "sum", median, algbw, busbw,
+            "N/A" if row["wrong"] is None else str(row["wrong"]), row["density"], row["union_density"], "-", "-"),
+            flush=True)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -319,11 +376,30 @@ def check_json(parser, args):
             parser.error(f"--json {args.json}: cannot open for writing: {e.strerror}")
 
 
+def resolve_sizes(parser, args):
+    """args.sizes from -b/-e/-f, or --size (the single-size sweep); usage errors name the option."""
+    if args.size is not None:
+        if args.minbytes is not None or args.maxbytes is not None:
+            parser.error("--size SIZE is -b SIZE -e SIZE: give either --size or -b/--minbytes and -e/--maxbytes")
+        args.minbytes = args.maxbytes = args.size
+    if args.minbytes is None:
+        args.minbytes = DEFAULT_BYTES
+    if args.maxbytes is None:
+        args.maxbytes = DEFAULT_BYTES
+    option = "--size" if args.size is not None else "-b/--minbytes"
+    if args.minbytes < 4:
+        parser.error(f"{option} {args.minbytes}: the smallest size must hold at least one element (4 bytes of float)")
+    if args.minbytes > args.maxbytes:
+        parser.error(f"need -b/--minbytes <= -e/--maxbytes (got {args.minbytes} > {args.maxbytes})")
+    args.sizes = sweep_sizes(args.minbytes, args.maxbytes, args.stepfactor)
+
+
 def main():
     parser = build_parser()
     args = parser.parse_args()
-    if args.size < 4 or args.block_size < 1 or args.iters < 1 or args.warmup < 0:
-        parser.error("need --size >= 4, --block-size >= 1, -n >= 1, -w >= 0")
+    resolve_sizes(parser, args)
+    if args.block_size < 1 or args.iters < 1 or args.warmup < 0:
+        parser.error("need --block-size >= 1, -n >= 1, -w >= 0")
     if args.spawn is not None:
         if args.spawn < 1 or args.rank is not None or args.world_size is not None or args.init_file \
                 or args.master_addr:

@@ -5,6 +5,9 @@ noticed at once. The old loop, `while any(p.poll() is None ...)`, stopped pollin
 it saw a later rank's failure only when rank 0 ended (or at --run-timeout). Exit statuses are sparsereduce-perf's:
 1 failed run, 2 usage error, 3 wrong results (wrong results exited 1 before). End-to-end runs check that --spawn
 succeeds through it with JSON fields named as perf's, and that ranks that find wrong results exit 3.
+
+Sizes sweep as sparsereduce-perf's (-b/-e/-f, one row per size, --size the single-size sweep) and --overlap disjoint
+places blocks as the C++ synthetic tensors do (block b is rank b % W's, each rank keeps density x W of its own).
 """
 
 import importlib.util
@@ -120,8 +123,8 @@ spec = importlib.util.spec_from_file_location("torch_sparse_baseline", sys.argv[
 module = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(module)
 real = module.make_dense
-def off_by_one(args, rank, density, torch):
-    out = real(args, rank, density, torch)
+def off_by_one(args, rank, density, size, torch):
+    out = real(args, rank, density, size, torch)
     return out + 1 if rank != args.rank else out  # the other ranks' inputs, as this rank rebuilds them
 module.make_dense = off_by_one
 sys.argv = sys.argv[1:]
@@ -166,3 +169,78 @@ def test_the_json_names_fields_as_perf_does(tmp_path):
         assert r["bytes_sent"] is None and r["bytes_received"] is None  # torch does not report them
         assert "union" not in r  # renamed union_density, as perf names it
     assert doc["results"][1]["density"] == 1
+
+
+def test_sweep_sizes_are_perfs(baseline):
+    # Each size the factor times the one before, rounded down to whole floats; a repeated size is skipped; the
+    # sweep ends at -e.
+    assert baseline.sweep_sizes(16384, 65536, 2) == [16384, 32768, 65536]
+    assert baseline.sweep_sizes(1000, 5000, 1.3) == [1000, 1300, 1688, 2196, 2856, 3712, 4824]
+    assert baseline.sweep_sizes(4, 12, 1.1) == [4, 8]  # 4.4, 4.84, ... round down to 4: skipped; 12.55 > 12
+    assert baseline.sweep_sizes(4096, 4096, 2) == [4096]
+    assert baseline.sweep_sizes(4096, 10000, 2) == [4096, 8192]
+    assert baseline.sweep_sizes(1023, 1023, 2) == [1020]
+
+
+def _usage_error(*options):
+    done = subprocess.run([sys.executable, str(SCRIPT), "--spawn", "2", *options], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2, (options, done.stdout, done.stderr)
+    return done.stderr
+
+
+def test_sweep_option_errors_exit_2_naming_the_option():
+    assert "-b/--minbytes" in _usage_error("-b", "4X")
+    assert "-e/--maxbytes" in _usage_error("-e", "1.5M")
+    assert "-b/--minbytes <= -e/--maxbytes" in _usage_error("-b", "1M", "-e", "4K")
+    for factor in ("1", "0.5", "nan", "x"):
+        assert "-f/--stepfactor" in _usage_error("-f", factor)
+    assert "--overlap" in _usage_error("--overlap", "sideways")
+    assert "-b/--minbytes 2" in _usage_error("-b", "2")  # not one float
+    assert "--size" in _usage_error("--size", "4K", "-e", "8K")  # --size is -b SIZE -e SIZE
+
+
+def test_disjoint_blocks_are_dealt_round_robin(baseline):
+    import torch_required  # noqa: F401  (fails clearly without torch)
+    import argparse
+    import torch
+    args = argparse.Namespace(block_size=16, world_size=3, overlap="disjoint", seed=1)
+    size = 64 * 16 * 4  # 64 blocks: ranks 0, 1, 2 own 22, 21, 21
+    blocks = [baseline.nonzero_blocks(args, size, r, 0.1, torch).tolist() for r in range(3)]
+    assert [len(b) for b in blocks] == [7, 6, 6]  # round(0.3 x 22), round(0.3 x 21)
+    for r, b in enumerate(blocks):
+        assert all(x % 3 == r for x in b) and len(set(b)) == len(b)
+    full = [baseline.nonzero_blocks(args, size, r, 0.9, torch).tolist() for r in range(3)]
+    assert sorted(sum(full, [])) == list(range(64))  # density x W capped at 1: each rank keeps all of its own
+
+
+def test_spawn_sweeps_three_sizes_one_row_each(tmp_path):
+    import torch_required  # noqa: F401  (fails clearly without torch)
+    out = tmp_path / "r.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--spawn", "2", "-b", "16K", "-e", "64K", "-f", "2",
+                           "-c", "1", "--density", "0.1", "-n", "1", "-w", "0", "--run-timeout", "120",
+                           "--json", str(out)], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rows = [line.split() for line in done.stdout.splitlines() if line and not line.startswith("#")]
+    assert [(int(r[0]), int(r[1]), r[7]) for r in rows] == [(16384, 4096, "0"), (32768, 8192, "0"),
+                                                            (65536, 16384, "0")]
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is True and doc["check"] == 1
+    assert [(r["size"], r["count"], r["wrong"]) for r in doc["results"]] == [(16384, 4096, 0), (32768, 8192, 0),
+                                                                            (65536, 16384, 0)]
+
+
+def test_disjoint_overlap_gives_the_expected_density(tmp_path):
+    import torch_required  # noqa: F401  (fails clearly without torch)
+    out = tmp_path / "r.json"
+    # 2 ranks, 16 and 32 blocks: each rank owns half; 0.25 keeps half of its own, 0.9 is capped at all of them (1/W).
+    done = subprocess.run([sys.executable, str(SCRIPT), "--spawn", "2", "-b", "16K", "-e", "32K",
+                           "--overlap", "disjoint", "--density", "0.25,0.9", "-n", "1", "-w", "0",
+                           "--run-timeout", "120", "--json", str(out)], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "a density above 0.5 is capped" in done.stdout
+    doc = json.loads(out.read_text())
+    assert doc["overlap"] == "disjoint"
+    got = [(r["size"], r["requested_density"], r["density"], r["union_density"], r["wrong"]) for r in doc["results"]]
+    assert got == [(16384, 0.25, 0.25, 0.5, 0), (32768, 0.25, 0.25, 0.5, 0),
+                   (16384, 0.9, 0.5, 1.0, 0), (32768, 0.9, 0.5, 1.0, 0)]
