@@ -405,15 +405,14 @@ void Job::OnCollectiveBegin(uint32_t rank, const proto::CollectiveBegin& begin) 
       return;
     }
     Result<codec::ErrorMemory*> error_memory = ErrorMemoryFor(*spec);
-    if (!error_memory.ok()) {
-      context_.memory.Release(reserved->engine_bytes + reserved->results_bytes);
+    if (!error_memory.ok()) {  // (the reservations go with `reserved`)
       Abort(error_memory.status().WithContext(Describe(rank) + ", collective " + std::to_string(begin.seq())),
             {rank});
       return;
     }
     active_.emplace();
-    active_->memory.emplace(context_.memory, reserved->engine_bytes);
-    active_->results_memory.emplace(context_.memory, reserved->results_bytes);
+    active_->memory.emplace(std::move(reserved->engine));
+    active_->results_memory.emplace(std::move(reserved->results));
     active_->started = std::chrono::steady_clock::now();
     active_->seq = begin.seq();
     active_->spec = *spec;
@@ -544,7 +543,7 @@ Result<Job::Admission> Job::Admit(const CollectiveSpec& spec) {
                       "--max-total-memory of " + std::to_string(context_.memory.limit()) + "; retry later");
   }
   congestion_limit_ = congestion_frames;
-  return Admission{engine, results};
+  return Admission{MemoryReservation(context_.memory, engine), MemoryReservation(context_.memory, results)};
 }
 
 void Job::AbortIfForming(const Status& error, uint32_t rank) {

@@ -97,10 +97,10 @@ class Job : public std::enable_shared_from_this<Job> {
   Result<codec::ErrorMemory*> ErrorMemoryFor(const CollectiveSpec& spec);
   // Checks the limits a new collective must fit (tensor size, per-job and total memory) and reserves its memory
   // in the shared budget: the engine's, and what its RESULTs can hold while they wait in members' send queues
-  // (bounded by the backpressure limit, which it sets for this collective). Returns the bytes reserved for each.
+  // (bounded by the backpressure limit, which it sets for this collective). Returns the two reservations.
   struct Admission {
-    uint64_t engine_bytes = 0;
-    uint64_t results_bytes = 0;
+    MemoryReservation engine;
+    MemoryReservation results;
   };
   Result<Admission> Admit(const CollectiveSpec& spec);
   void EndForDrain();

@@ -50,6 +50,7 @@
 #include <thread>
 #include <vector>
 
+#include "tools/common/json_output.h"
 #include "tools/common/size_parse.h"
 
 extern char** environ;
@@ -301,13 +302,10 @@ bool WriteJson(const Options& o, const std::vector<Row>& rows, bool complete, st
 int RunRank(const Options& o) {
   const uint64_t min_bytes = ParseBytes(o.min_bytes);
   const uint64_t max_bytes = ParseBytes(o.max_bytes);
-  // Opened first: a path that cannot be written fails the run before it starts, not after a long sweep.
-  std::ofstream json;
+  std::ofstream json;  // opened first (tools::OpenJsonOutput)
   if (o.rank == 0 && !o.json_path.empty()) {
-    json.open(o.json_path);
-    if (!json) {
-      std::fprintf(stderr, "sparsereduce-gloo-bench: --json %s: cannot open for writing: %s\n", o.json_path.c_str(),
-                   std::strerror(errno));
+    if (const sparsereduce::Status st = sparsereduce::tools::OpenJsonOutput(o.json_path, json); !st.ok()) {
+      std::fprintf(stderr, "sparsereduce-gloo-bench: %s\n", st.message().c_str());
       return 2;
     }
   }
@@ -350,10 +348,12 @@ std::string DescribeStatus(int status) {
 // same sum of wrong elements): the others are left to finish (rank 0 still writes --json). Returns the exit code
 // for this process: 1 if a rank failed or the run timed out, else 3 if a rank found wrong results, else 0.
 int RunSpawn(const Options& o) {
-  if (!o.json_path.empty() && !std::ofstream(o.json_path)) {  // before anything starts (rank 0 writes it)
-    std::fprintf(stderr, "sparsereduce-gloo-bench: --json %s: cannot open for writing: %s\n", o.json_path.c_str(),
-                 std::strerror(errno));
-    return 2;
+  std::ofstream probe;  // checked before anything starts (rank 0 writes it)
+  if (!o.json_path.empty()) {
+    if (const sparsereduce::Status st = sparsereduce::tools::OpenJsonOutput(o.json_path, probe); !st.ok()) {
+      std::fprintf(stderr, "sparsereduce-gloo-bench: %s\n", st.message().c_str());
+      return 2;
+    }
   }
   char dir_template[] = "/tmp/sparsereduce-gloo-bench-XXXXXX";
   if (mkdtemp(dir_template) == nullptr) {

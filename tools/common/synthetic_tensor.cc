@@ -21,9 +21,11 @@ uint64_t BlockSeed(const SyntheticSpec& spec, uint32_t rank, uint64_t block) {
   return SplitMix64(spec.seed ^ SplitMix64(rank * 0x100000001B3ull ^ SplitMix64(block)));
 }
 
+uint64_t BlockCount(const SyntheticSpec& spec) { return (spec.elements + spec.block_size - 1) / spec.block_size; }
+
 template <typename T, typename Gen>
 void Fill(const SyntheticSpec& spec, uint32_t rank, std::span<T> out, Gen value) {
-  const uint64_t blocks = (spec.elements + spec.block_size - 1) / spec.block_size;
+  const uint64_t blocks = BlockCount(spec);
   for (uint64_t b = 0; b < blocks; ++b) {
     const uint64_t begin = b * spec.block_size;
     const uint64_t end = std::min<uint64_t>(begin + spec.block_size, spec.elements);
@@ -104,7 +106,7 @@ std::vector<int32_t> ReferenceSumInt32(const SyntheticSpec& spec) {
 }
 
 double UnionDensity(const SyntheticSpec& spec) {
-  const uint64_t blocks = (spec.elements + spec.block_size - 1) / spec.block_size;
+  const uint64_t blocks = BlockCount(spec);
   if (blocks == 0) return 0;
   uint64_t nonzero = 0;
   for (uint64_t b = 0; b < blocks; ++b) {
@@ -119,7 +121,7 @@ double UnionDensity(const SyntheticSpec& spec) {
 }
 
 double BlockDensity(const SyntheticSpec& spec, uint32_t rank) {
-  const uint64_t blocks = (spec.elements + spec.block_size - 1) / spec.block_size;
+  const uint64_t blocks = BlockCount(spec);
   if (blocks == 0) return 0;
   uint64_t nonzero = 0;
   for (uint64_t b = 0; b < blocks; ++b) nonzero += BlockIsNonzero(spec, rank, b);

@@ -13,7 +13,6 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -26,6 +25,7 @@
 #include <thread>
 
 #include "sparsereduce/worker.h"
+#include "tools/common/json_output.h"
 #include "tools/common/local_cluster.h"
 #include "tools/common/size_parse.h"
 #include "tools/common/subprocess.h"
@@ -298,13 +298,10 @@ int RunRank(const Config& c) {  // c has passed ValidateOptions
   options.codec = c.codec;
   options.connect_timeout = options.join_timeout = options.collective_timeout =
       std::chrono::milliseconds(c.timeout_ms);
-  // Opened first: a path that cannot be written fails the run before it starts, not after a long sweep.
-  std::ofstream json;
+  std::ofstream json;  // opened first (tools::OpenJsonOutput)
   if (c.rank == 0 && !c.json.empty()) {
-    json.open(c.json);
-    if (!json) {
-      std::fprintf(stderr, "sparsereduce-perf: --json %s: cannot open for writing: %s\n", c.json.c_str(),
-                   std::strerror(errno));
+    if (const sparsereduce::Status st = tools::OpenJsonOutput(c.json, json); !st.ok()) {
+      std::fprintf(stderr, "sparsereduce-perf: %s\n", st.message().c_str());
       return 2;
     }
   }
@@ -411,10 +408,12 @@ int Spawn(Config c, char** argv, int argc) {
     return 2;
   }
   const auto [workers, aggregators] = *counts;
-  if (!c.json.empty() && !std::ofstream(c.json)) {  // before anything starts (rank 0 writes it)
-    std::fprintf(stderr, "sparsereduce-perf: --json %s: cannot open for writing: %s\n", c.json.c_str(),
-                 std::strerror(errno));
-    return 2;
+  std::ofstream probe;  // checked before anything starts (rank 0 writes it)
+  if (!c.json.empty()) {
+    if (const sparsereduce::Status st = tools::OpenJsonOutput(c.json, probe); !st.ok()) {
+      std::fprintf(stderr, "sparsereduce-perf: %s\n", st.message().c_str());
+      return 2;
+    }
   }
   StopSignals signals;
   const std::string agg_bin =
