@@ -13,6 +13,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "tools/common/local_cluster.h"
@@ -280,6 +281,49 @@ TEST(PerfSpawn, AStopSignalStopsTheRanksAndAggregators) {
   ASSERT_TRUE(status.ok()) << status.status().ToString();
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 128 + SIGTERM) << DescribeExit(*status);
   EXPECT_EQ(ReapLeftovers(), 0) << "processes of the run were left running";
+  ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 0), 0);
+}
+
+// `sparsereduce-perf --spawn` killed outright (SIGKILL, no handler runs): its ranks and aggregators end by
+// themselves (PR_SET_PDEATHSIG). They used to keep running, holding their ports, until killed by hand.
+TEST(PerfSpawn, KilledOutrightItLeavesNothingRunning) {
+  ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  auto perf = Subprocess::Spawn({SPARSEREDUCE_PERF_BIN, "--spawn", "3,2", "--aggregator-bin",
+                                 SPARSEREDUCE_AGGREGATOR_BIN, "-b", "64K", "-e", "64K", "-n", "1000000", "-w", "0"},
+                                /*capture_stdout=*/true);
+  ASSERT_TRUE(perf.ok()) << perf.status().ToString();
+  std::string output;
+  bool killed = false;
+  // The table's header: the ranks have joined and time their collectives. The output ends when the last rank does.
+  auto read = (*perf)->ReadStdout(std::chrono::seconds(60), [&](std::string_view chunk) {
+    output += chunk;
+    if (!killed && output.find("#       size") != std::string::npos) {
+      killed = true;
+      (*perf)->Signal(SIGKILL);
+    }
+  });
+  EXPECT_TRUE(read.ok()) << read.status().ToString() << "\n" << output;
+  EXPECT_TRUE(killed) << output;
+  auto status = (*perf)->Wait(std::chrono::seconds(30));
+  ASSERT_TRUE(status.ok()) << status.status().ToString();
+  EXPECT_TRUE(WIFSIGNALED(*status) && WTERMSIG(*status) == SIGKILL) << DescribeExit(*status);
+  // perf's children (3 ranks, 2 aggregators) are now this test's (a subreaper). Each must exit on its own; waitpid
+  // blocks until the last did, and a watchdog kills whatever is left after 30 s so that the test fails, not hangs.
+  std::promise<void> all_exited;
+  std::thread watchdog([finished = all_exited.get_future()] {
+    if (finished.wait_for(std::chrono::seconds(30)) == std::future_status::timeout) {
+      EXPECT_EQ(ReapLeftovers(), 0) << "the ranks and aggregators kept running after perf was killed";
+    }
+  });
+  int exited = 0, killed_by_watchdog = 0, child_status = 0;
+  while (waitpid(-1, &child_status, 0) > 0) {
+    ++exited;
+    if (WIFSIGNALED(child_status) && WTERMSIG(child_status) == SIGKILL) ++killed_by_watchdog;
+  }
+  all_exited.set_value();
+  watchdog.join();
+  EXPECT_EQ(killed_by_watchdog, 0);
+  EXPECT_EQ(exited, 5);
   ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 0), 0);
 }
 

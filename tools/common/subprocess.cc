@@ -3,7 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -30,34 +30,60 @@ int RemainingMs(Clock::time_point deadline) {
 }  // namespace
 
 Result<std::unique_ptr<Subprocess>> Subprocess::Spawn(const std::vector<std::string>& argv, bool capture_stdout) {
+  if (argv.empty()) return InvalidArgument("no program to start");
   int pipe_fds[2] = {-1, -1};
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  if (capture_stdout) {
-    if (pipe2(pipe_fds, O_CLOEXEC) != 0) {
-      return Status(StatusCode::kInternal, std::string("pipe: ") + std::strerror(errno));
+  if (capture_stdout && pipe2(pipe_fds, O_CLOEXEC) != 0) {
+    return Status(StatusCode::kInternal, std::string("pipe: ") + std::strerror(errno));
+  }
+  // The child reports a failed exec through this pipe (closed by a successful exec), as posix_spawn would.
+  int exec_error_fds[2] = {-1, -1};
+  if (pipe2(exec_error_fds, O_CLOEXEC) != 0) {
+    const int e = errno;
+    if (capture_stdout) {
+      close(pipe_fds[0]);
+      close(pipe_fds[1]);
     }
-    posix_spawn_file_actions_adddup2(&actions, pipe_fds[1], STDOUT_FILENO);
+    return Status(StatusCode::kInternal, std::string("pipe: ") + std::strerror(e));
   }
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  // The child starts with no signal blocked, whatever this thread blocks (sparsereduce-perf --spawn blocks the
-  // stop signals to forward them): a blocked mask survives exec, and the child could not be stopped by them.
-  posix_spawnattr_t attributes;
-  posix_spawnattr_init(&attributes);
-  sigset_t none;
-  sigemptyset(&none);
-  posix_spawnattr_setsigmask(&attributes, &none);
-  posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK);
-  pid_t pid = -1;
-  const int rc = posix_spawn(&pid, args[0], &actions, &attributes, args.data(), environ);
-  posix_spawnattr_destroy(&attributes);
-  posix_spawn_file_actions_destroy(&actions);
+  const pid_t parent = getpid();
+  // fork, not posix_spawn: the child must ask for PR_SET_PDEATHSIG before it execs. Between fork and exec the child
+  // makes only async-signal-safe calls (the parent may have other threads).
+  const pid_t pid = fork();
+  if (pid == 0) {
+    // Ends with its parent: a tool killed by SIGKILL leaves no ranks or aggregators running. The check after the
+    // prctl covers a parent that died before it.
+    if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != parent) _exit(127);
+    if (capture_stdout && dup2(pipe_fds[1], STDOUT_FILENO) < 0) _exit(127);
+    // No signal blocked, whatever the spawning thread blocks (sparsereduce-perf --spawn blocks the stop signals to
+    // forward them): a blocked mask survives exec, and the child could not be stopped by them.
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execve(args[0], args.data(), environ);
+    const int e = errno;
+    [[maybe_unused]] const ssize_t n = write(exec_error_fds[1], &e, sizeof e);
+    _exit(127);
+  }
+  const int fork_errno = errno;
+  close(exec_error_fds[1]);
   if (capture_stdout) close(pipe_fds[1]);
-  if (rc != 0) {
+  int exec_errno = 0;
+  if (pid > 0) {
+    ssize_t n;
+    do {
+      n = read(exec_error_fds[0], &exec_errno, sizeof exec_errno);
+    } while (n < 0 && errno == EINTR);
+    if (n != static_cast<ssize_t>(sizeof exec_errno)) exec_errno = 0;  // EOF: the exec succeeded
+  }
+  close(exec_error_fds[0]);
+  if (pid < 0 || exec_errno != 0) {
+    if (pid > 0) waitpid(pid, nullptr, 0);
     if (capture_stdout) close(pipe_fds[0]);
-    return Status(StatusCode::kUnavailable, "cannot start " + argv[0] + ": " + std::strerror(rc));
+    return Status(StatusCode::kUnavailable,
+                  "cannot start " + argv[0] + ": " + std::strerror(pid < 0 ? fork_errno : exec_errno));
   }
   return std::unique_ptr<Subprocess>(new Subprocess(pid, capture_stdout ? pipe_fds[0] : -1));
 }

@@ -1,5 +1,7 @@
 // Child processes for the demo, the perf tools and the multi-process tests: spawn, read stdout, wait with a
-// deadline, kill. A Subprocess still running when destroyed is killed (SIGKILL) and reaped.
+// deadline, kill. A Subprocess still running when destroyed is killed (SIGKILL) and reaped. A child gets SIGTERM
+// when the thread that spawned it ends (PR_SET_PDEATHSIG), so a tool killed outright leaves nothing running: spawn
+// from a thread that outlives the child.
 #pragma once
 
 #include <chrono>
