@@ -391,22 +391,30 @@ asio::awaitable<Status> Session::OfferShm(std::chrono::steady_clock::time_point 
   o->set_shm_socket((*offer)->socket_name());
   o->set_token((*offer)->token());
   if (Status st = co_await WriteControl(message); !st.ok()) co_return st.WithContext("sending TransportOffer");
-  // The worker either fetches the segment from the socket (and from then on talks over it), or says on TCP why it
-  // cannot (another host).
+  // The worker either presents the token on the socket, or says on TCP why it cannot (another host).
   using namespace asio::experimental::awaitable_operators;
   std::variant<Status, Result<proto::ControlMessage>> outcome =
-      co_await ((*offer)->Handoff(deadline) || ReadControl());
+      co_await ((*offer)->AcceptWorker(deadline) || ReadControl());
   if (outcome.index() == 0) {
-    const Status& st = std::get<0>(outcome);
-    if (st.code() == StatusCode::kResourceExhausted) {
-      // Not the worker's fault: withdrawing the offer closes its Unix connection, and it answers on TCP with a
-      // TransportDecline and stays there.
-      spdlog::warn("{}: shared-memory offer withdrawn, staying on TCP: {}", Who(), st.message());
+    if (const Status& st = std::get<0>(outcome); !st.ok()) co_return st.WithContext("shared-memory handoff");
+    // Not raced with TCP any more: a worker that received the descriptors and cannot map them closes the socket and
+    // declines on TCP at once, and a read of TCP cut short by the end of file would lose the decline.
+    const Status st = co_await (*offer)->HandOver(deadline);
+    if (st.code() == StatusCode::kResourceExhausted || st.code() == StatusCode::kAborted) {
+      // kResourceExhausted, not the worker's fault: withdrawing the offer closes its Unix connection, and it
+      // answers on TCP with a TransportDecline and stays there. kAborted: the worker gave the segment back.
+      if (st.code() == StatusCode::kResourceExhausted) {
+        spdlog::warn("{}: shared-memory offer withdrawn, staying on TCP: {}", Who(), st.message());
+      }
       offer->reset();
       Result<proto::ControlMessage> reply = co_await ReadControl();
       if (!reply.ok()) co_return reply.status();
       if (reply->body_case() != proto::ControlMessage::kTransportDecline) {
-        co_return ProtocolError("expected TransportDecline after the shm offer was withdrawn");
+        co_return ProtocolError("expected TransportDecline after the shm offer was withdrawn or given back");
+      }
+      if (st.code() == StatusCode::kAborted) {
+        spdlog::info("{}: the worker could not use the shared-memory segment, staying on TCP: {}", Who(),
+                     PeerText(reply->transport_decline().reason()));
       }
       co_return Status::Ok();
     }

@@ -9,6 +9,7 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -1000,6 +1001,61 @@ TEST(InProcess, AWorkerOfThePreviousBuildIsNotOfferedSharedMemory) {
   ASSERT_TRUE(reply) << "no answer to the Hello";
   ASSERT_TRUE(reply->has_job_ready()) << reply->ShortDebugString();
   EXPECT_EQ(reply->job_ready().transport(), "tcp");
+}
+
+// docs/PROTOCOL.md §10.1: a worker that receives the descriptors but cannot map the segment (out of memory or
+// address space) closes its Unix connection without the acknowledgement, declines on TCP and stays there. The
+// daemon took the closed connection for a worker that had left, and dropped it during the handshake.
+TEST(InProcess, AWorkerThatCannotMapTheSegmentStaysOnTcp) {
+  auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+  const int tcp = ConnectToLoopback((*daemon)->AddressList());
+  ASSERT_GE(tcp, 0);
+  ASSERT_TRUE(SendControl(tcp, ShmHello(41, "shm2")));
+  const std::optional<proto::ControlMessage> offer = ReadControlFrame(tcp);
+  ASSERT_TRUE(offer && offer->has_transport_offer()) << (offer ? offer->ShortDebugString() : "no answer");
+  const int unix_socket = ConnectToAbstract(offer->transport_offer().shm_socket());
+  ASSERT_GE(unix_socket, 0) << std::strerror(errno);
+  const std::string& token = offer->transport_offer().token();
+  ASSERT_EQ(write(unix_socket, token.data(), token.size()), static_cast<ssize_t>(token.size()));
+  // Receives the descriptors (a byte and the five of docs/PROTOCOL.md §10.1), closes them, as a failed mmap leaves
+  // them, and the connection without acknowledging.
+  char byte;
+  iovec part{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(8 * sizeof(int))];
+  msghdr message{};
+  message.msg_iov = &part;
+  message.msg_iovlen = 1;
+  message.msg_control = control;
+  message.msg_controllen = sizeof control;
+  pollfd p{unix_socket, POLLIN, 0};
+  ASSERT_EQ(poll(&p, 1, 10000), 1) << "no descriptors";
+  ASSERT_EQ(recvmsg(unix_socket, &message, MSG_CMSG_CLOEXEC), 1) << std::strerror(errno);
+  int received = 0;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&message); c != nullptr; c = CMSG_NXTHDR(&message, c)) {
+    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; ++i) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof fd);
+      close(fd);
+      ++received;
+    }
+  }
+  EXPECT_EQ(received, 5);
+  close(unix_socket);
+  // The daemon must now wait for the decline. The old one closed the connection: give it 200 ms to show that (its
+  // end of file), so the test fails every time on it rather than only when the decline came too late.
+  pollfd dropped{tcp, POLLIN, 0};
+  ASSERT_EQ(poll(&dropped, 1, 200), 0) << "the daemon closed the connection (or wrote to it) before the decline";
+  proto::ControlMessage decline;
+  decline.mutable_transport_decline()->set_reason("mapping the shared-memory segment: Cannot allocate memory");
+  ASSERT_TRUE(SendControl(tcp, decline));
+  const std::optional<proto::ControlMessage> ready = ReadControlFrame(tcp);
+  close(tcp);
+  ASSERT_TRUE(ready) << "the daemon dropped the connection instead of keeping it on TCP";
+  ASSERT_TRUE(ready->has_job_ready()) << ready->ShortDebugString();
+  EXPECT_EQ(ready->job_ready().transport(), "tcp");
 }
 
 // The review's finding M1 against a daemon: processes that take shared-memory offers and never receive the

@@ -232,6 +232,11 @@ asio::awaitable<void> ReadToken(std::shared_ptr<TokenRace> race, std::shared_ptr
 }  // namespace
 
 asio::awaitable<Status> ShmOffer::Handoff(std::chrono::steady_clock::time_point deadline) {
+  if (Status st = co_await AcceptWorker(deadline); !st.ok()) co_return st;
+  co_return co_await HandOver(deadline);
+}
+
+asio::awaitable<Status> ShmOffer::AcceptWorker(std::chrono::steady_clock::time_point deadline) {
   const asio::any_io_executor executor = co_await asio::this_coro::executor;
   transport::Deadline accept_deadline(executor, deadline, acceptor_);
   auto race = std::make_shared<TokenRace>(TokenRace{token_, &acceptor_, std::nullopt, {}});
@@ -251,7 +256,7 @@ asio::awaitable<Status> ShmOffer::Handoff(std::chrono::steady_clock::time_point 
       boost::system::error_code ignored;
       acceptor_.close(ignored);
       worker_.emplace(std::move(*race->winner));  // open as long as this offer: the worker waits on it
-      co_return co_await HandOver(deadline);
+      co_return Status::Ok();
     }
     if (accept_deadline.expired()) co_return Status(StatusCode::kDeadlineExceeded, "no worker took the shm offer in time");
     if (ec == asio::error::operation_aborted) co_return Status(StatusCode::kAborted, "shm offer withdrawn");
@@ -271,6 +276,7 @@ asio::awaitable<Status> ShmOffer::Handoff(std::chrono::steady_clock::time_point 
 }
 
 asio::awaitable<Status> ShmOffer::HandOver(std::chrono::steady_clock::time_point deadline) {
+  if (!worker_) co_return Status(StatusCode::kInternal, "shm HandOver before a worker presented the token");
   if (!pending_->TryAcquire()) {
     co_return Status(StatusCode::kResourceExhausted,
                      std::to_string(pending_->cap()) +
@@ -297,7 +303,11 @@ asio::awaitable<Status> ShmOffer::HandOver(std::chrono::steady_clock::time_point
   Status st = Status::Ok();
   if (outcome.index() == 1) {
     st = Status(StatusCode::kDeadlineExceeded, "the worker did not acknowledge the shm descriptors in time");
-  } else if (const boost::system::error_code ec = std::get<0>(std::get<0>(outcome)); ec) {
+  } else if (const boost::system::error_code ec = std::get<0>(std::get<0>(outcome));
+             ec == asio::error::eof && Unreceived(worker_->native_handle()) == 0) {
+    // It has them and closed without the byte: it could not map the segment, and declines on TCP (§10.1).
+    st = Status(StatusCode::kAborted, "the worker closed the shm socket without acknowledging the descriptors");
+  } else if (ec) {
     st = Status(StatusCode::kUnavailable, "waiting for the worker to acknowledge the shm descriptors: " + ec.message());
   } else if (ack != kAckByte) {
     st = ProtocolError("the worker acknowledged the shm descriptors with byte " + std::to_string(ack));

@@ -70,12 +70,22 @@ class ShmOffer {
   const std::string& socket_name() const { return name_; }
   const std::string& token() const { return token_; }
 
-  // Accepts connections until one presents the token, hands it the segment and waits for its acknowledgement.
-  // Every connection's token is read concurrently, so one that stays silent does not hold back the worker behind
-  // it; connections with a wrong token are closed, and the others when the handoff ends. Ends with
-  // kDeadlineExceeded at `deadline`, kAborted when cancelled, and kResourceExhausted when the segment was not sent
-  // (the PendingOffers cap is reached, it could not be made, or sendmsg failed): the caller then withdraws the
-  // offer by destroying this object, which closes the worker's Unix connection, and the worker stays on TCP.
+  // Accepts connections until one presents the token. Every connection's token is read concurrently, so one that
+  // stays silent does not hold back the worker behind it; connections with a wrong token are closed, and the others
+  // when this ends. Ends with kDeadlineExceeded at `deadline` and kAborted when cancelled. Until it returns, the
+  // worker has sent nothing on TCP since the offer other than, perhaps, a TransportDecline: the caller may race it
+  // with a read of TCP.
+  boost::asio::awaitable<Status> AcceptWorker(std::chrono::steady_clock::time_point deadline);
+
+  // After AcceptWorker: hands the worker the segment and waits for its acknowledgement. Ends with kResourceExhausted
+  // when the segment was not sent (the PendingOffers cap is reached, it could not be made, or sendmsg failed): the
+  // caller then withdraws the offer by destroying this object, which closes the worker's Unix connection, and the
+  // worker declines on TCP and stays there. Ends with kAborted when the worker received the descriptors and
+  // closed its connection without acknowledging (it could not map the segment): its TransportDecline follows on
+  // TCP. Not to be raced with a read of TCP: the decline may arrive at the same time as the end of file.
+  boost::asio::awaitable<Status> HandOver(std::chrono::steady_clock::time_point deadline);
+
+  // AcceptWorker, then HandOver.
   boost::asio::awaitable<Status> Handoff(std::chrono::steady_clock::time_point deadline);
 
   // After Handoff: the aggregator's end of the connection.
@@ -90,9 +100,6 @@ class ShmOffer {
         name_(std::move(name)),
         token_(std::move(token)),
         ring_capacity_(ring_capacity) {}
-
-  // Sends the descriptors to the worker that presented the token, and waits for its acknowledgement.
-  boost::asio::awaitable<Status> HandOver(std::chrono::steady_clock::time_point deadline);
 
   PendingOffers* pending_;
   boost::asio::local::stream_protocol::acceptor acceptor_;
