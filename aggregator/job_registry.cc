@@ -15,15 +15,16 @@ std::shared_ptr<Job> JobRegistry::MakeJob(uint64_t id) {
 namespace {
 Status Draining(uint64_t id) {
   return Status(StatusCode::kShuttingDown,
-                "the aggregator is shutting down and admits no new job (job " + std::to_string(id) + ")");
+                "the aggregator is shutting down and admits no Hello (job " + std::to_string(id) + ")");
 }
 }  // namespace
 
 Result<std::shared_ptr<Job>> JobRegistry::FindOrCreate(uint64_t id) {
   std::lock_guard lock(mutex_);
+  // Before the lookup: a job that drains takes no newcomer either (a full one would answer JOB_FULL).
+  if (context_.draining) return Draining(id);
   auto it = jobs_.find(id);
   if (it != jobs_.end()) return it->second;
-  if (context_.draining) return Draining(id);
   if (jobs_.size() >= context_.options.max_jobs) {
     return Status(StatusCode::kResourceExhausted, "the aggregator already serves its maximum of " +
                                                       std::to_string(context_.options.max_jobs) +

@@ -1005,10 +1005,20 @@ TEST(Service, SigtermDrainsRunningCollectiveThenExitsZero) {
   ASSERT_TRUE(Eventually([&] {
     return Sample(daemon.Metrics(), R"(sparsereduce_memory_reserved_bytes\{instance_name="svc"\})") > 0;
   }));
+  const int late = ConnectToLoopback(daemon.address());  // accepted before the drain, its Hello comes after
+  ASSERT_GE(late, 0);
   daemon.process()->Signal(SIGTERM);
   EXPECT_TRUE(Eventually([&] { return daemon.Get("/readyz").status == 503; }));
   // A new job is not admitted while draining (the listener is closed).
   EXPECT_EQ(JoinError(daemon.address(), 2, "", 300ms).first, "UNAVAILABLE");
+  // Nor a Hello for the draining job (docs/PROTOCOL.md §5): SHUTTING_DOWN, which it got as JOB_FULL.
+  ASSERT_TRUE(SendControl(late, RawHello(1, 0, 2, 1)));
+  const std::optional<RawFrame> refusal = ReadFrame(late);
+  close(late);
+  ASSERT_TRUE(refusal);
+  const auto refused = DecodeControl(refusal->payload);
+  ASSERT_TRUE(refused.ok() && refused->has_error());
+  EXPECT_EQ(refused->error().code(), proto::SHUTTING_DOWN) << refused->error().message();
   // The running collective still completes, bit-exact.
   r1->allreduce(std::span(t1));
   first.get();
