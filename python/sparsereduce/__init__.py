@@ -40,6 +40,8 @@ def as_buffer(array):
     torch = sys.modules.get("torch")  # no torch import unless the caller already uses torch
     if torch is None or not isinstance(array, torch.Tensor):
         return array
+    if getattr(array, "is_nested", False):
+        raise TypeError("sparsereduce: expected a dense tensor, got a nested tensor")
     if array.layout != torch.strided:
         raise TypeError(f"sparsereduce: expected a dense tensor, got layout {array.layout}")
     if array.device.type != "cpu":
@@ -51,10 +53,14 @@ def as_buffer(array):
     if not array.is_contiguous():
         raise ValueError("sparsereduce: the tensor is not contiguous; allreduce works in place without copies, "
                          "so pass tensor.contiguous() and copy the result back")
+    if array.is_neg():
+        raise ValueError("sparsereduce: the tensor is a lazily negated view (its negative bit is set); its memory "
+                         "does not hold its values: pass tensor.resolve_neg() and copy the result back")
+    view = array.detach().numpy()  # shares the tensor's memory; before the version bump, in case it raises
     if not array.is_inference():  # inference tensors have no version counter (and cannot be saved for backward)
         with torch.no_grad():
             array.view(-1)[:0].zero_()  # an in-place op on no element: bumps the (shared) version counter
-    return array.detach().numpy()  # shares the tensor's memory
+    return view
 
 
 class Worker(_Worker):
@@ -92,7 +98,10 @@ class Worker(_Worker):
 
     def allreduce(self, array, key=0, codec=None):
         """Sums `array` over all ranks, in place; returns it. `key` names the tensor from call to call (codecs
-        keep error feedback or DIANA's h per key); `codec` (a Codec or its name) overrides the Worker's."""
+        keep error feedback or DIANA's h per key; the aggregators compare it between ranks, so distinct keys turn
+        calls issued in different orders, e.g. by threads sharing this Worker, into SPEC_MISMATCH instead of
+        mixed sums); `codec` (a Codec or its name) overrides the Worker's. Every rank must issue its calls in
+        the same order."""
         super().allreduce(as_buffer(array), key, _codec(codec))
         return array
 

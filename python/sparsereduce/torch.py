@@ -40,6 +40,7 @@ KeyboardInterrupt follows (see _CtrlC; python/README.md).
 
 import collections
 import itertools
+import os
 import queue
 import signal
 import socket
@@ -66,12 +67,18 @@ class _CtrlC:
     completion threads poll it between slices of their waits, and on SIGINT, while its handler is Python's default
     (KeyboardInterrupt), abort the registered Workers. Their futures then fail with ABORTED, backward() returns
     and the KeyboardInterrupt follows. One per process, since signal dispositions are; it installs the descriptor
-    only from the main thread and only where none is set (an asyncio loop's stays, and then Ctrl-C is late)."""
+    only from the main thread and only where none is set (an asyncio loop's stays, and then Ctrl-C is late).
+
+    Only a SIGINT of this process that comes while DDP waits counts: every hook call drops the bytes of earlier
+    ones (Python has raised their KeyboardInterrupt in the main thread by the time a hook runs there; a program
+    that caught it and went on must not see its next slow bucket aborted), and a forked child (a DataLoader or
+    multiprocessing worker) gives the descriptor up, so that its SIGINTs do not reach the parent's socket."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._workers = weakref.WeakSet()
         self._reader = self._writer = None
+        os.register_at_fork(after_in_child=self._after_fork_in_child)
 
     def register(self, worker):
         with self._lock:
@@ -92,16 +99,45 @@ class _CtrlC:
         with self._lock:
             self._workers.discard(worker)
 
+    def forget_earlier(self):
+        """Drops the SIGINTs that came before now (see the class). Only on the main thread, where Python has
+        raised their KeyboardInterrupt; elsewhere one may be the Ctrl-C of a wait still to be polled."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        with self._lock:
+            self._drain()
+
+    def _drain(self):
+        if self._reader is None:
+            return b""
+        received = b""
+        try:
+            while chunk := self._reader.recv(4096):
+                received += chunk
+        except (BlockingIOError, InterruptedError):
+            pass
+        return received
+
+    def _after_fork_in_child(self):
+        self._lock = threading.Lock()  # another thread may have held it at the fork
+        self._workers = weakref.WeakSet()  # the parent's; unusable here anyway
+        if self._reader is None:
+            return
+        try:
+            previous = signal.set_wakeup_fd(-1)
+            if previous != self._writer.fileno():  # someone else's since: theirs stays
+                signal.set_wakeup_fd(previous)
+        except ValueError:  # not the main thread of the main interpreter: the descriptor stays set
+            return
+        self._reader.close()
+        self._writer.close()
+        self._reader = self._writer = None
+
     def poll(self):
         """Aborts the registered Workers if SIGINT came since the last poll and Python would raise
         KeyboardInterrupt for it."""
         with self._lock:
-            if self._reader is None:
-                return
-            try:
-                received = self._reader.recv(4096)
-            except (BlockingIOError, InterruptedError):
-                return
+            received = self._drain()
             if signal.SIGINT not in received or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
                 return
             workers = list(self._workers)
@@ -124,7 +160,8 @@ class SparseReduceState:
     """What the hook needs: the Worker of this rank and a thread that completes DDP's futures in order. One
     state per DDP module; several states may share one Worker (see the module's docstring).
 
-    record=True keeps a BucketRecord per reduced bucket until take_records() (for measurements).
+    record=True keeps a BucketRecord per reduced bucket until take_records() (for measurements). Its buffer is
+    DDP's own (no copy), which the next backward() refills: take the records after every step.
     error: None, or the first failure of a bucket's allreduce (a sparsereduce.Error with its .code); DDP's
     backward() raises a RuntimeError carrying its message, as torch 1.13 cannot hand the exception itself through.
     key_space: the high 32 bits of this state's bucket keys; None takes the Worker's next (0 for its first
@@ -215,6 +252,7 @@ def allreduce_hook(state, bucket):
     if state._layouts.setdefault(index, layout) != layout:  # DDP rebuilt its buckets (see the module's docstring)
         state._layouts[index] = layout
         codec = "none"
+    _ctrl_c.forget_earlier()  # a Ctrl-C before this bucket is not one of its wait (see _CtrlC)
     handle = state.worker.allreduce_async(buffer, key=state.key_space << KEY_SPACE_BITS | index, codec=codec)
     future = torch.futures.Future()
     state._pending.put((handle, future, buffer, index))

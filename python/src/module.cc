@@ -24,6 +24,7 @@
 #include <optional>
 #include <stop_token>
 #include <string>
+#include <tuple>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -477,6 +478,24 @@ PYBIND11_MODULE(_sparsereduce, m) {
                ", bytes_received=" + std::to_string(s.bytes_received) +
                ", seconds=" + std::to_string(s.seconds) + ", codec=" + s.codec +
                ", selected_blocks=" + std::to_string(s.selected_blocks) + ")";
+      })
+      // Values, so they pickle (a spawned process's arguments, a results file) and compare by value.
+      .def(py::pickle(
+          [](const CollectiveStats& s) {
+            return py::make_tuple(s.seq, s.element_count, s.blocks, s.nonzero_blocks, s.selected_blocks, s.codec,
+                                  s.bytes_sent, s.bytes_received, s.seconds);
+          },
+          [](const py::tuple& t) {
+            if (t.size() != 9) throw std::runtime_error("CollectiveStats: a state of 9 fields was expected");
+            return CollectiveStats{t[0].cast<uint64_t>(),    t[1].cast<uint64_t>(), t[2].cast<uint64_t>(),
+                                   t[3].cast<uint64_t>(),    t[4].cast<uint64_t>(), t[5].cast<std::string>(),
+                                   t[6].cast<uint64_t>(),    t[7].cast<uint64_t>(), t[8].cast<double>()};
+          }))
+      .def("__eq__", [](const CollectiveStats& a, const CollectiveStats& b) {
+        return std::tie(a.seq, a.element_count, a.blocks, a.nonzero_blocks, a.selected_blocks, a.codec, a.bytes_sent,
+                        a.bytes_received, a.seconds) == std::tie(b.seq, b.element_count, b.blocks, b.nonzero_blocks,
+                                                                 b.selected_blocks, b.codec, b.bytes_sent,
+                                                                 b.bytes_received, b.seconds);
       });
 
   py::class_<CodecOptions>(m, "Codec",
@@ -504,6 +523,19 @@ PYBIND11_MODULE(_sparsereduce, m) {
                ", fp32_results=" + (c.fp32_results ? "True" : "False") + ", fraction=" + ShortestFloat(c.fraction) +
                ", alpha=" + ShortestFloat(c.alpha) + ", l2_norm=" + (c.l2_norm ? "True" : "False") +
                ", tensor_scale=" + (c.tensor_scale ? "True" : "False") + ")";
+      })
+      .def(py::pickle(
+          [](const CodecOptions& c) {
+            return py::make_tuple(c.name, c.sparsity, c.fp32_results, c.fraction, c.alpha, c.l2_norm, c.tensor_scale);
+          },
+          [](const py::tuple& t) {
+            if (t.size() != 7) throw std::runtime_error("Codec: a state of 7 fields was expected");
+            return CodecOptions{t[0].cast<std::string>(), t[1].cast<float>(), t[2].cast<bool>(), t[3].cast<float>(),
+                                t[4].cast<float>(),       t[5].cast<bool>(),  t[6].cast<bool>()};
+          }))
+      .def("__eq__", [](const CodecOptions& a, const CodecOptions& b) {
+        return std::tie(a.name, a.sparsity, a.fp32_results, a.fraction, a.alpha, a.l2_norm, a.tensor_scale) ==
+               std::tie(b.name, b.sparsity, b.fp32_results, b.fraction, b.alpha, b.l2_norm, b.tensor_scale);
       });
   py::implicitly_convertible<std::string, CodecOptions>();
 

@@ -1,5 +1,7 @@
 """The Worker API on NumPy arrays: sums, in place without copies, async handles, GIL release, options."""
 
+import copy
+import pickle
 import threading
 import time
 
@@ -93,6 +95,8 @@ def test_async_handles_complete_in_order_with_their_stats(aggregator, job):
         assert last.nonzero_blocks == last.blocks and last.bytes_sent > sizes[-1] * 4
         # Their stats were gone from the Worker by the time these finished: None rather than another's.
         assert handles[0].stats is None and handles[1].stats is None
+        # Values: they pickle (a results file, another process) and compare by value.
+        assert pickle.loads(pickle.dumps(last)) == last and repr(copy.deepcopy(last)) == repr(last)
 
 
 def test_other_threads_run_while_a_rank_waits(aggregator, job):

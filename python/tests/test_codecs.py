@@ -1,5 +1,8 @@
 """Codecs from Python: the Codec object, per-call keys and codecs, results equal on every rank, state per key."""
 
+import copy
+import pickle
+
 import numpy as np
 import pytest
 
@@ -15,6 +18,17 @@ def test_codec_object_and_names():
         sparsereduce.Worker(["127.0.0.1:1"], 1, 0, 1, codec="zip", **FAST)  # checked before connecting
     with pytest.raises(sparsereduce.Error, match="outside"):
         sparsereduce.Worker(["127.0.0.1:1"], 1, 0, 1, codec=sparsereduce.Codec("3lc", sparsity=2.5), **FAST)
+
+
+def test_codec_is_a_value_that_pickles_and_compares():
+    """A config holding a Codec reaches processes started by torch.multiprocessing.spawn, which pickles it (it
+    raised TypeError), and two Codecs with the same settings are equal."""
+    c = sparsereduce.Codec("diana", alpha=0.25, l2_norm=True)
+    for copy_of_c in (pickle.loads(pickle.dumps(c)), copy.deepcopy(c), copy.copy(c)):
+        assert copy_of_c == c and copy_of_c is not c
+        assert repr(copy_of_c) == repr(c)
+    assert sparsereduce.Codec("none") == sparsereduce.Codec("none")
+    assert sparsereduce.Codec("topk", fraction=0.2) != sparsereduce.Codec("topk", fraction=0.3)
 
 
 def test_fp16_sum_is_the_rounded_sum(aggregator, job):

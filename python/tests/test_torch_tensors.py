@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 import torch
@@ -49,15 +50,27 @@ def test_gradient_and_slice_of_a_larger_tensor(aggregator, job):
         assert not base[:10].any() and not base[20:].any()
 
 
+def nested_tensor():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # torch 1.13: "nested tensors ... in prototype stage"
+        return torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+
+
 @pytest.mark.parametrize("tensor, error, message", [
     (torch.zeros(8, dtype=torch.float64), TypeError, r"unsupported dtype torch.float64; .*convert with \.float\(\)"),
     (torch.zeros(4, 4).t(), ValueError, "not contiguous"),
     (torch.zeros(8).to_sparse(), TypeError, "dense tensor"),
+    (torch._neg_view(torch.ones(8)), ValueError, r"negative bit .*resolve_neg\(\)"),
+    (nested_tensor(), TypeError, "nested tensor"),
 ])
 def test_bad_tensors_are_refused(aggregator, job, tensor, error, message):
+    """With the documented error, and before the tensor's version counter moves (it did for a negated view)."""
+    version = tensor._version if not tensor.is_nested else None
     with sparsereduce.Worker(aggregator, job, 0, 1, **FAST) as w:
         with pytest.raises(error, match=message):
             w.allreduce(tensor)
+    if version is not None:
+        assert tensor._version == version
 
 
 class FakeBucket:
@@ -240,3 +253,17 @@ def test_ctrl_c_while_ddp_waits_for_the_hook_aborts_the_collective(aggregator, j
     assert result["wait_ended_after_signal"] < 2.0, result
     assert result["error_code"] == "ABORTED", result
     assert result.get("keyboard_interrupt"), result
+
+
+def test_ctrl_c_that_is_not_of_a_ddp_wait_aborts_nothing(aggregator, job):
+    """A Ctrl-C the program caught in its own code, and one of a forked child, used to abort the next bucket whose
+    collective took longer than a poll slice (0.1 s): their bytes stayed in the wakeup socket, which a forked child
+    also shares. Now each hook call drops earlier ones and a forked child gives the socket up."""
+    child = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "ddp_stale_interrupt_child.py"),
+                            aggregator, str(job)], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 0, child.stderr
+    result = json.loads(child.stdout.strip().splitlines()[-1])
+    assert result["caught"], result
+    assert result["after_caught_ctrl_c"] == [[1.0, 1.0], [1.0, 1.0]], result
+    assert result["after_child_ctrl_c"] == [[1.0, 1.0], [1.0, 1.0]], result
+    assert result["errors"] == [None, None], result
