@@ -85,8 +85,18 @@ cmp -s "$root/usr/lib/systemd/system/sparsereduce-aggregator.service" \
 # The library exports the worker API only (cmake/libsparsereduce.map), not the libraries linked into it.
 leaked=$(nm -DC --defined-only "$root/usr/lib/libsparsereduce.so" | grep -E ' (google|boost|spdlog|fmt)::' || true)
 [[ -z $leaked ]] || fail "libsparsereduce.so exports internals: $leaked"
-nm -DC --defined-only "$root/usr/lib/libsparsereduce.so" | grep 'sparsereduce::Worker::allreduce' >/dev/null ||
-  fail "libsparsereduce.so does not export sparsereduce::Worker::allreduce"
+# Every member function the packaged worker.h declares in class Worker (up to `private:`; comments, deleted,
+# defaulted and inline ones left out) is exported, by name: one added to the header without its line in the map
+# fails here. The consumer below calls each of them, so a missing overload fails its link too.
+declared=$(sed -n '/^class Worker {/,/^ private:/p' "$root/usr/include/sparsereduce/worker.h" | sed 's://.*::' |
+  grep -vE '= *(delete|default)|\{' | grep -oE '~?[A-Za-z_][A-Za-z0-9_]*\(' | tr -d '(' | sort -u || true)
+[[ -n $declared ]] || fail "found no member function of class Worker in the packaged worker.h"
+exported=$(nm -DC --defined-only "$root/usr/lib/libsparsereduce.so")
+for name in $declared; do
+  grep -qE "sparsereduce::Worker::$name(\[abi:[a-z0-9]+\])*\(" <<<"$exported" ||  # e.g. transports[abi:cxx11]()
+    fail "libsparsereduce.so does not export sparsereduce::Worker::$name (cmake/libsparsereduce.map)"
+done
+echo "=== exported: every member function of Worker ($(echo $declared))"
 
 # --- Run the installed daemon -------------------------------------------------------------------------------
 daemon=$root/usr/bin/sparsereduce-aggregator
