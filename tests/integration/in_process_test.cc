@@ -419,6 +419,51 @@ TEST(InProcess, BadTcpSendBufferVariableIsRefused) {
   ::unsetenv("SPARSEREDUCE_TCP_SEND_BUFFER");
 }
 
+// Options that cannot work are refused by the constructor, naming the option, before anything is contacted. A
+// timeout of 0 or below failed every shared-memory handoff (connect_timeout bounds it too) or every collective
+// (collective_timeout) at once; an aggregator listed twice failed the job with JOB_FULL or JOB_CONFIG_MISMATCH;
+// " 127.0.0.1:1" went to DNS and port 0 was retried until the connect timeout.
+TEST(InProcess, OptionsThatCannotWorkAreRefusedAtOnce) {
+  struct Case {
+    std::function<void(WorkerOptions&)> set;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](WorkerOptions& o) { o.connect_timeout = 0ms; }, "connect_timeout must be positive"},
+      {[](WorkerOptions& o) { o.join_timeout = -5ms; }, "join_timeout must be positive"},
+      {[](WorkerOptions& o) { o.collective_timeout = 0ms; }, "collective_timeout must be positive"},
+      {[](WorkerOptions& o) { o.aggregators = {"127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:1"}; },
+       "aggregator '127.0.0.1:1' is listed twice (entries 0 and 2)"},
+      {[](WorkerOptions& o) { o.aggregators = {" 127.0.0.1:1"}; }, "spaces or control characters in the host"},
+      {[](WorkerOptions& o) { o.aggregators = {"127.0.0.1:0"}; }, "port 0 cannot be connected to"},
+  };
+  for (const Case& c : cases) {
+    WorkerOptions options;
+    options.aggregators = {"127.0.0.1:1"};  // never contacted: the options are checked first
+    options.world_size = 1;
+    c.set(options);
+    const auto start = std::chrono::steady_clock::now();
+    try {
+      Worker worker(options);
+      ADD_FAILURE() << "accepted; expected: " << c.message;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), "INVALID_ARGUMENT") << e.what();
+      EXPECT_NE(std::string(e.what()).find(c.message), std::string::npos) << e.what();
+    }
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 1s) << c.message;
+  }
+  // Fields of codecs other than the named one are not checked (nor sent): codec "none" with fraction 0 was refused.
+  WorkerOptions options;
+  options.aggregators = {"127.0.0.1:1"};
+  options.connect_timeout = 1ms;
+  options.codec.fraction = 0;
+  try {
+    Worker worker(options);
+  } catch (const Error& e) {
+    EXPECT_NE(e.code(), "INVALID_ARGUMENT") << e.what();  // it got as far as connecting
+  }
+}
+
 // A rank that leaves between collectives with a Goodbye reason (as a worker does when another aggregator of the job
 // died): the next collective of the other ranks fails with PEER_LEFT naming the rank and that reason, which is
 // what they need to find the real fault. Rank 1 is driven by hand so that its Goodbye surely arrives while no
@@ -1001,6 +1046,55 @@ TEST(InProcess, AWorkerOfThePreviousBuildIsNotOfferedSharedMemory) {
   ASSERT_TRUE(reply) << "no answer to the Hello";
   ASSERT_TRUE(reply->has_job_ready()) << reply->ShortDebugString();
   EXPECT_EQ(reply->job_ready().transport(), "tcp");
+}
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitizedAllocator = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool kSanitizedAllocator = true;
+#else
+constexpr bool kSanitizedAllocator = false;
+#endif
+#else
+constexpr bool kSanitizedAllocator = false;
+#endif
+
+// The element count comes from the span of each call, which was not checked (only the constructor's spec of 0
+// elements was): a count above the protocol's limit, or one whose collective state the I/O thread cannot allocate
+// (a codec's error memory for a large tensor, say), threw on the I/O thread and ended the process in
+// std::terminate. Now: INVALID_ARGUMENT at the call, and RESOURCE_EXHAUSTED for the collective.
+TEST(InProcess, ACollectiveTooLargeToSetUpFailsWithoutEndingTheProcess) {
+  auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+  WorkerOptions options;
+  options.aggregators = {(*daemon)->AddressList()};
+  options.job = 42;
+  options.world_size = 1;
+  options.connect_timeout = options.join_timeout = options.collective_timeout = 10s;
+  Worker worker(options);
+  static float small[16];  // the spans below are never read: they fail before their collective starts
+  try {
+    worker.allreduce(std::span<float>(small, (size_t{1} << 61) + 1));
+    ADD_FAILURE() << "a count above (2^64 - 1) / 8 was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "INVALID_ARGUMENT") << e.what();
+    EXPECT_NE(std::string(e.what()).find("is too large"), std::string::npos) << e.what();
+  }
+  std::vector<float> tensor(1000, 1.0f);
+  worker.allreduce(std::span(tensor));  // still usable: nothing was sent
+  EXPECT_EQ(tensor, std::vector<float>(1000, 1.0f));
+  if (kSanitizedAllocator) GTEST_SKIP() << "a sanitizer's allocator aborts on the 2^52-block allocation";
+  try {
+    worker.allreduce(std::span<float>(small, size_t{1} << 60));  // 2^52 blocks: no memory holds their state
+    ADD_FAILURE() << "a collective of 2^60 elements was set up";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "RESOURCE_EXHAUSTED") << e.what();
+    EXPECT_NE(std::string(e.what()).find("collective 2 of 1152921504606846976 elements: setting it up failed"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(worker.allreduce(std::span(tensor)), Error);  // the ranks' collectives diverge from there
 }
 
 // docs/PROTOCOL.md §10.1: a worker that receives the descriptors but cannot map the segment (out of memory or

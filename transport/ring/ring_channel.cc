@@ -14,9 +14,10 @@ namespace {
 
 Status PeerClosed() { return Status(StatusCode::kUnavailable, "connection closed by peer"); }
 
+// UNAVAILABLE, as for TCP (transport/tcp/frame_stream.cc): a peer killed while writing.
 Status ClosedInsideFrame(uint64_t done, uint64_t size) {
-  return ProtocolError("connection closed inside a frame (" + std::to_string(done) + " of " + std::to_string(size) +
-                       " bytes)");
+  return Status(StatusCode::kUnavailable, "connection closed inside a frame (" + std::to_string(done) + " of " +
+                                              std::to_string(size) + " bytes)");
 }
 
 }  // namespace

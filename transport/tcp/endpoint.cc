@@ -1,5 +1,6 @@
 #include "transport/tcp/endpoint.h"
 
+#include <algorithm>
 #include <charconv>
 
 namespace sparsereduce::tcp {
@@ -30,6 +31,9 @@ Result<HostPort> ParseHostPort(const std::string& text) {
     port = text.substr(colon + 1);
   }
   if (out.host.empty()) return bad("empty host");
+  if (std::any_of(out.host.begin(), out.host.end(), [](unsigned char c) { return c <= ' ' || c == 0x7f; })) {
+    return bad("spaces or control characters in the host");
+  }
   unsigned value = 0;
   auto [end, ec] = std::from_chars(port.data(), port.data() + port.size(), value);
   if (ec != std::errc() || end != port.data() + port.size() || port.empty() || value > 65535) {

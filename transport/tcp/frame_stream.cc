@@ -23,18 +23,21 @@ Status FromErrorCode(const boost::system::error_code& ec, const char* operation)
   return Status(StatusCode::kUnavailable, std::string(operation) + " failed: " + ec.message());
 }
 
-// A read of a frame header that ended early: after some of its bytes, a protocol error; before, the peer closed.
+// A read of a frame that ended early. UNAVAILABLE, as a close between frames (docs/PROTOCOL.md §3): a peer that
+// follows the protocol never ends its stream inside a frame, so this is a peer that was killed or crashed while
+// writing, which a reset at the same point already reported as UNAVAILABLE; the message says where it was cut.
 Status HeaderReadError(const boost::system::error_code& ec, size_t got) {
   if (ec == asio::error::eof && got > 0) {
-    return ProtocolError("connection closed inside a frame header (" + std::to_string(got) + " bytes)");
+    return Status(StatusCode::kUnavailable, "connection closed inside a frame header (" + std::to_string(got) +
+                                                " bytes)");
   }
   return FromErrorCode(ec, "read");
 }
 
 Status PayloadReadError(const boost::system::error_code& ec, uint64_t got, uint64_t size) {
   if (ec == asio::error::eof) {
-    return ProtocolError("connection closed inside a frame payload (" + std::to_string(got) + " of " +
-                         std::to_string(size) + " bytes)");
+    return Status(StatusCode::kUnavailable, "connection closed inside a frame payload (" + std::to_string(got) +
+                                                " of " + std::to_string(size) + " bytes)");
   }
   return FromErrorCode(ec, "read");
 }

@@ -22,6 +22,7 @@
 #include "protocol/frame_format.h"
 #include "protocol/worker_collective.h"
 #include "transport/shm/handoff.h"
+#include "transport/tcp/endpoint.h"
 #include "worker/src/aggregator_link.h"
 #include "worker/src/worker_environment.h"
 
@@ -144,6 +145,31 @@ class Worker::Impl : public AggregatorLink::Handler {
   CollectiveStats last_stats_;
 };
 
+namespace {
+
+// Each address parses, names a port to connect to, and appears once: two entries for the same aggregator made the
+// job's ranks meet it twice, as two aggregator indexes, and fail with JOB_FULL or JOB_CONFIG_MISMATCH.
+Status CheckAggregatorAddresses(const std::vector<std::string>& aggregators) {
+  std::map<std::pair<std::string, uint16_t>, size_t> seen;
+  for (size_t i = 0; i < aggregators.size(); ++i) {
+    Result<tcp::HostPort> address = tcp::ParseHostPort(aggregators[i]);
+    if (!address.ok()) return address.status().WithContext("aggregator " + std::to_string(i));
+    if (address->port == 0) {
+      return InvalidArgument("aggregator " + std::to_string(i) + " '" + aggregators[i] +
+                             "': port 0 cannot be connected to");
+    }
+    const auto [it, fresh] = seen.emplace(std::pair{address->host, address->port}, i);
+    if (!fresh) {
+      return InvalidArgument("aggregator '" + aggregators[i] + "' is listed twice (entries " +
+                             std::to_string(it->second) + " and " + std::to_string(i) +
+                             "): each aggregator of the job must appear once");
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
 Worker::Impl::Impl(WorkerOptions options)
     : options_(std::move(options)),
       shape_{options_.world_size, static_cast<uint32_t>(options_.aggregators.size()), options_.slots,
@@ -151,13 +177,24 @@ Worker::Impl::Impl(WorkerOptions options)
       work_(io_.get_executor()),
       deadline_(io_) {
   if (options_.aggregators.empty()) throw MakeError(InvalidArgument("no aggregators given"));
+  if (Status st = CheckAggregatorAddresses(options_.aggregators); !st.ok()) throw MakeError(st);
+  for (const auto& [name, timeout] : {std::pair{"connect_timeout", options_.connect_timeout},
+                                      std::pair{"join_timeout", options_.join_timeout},
+                                      std::pair{"collective_timeout", options_.collective_timeout}}) {
+    if (timeout.count() <= 0) {
+      throw MakeError(InvalidArgument(std::string(name) + " must be positive (milliseconds::max() for no limit), got " +
+                                      std::to_string(timeout.count()) + " ms"));
+    }
+  }
   if (Status st = ValidateShape(shape_); !st.ok()) throw MakeError(st);
   if (options_.rank >= options_.world_size) {
     throw MakeError(InvalidArgument("rank " + std::to_string(options_.rank) + " is out of range for world_size " +
                                     std::to_string(options_.world_size)));
   }
   // The default codec is checked now rather than at the first allreduce.
-  if (Status st = ValidateCodec(CodecSpecFor(options_.codec, 0)); !st.ok()) {
+  // Only the named codec's fields: the others keep their defaults and are not sent (codec "none" with fraction 0
+  // is fine).
+  if (Status st = ValidateCodec(WithoutUnusedFields(CodecSpecFor(options_.codec, 0))); !st.ok()) {
     throw MakeError(st.WithContext("codec " + options_.codec.name));
   }
   for (DType dtype : {DType::kFloat32, DType::kInt32}) {
@@ -278,11 +315,12 @@ std::future<void> Worker::Impl::Submit(std::span<std::byte> tensor, uint64_t cou
   }
   Request request{tensor, CollectiveSpec{count, dtype, ReduceOp::kSum, options_.block_size}, {}};
   const CodecOptions& c = options.codec ? *options.codec : options_.codec;
-  request.spec.codec = CodecSpecFor(c, options.key);
+  request.spec.codec = WithoutUnusedFields(CodecSpecFor(c, options.key));
   if (Status st = ValidateCodec(request.spec.codec); !st.ok()) throw MakeError(st.WithContext("codec " + c.name));
-  request.spec.codec = WithoutUnusedFields(request.spec.codec);
   // int32 sums are always exact: no codec, and none of its options (a 3LC-only option would fail validation).
   if (dtype == DType::kInt32) request.spec.codec = CodecSpec{Codec::kNone, options.key};
+  // The element count is the span's (checked at construction with 0 elements): refused here, before the I/O thread.
+  if (Status st = ValidateSpec(request.spec); !st.ok()) throw MakeError(st);
   std::future<void> future = request.promise.get_future();
   asio::post(io_, [this, request = std::move(request)]() mutable {
     if (broken_) {
@@ -318,8 +356,28 @@ void Worker::Impl::StartNext() {
   } else {
     codec_states_.erase(a.request.spec.codec.key);  // the key carries an uncoded tensor now
   }
-  a.collective = std::make_unique<WorkerCollective>(shape_, options_.job, seq, a.request.spec, a.request.tensor,
-                                                    std::move(scratch_), codec, options_.restore_on_failure);
+  try {
+    a.collective = std::make_unique<WorkerCollective>(shape_, options_.job, seq, a.request.spec, a.request.tensor,
+                                                      std::move(scratch_), codec, options_.restore_on_failure);
+  } catch (...) {
+    // Out of memory for the collective's state (its per-block arrays, a codec's error memory), on the I/O thread:
+    // nothing was sent nor written yet. The request goes back to the queue, and Fail fails it and what follows
+    // (the ranks' sequences of collectives diverge from here) and tells the aggregators why this rank leaves.
+    const std::exception_ptr error = std::current_exception();
+    bool out_of_memory = false;
+    try {
+      std::rethrow_exception(error);
+    } catch (const std::bad_alloc&) {
+      out_of_memory = true;
+    } catch (...) {
+    }
+    queue_.push_front(std::move(a.request));
+    active_.reset();
+    Fail(Status(out_of_memory ? StatusCode::kResourceExhausted : StatusCode::kInternal,
+                "collective " + std::to_string(seq) + " of " + std::to_string(queue_.front().spec.element_count) +
+                    " elements: setting it up failed: " + ExceptionText(error)));
+    return;
+  }
 
   proto::ControlMessage begin;
   begin.mutable_collective_begin()->set_seq(seq);

@@ -55,7 +55,7 @@ struct AllreduceOptions {
 struct WorkerOptions {
   // Aggregators of the job, as HOST:PORT, DNS-NAME:PORT (e.g. StatefulSet pods,
   // "sparsereduce-aggregator-0.sparsereduce-aggregator.ns.svc.cluster.local:19875") or [IPV6]:PORT; every rank
-  // must list them in the same order. Empty: taken from SPARSEREDUCE_AGGREGATORS (comma-separated).
+  // must list them in the same order, each once. Empty: taken from SPARSEREDUCE_AGGREGATORS (comma-separated).
   std::vector<std::string> aggregators;
   uint64_t job = 0;          // job id shared by all ranks
   uint32_t rank = 0;         // 0 .. world_size-1
@@ -105,7 +105,8 @@ struct WorkerOptions {
   // yield hands the core to any busy thread, and next to two busy loops on 2 cores a 1 % sparse allreduce of 2
   // workers took 1.4 x as long. Dense tensors, whose scan stops at each block's first element, never yield.
   bool yield_while_scanning = false;
-  // Connecting keeps retrying (the aggregator may not be up yet) until this passes. Like the other timeouts below,
+  // Connecting keeps retrying (the aggregator may not be up yet) until this passes; it also bounds each
+  // connection's move to shared memory or RDMA. Like the other timeouts below, it must be positive, and
   // std::chrono::milliseconds::max() means no limit.
   std::chrono::milliseconds connect_timeout{30'000};
   // How long, beyond connect_timeout, to wait for the other ranks to join: the job must have formed within
@@ -164,8 +165,11 @@ class Worker {
   Worker& operator=(const Worker&) = delete;
 
   // Sums `tensor` element-wise over all ranks, in place. Throws Error. A call refused for its own arguments
-  // (INVALID_ARGUMENT: an unknown codec, a parameter out of range) leaves the Worker usable; after any other error
-  // it is unusable (every later call throws) and a new Worker must be created.
+  // (INVALID_ARGUMENT: an unknown codec, a parameter out of range, more than (2^64 - 1) / 8 elements) leaves the
+  // Worker usable; after any other error (RESOURCE_EXHAUSTED when the collective's state cannot be allocated) it
+  // is unusable (every later call throws) and a new Worker must be created. Every rank must issue its calls in
+  // the same order. These overloads use key 0: with a codec that keeps state per key (3lc, diana, topk,
+  // adaptive), give every tensor its own key (the overloads below), or their error feedback mixes silently.
   void allreduce(std::span<float> tensor);
   void allreduce(std::span<int32_t> tensor);
 
