@@ -9,27 +9,15 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 
 import torch
 
-import sparsereduce
 import sparsereduce.torch as srt
+from child_workers import join_two_ranks
 
 aggregator, job = sys.argv[1], int(sys.argv[2])
-options = dict(connect_timeout=5.0, join_timeout=10.0, collective_timeout=20.0)
-workers = [None, None]
-
-
-def join(rank):
-    workers[rank] = sparsereduce.Worker(aggregator, job, rank, 2, **options)
-
-
-joiner = threading.Thread(target=join, args=(1,))
-joiner.start()
-join(0)
-joiner.join()
+workers = join_two_ranks(aggregator, job)
 states = [srt.SparseReduceState(workers[0]), srt.SparseReduceState(workers[1])]
 
 

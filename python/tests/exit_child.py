@@ -11,21 +11,10 @@ import threading
 
 import numpy as np
 
-import sparsereduce
+from child_workers import join_two_ranks
 
 aggregator, job = sys.argv[1], int(sys.argv[2])
-options = dict(connect_timeout=5.0, join_timeout=10.0, collective_timeout=20.0)
-workers = [None, None]
-
-
-def join(rank):
-    workers[rank] = sparsereduce.Worker(aggregator, job, rank, 2, **options)
-
-
-joiner = threading.Thread(target=join, args=(1,))
-joiner.start()
-join(0)
-joiner.join()
+workers = join_two_ranks(aggregator, job)
 
 # The script ends once the thread has called into the extension's wait (a profile hook sees the C call).
 waiting = threading.Event()

@@ -9,26 +9,15 @@ argv: AGGREGATOR JOB
 import json
 import os
 import sys
-import threading
 import time
 
 import numpy as np
 
 import sparsereduce
+from child_workers import join_two_ranks
 
 aggregator, job = sys.argv[1], int(sys.argv[2])
-options = dict(connect_timeout=5.0, join_timeout=10.0, collective_timeout=60.0)
-workers = [None, None]
-
-
-def join(rank):
-    workers[rank] = sparsereduce.Worker(aggregator, job, rank, 2, **options)
-
-
-joiner = threading.Thread(target=join, args=(1,))
-joiner.start()
-join(0)
-joiner.join()
+workers = join_two_ranks(aggregator, job, collective_timeout=60.0)
 handle = workers[0].allreduce_async(np.ones(1000, dtype=np.float32))
 
 pid = os.fork()

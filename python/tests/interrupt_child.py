@@ -16,21 +16,10 @@ import weakref
 
 import numpy as np
 
-import sparsereduce
+from child_workers import join_two_ranks
 
 aggregator, job, mode = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-options = dict(connect_timeout=5.0, join_timeout=10.0, collective_timeout=20.0)
-workers = [None, None]
-
-
-def join(rank):
-    workers[rank] = sparsereduce.Worker(aggregator, job, rank, 2, **options)
-
-
-joiner = threading.Thread(target=join, args=(1,))
-joiner.start()
-join(0)
-joiner.join()
+workers = join_two_ranks(aggregator, job)
 w0, w1 = workers
 
 # SIGINT once the main thread calls into the extension's blocking function (a profile hook sees the C call), so

@@ -257,29 +257,37 @@ int ReapLeftovers() {
   return found;
 }
 
-// SIGTERM (or Ctrl-C) to `sparsereduce-perf --spawn` stops its ranks and aggregators and removes their temporary
-// directory, and it exits 128 + 15. It used to die alone, leaving them all running (and the directory behind).
-TEST(PerfSpawn, AStopSignalStopsTheRanksAndAggregators) {
-  ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+// Runs `sparsereduce-perf --spawn 3,2` (this process a subreaper, so that whatever it leaves becomes this
+// process's child) with a long sweep, sends it `signal` once its table's header is out (the ranks have joined and
+// time their collectives), reads its output to the end and returns its exit status.
+int SignalPerfSpawnOnceItTimes(int signal) {
+  EXPECT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
   auto perf = Subprocess::Spawn({SPARSEREDUCE_PERF_BIN, "--spawn", "3,2", "--aggregator-bin",
                                  SPARSEREDUCE_AGGREGATOR_BIN, "-b", "64K", "-e", "64K", "-n", "1000000", "-w", "0"},
                                 /*capture_stdout=*/true);
-  ASSERT_TRUE(perf.ok()) << perf.status().ToString();
+  EXPECT_TRUE(perf.ok()) << perf.status().ToString();
+  if (!perf.ok()) return -1;
   std::string output;
   bool signalled = false;
   auto read = (*perf)->ReadStdout(std::chrono::seconds(60), [&](std::string_view chunk) {
     output += chunk;
-    // The table's header: the ranks have joined and time their collectives.
     if (!signalled && output.find("#       size") != std::string::npos) {
       signalled = true;
-      (*perf)->Signal(SIGTERM);
+      (*perf)->Signal(signal);
     }
   });
   EXPECT_TRUE(read.ok()) << read.status().ToString() << "\n" << output;
   EXPECT_TRUE(signalled) << output;
   auto status = (*perf)->Wait(std::chrono::seconds(30));
-  ASSERT_TRUE(status.ok()) << status.status().ToString();
-  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 128 + SIGTERM) << DescribeExit(*status);
+  EXPECT_TRUE(status.ok()) << status.status().ToString();
+  return status.ok() ? *status : -1;
+}
+
+// SIGTERM (or Ctrl-C) to `sparsereduce-perf --spawn` stops its ranks and aggregators and removes their temporary
+// directory, and it exits 128 + 15. It used to die alone, leaving them all running (and the directory behind).
+TEST(PerfSpawn, AStopSignalStopsTheRanksAndAggregators) {
+  const int status = SignalPerfSpawnOnceItTimes(SIGTERM);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM) << DescribeExit(status);
   EXPECT_EQ(ReapLeftovers(), 0) << "processes of the run were left running";
   ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 0), 0);
 }
@@ -287,26 +295,8 @@ TEST(PerfSpawn, AStopSignalStopsTheRanksAndAggregators) {
 // `sparsereduce-perf --spawn` killed outright (SIGKILL, no handler runs): its ranks and aggregators end by
 // themselves (PR_SET_PDEATHSIG). They used to keep running, holding their ports, until killed by hand.
 TEST(PerfSpawn, KilledOutrightItLeavesNothingRunning) {
-  ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
-  auto perf = Subprocess::Spawn({SPARSEREDUCE_PERF_BIN, "--spawn", "3,2", "--aggregator-bin",
-                                 SPARSEREDUCE_AGGREGATOR_BIN, "-b", "64K", "-e", "64K", "-n", "1000000", "-w", "0"},
-                                /*capture_stdout=*/true);
-  ASSERT_TRUE(perf.ok()) << perf.status().ToString();
-  std::string output;
-  bool killed = false;
-  // The table's header: the ranks have joined and time their collectives. The output ends when the last rank does.
-  auto read = (*perf)->ReadStdout(std::chrono::seconds(60), [&](std::string_view chunk) {
-    output += chunk;
-    if (!killed && output.find("#       size") != std::string::npos) {
-      killed = true;
-      (*perf)->Signal(SIGKILL);
-    }
-  });
-  EXPECT_TRUE(read.ok()) << read.status().ToString() << "\n" << output;
-  EXPECT_TRUE(killed) << output;
-  auto status = (*perf)->Wait(std::chrono::seconds(30));
-  ASSERT_TRUE(status.ok()) << status.status().ToString();
-  EXPECT_TRUE(WIFSIGNALED(*status) && WTERMSIG(*status) == SIGKILL) << DescribeExit(*status);
+  const int status = SignalPerfSpawnOnceItTimes(SIGKILL);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << DescribeExit(status);
   // perf's children (3 ranks, 2 aggregators) are now this test's (a subreaper). Each must exit on its own; waitpid
   // blocks until the last did, and a watchdog kills whatever is left after 30 s so that the test fails, not hangs.
   std::promise<void> all_exited;
