@@ -521,7 +521,8 @@ INSTANTIATE_TEST_SUITE_P(WorkerLifecycle, HostileCollective,
                                            Misstep::kResultAfterError));
 
 // Worker::abort fails the collective in flight at once (not at its collective timeout), restores the tensor, tells
-// the aggregator why in a Goodbye, and leaves the Worker unusable.
+// the aggregator why in a Goodbye, and leaves the Worker unusable. Each failed collective's error says which one it
+// is (they all said the same).
 TEST(WorkerLifecycle, AbortEndsTheCollectiveInFlightAtOnce) {
   Joined j;
   WorkerOptions options = OneBlockShape(47);
@@ -530,15 +531,26 @@ TEST(WorkerLifecycle, AbortEndsTheCollectiveInFlightAtOnce) {
   std::vector<float> tensor{1.0f, 2.0f, 3.0f, 4.0f};
   const std::vector<float> input = tensor;
   auto done = j.worker->allreduce_async(std::span(tensor));
+  std::vector<float> queued_tensor{5.0f};
+  auto queued = j.worker->allreduce_async(std::span(queued_tensor));
   for (int i = 0; i < 3; ++i) ASSERT_TRUE(ReadFrame(j.fd)) << "frame " << i;  // begin, announce, contribution
   j.worker->abort();
+  try {
+    queued.get();
+    ADD_FAILURE() << "the queued collective completed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("job 47 rank 0: collective 2 (queued, not started): aborted by the caller"),
+              std::string::npos)
+        << e.what();
+  }
   ASSERT_EQ(done.wait_for(5s), std::future_status::ready) << "abort did not end the collective";
   try {
     done.get();
     ADD_FAILURE() << "the collective completed";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), "ABORTED") << e.what();
-    EXPECT_NE(std::string(e.what()).find("job 47 rank 0: aborted by the caller (Worker::abort)"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("job 47 rank 0: collective 1: aborted by the caller (Worker::abort)"),
+              std::string::npos)
         << e.what();
   }
   EXPECT_EQ(tensor, input);

@@ -373,6 +373,7 @@ void Worker::Impl::StartNext() {
     }
     queue_.push_front(std::move(a.request));
     active_.reset();
+    --seq_;  // it never started: FinishFailure numbers it as the first of the queue
     Fail(Status(out_of_memory ? StatusCode::kResourceExhausted : StatusCode::kInternal,
                 "collective " + std::to_string(seq) + " of " + std::to_string(queue_.front().spec.element_count) +
                     " elements: setting it up failed: " + ExceptionText(error)));
@@ -673,12 +674,22 @@ void Worker::Impl::FinishFailure() {
     join_pending_ = false;
     joined_.set_exception(error);
   }
+  // Each collective's error says which one it is, for callers with several in flight (unless the cause named it).
+  const auto for_collective = [&](uint64_t seq, const std::string& which) {
+    const std::string name = "collective " + std::to_string(seq);
+    if (!broken_ || broken_->message().find(name) != std::string::npos) return error;
+    return std::make_exception_ptr(MakeError(broken_->WithContext(which)));
+  };
+  uint64_t seq = seq_;
   if (active_) {
     active_->collective->Restore();  // the caller gets its input back, so the step can be retried (if restorable)
-    active_->request.promise.set_exception(error);
+    active_->request.promise.set_exception(for_collective(seq, "collective " + std::to_string(seq)));
     active_.reset();
   }
-  for (Request& r : queue_) r.promise.set_exception(error);
+  for (Request& r : queue_) {
+    ++seq;
+    r.promise.set_exception(for_collective(seq, "collective " + std::to_string(seq) + " (queued, not started)"));
+  }
   queue_.clear();
 }
 
