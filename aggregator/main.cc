@@ -39,7 +39,8 @@ Status WritePortFile(const std::string& option, const std::string& path, uint16_
   std::ofstream out(tmp);
   out << port << "\n";
   out.close();
-  if (!out) return Status(StatusCode::kUnavailable, "--" + option + ": cannot write " + tmp + ": " + std::strerror(errno));
+  if (!out)
+    return Status(StatusCode::kUnavailable, "--" + option + ": cannot write " + tmp + ": " + std::strerror(errno));
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     const int error = errno;
     std::remove(tmp.c_str());
@@ -81,7 +82,8 @@ Status OpenRdma(const ServerOptions& options, ServiceContext& context) {
   return Status::Ok();
 #else
   (void)context;
-  return Status(StatusCode::kUnsupported, "this build has no RDMA transport (libibverbs-dev was missing at build time)");
+  return Status(StatusCode::kUnsupported,
+                "this build has no RDMA transport (libibverbs-dev was missing at build time)");
 #endif
 }
 

@@ -71,7 +71,8 @@ void Metrics::CollectiveCompleted(double seconds, uint64_t blocks_aggregated, ui
   collectives_completed_.Increment();
   collective_duration_.Observe(seconds);
   blocks_aggregated_.Increment(static_cast<double>(blocks_aggregated));
-  if (owned_blocks > blocks_aggregated) blocks_skipped_.Increment(static_cast<double>(owned_blocks - blocks_aggregated));
+  if (owned_blocks > blocks_aggregated)
+    blocks_skipped_.Increment(static_cast<double>(owned_blocks - blocks_aggregated));
 }
 
 void Metrics::Error(StatusCode code) { errors_.Add({{"kind", StatusCodeName(code)}}).Increment(); }

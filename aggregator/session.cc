@@ -380,7 +380,8 @@ asio::awaitable<Status> Session::OfferShm(std::chrono::steady_clock::time_point 
                  Who(), pending.count());
     co_return Status::Ok();
   }
-  Result<std::unique_ptr<shm::ShmOffer>> offer = shm::ShmOffer::Create(executor_, context_.options.ring_bytes, context_.shm_offers);
+  Result<std::unique_ptr<shm::ShmOffer>> offer =
+      shm::ShmOffer::Create(executor_, context_.options.ring_bytes, context_.shm_offers);
   if (!offer.ok()) {
     spdlog::warn("{}: cannot offer shared memory, staying on TCP: {}", Who(), offer.status().ToString());
     co_return Status::Ok();

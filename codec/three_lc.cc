@@ -34,7 +34,8 @@ float ScaleOf(float max_abs, float sparsity) {
   return std::isfinite(scale) ? scale : kNotFiniteScale;
 }
 
-SPARSEREDUCE_CLONES bool QuantizeWithError(const float* x, const float* error_in, float* error_out, size_t n, float scale, int8_t* q) {
+SPARSEREDUCE_CLONES bool QuantizeWithError(const float* x, const float* error_in, float* error_out, size_t n,
+                                           float scale, int8_t* q) {
   if (std::isnan(scale)) {
     for (size_t j = 0; j < n; ++j) {
       if (error_out != error_in) error_out[j] = error_in[j];

@@ -1,8 +1,8 @@
 // Fuzzes the aggregator's ColumnEngine (protocol/column_engine.h; docs/PROTOCOL.md §4, §6, §7), structure-aware.
 //
 // The input first picks a small job and collective (fuzz::ReadSmallSetup: W 1..4, A 1..2, S 1..3, K 1..4,
-// N 0..200, B 1..8, float32/int32, window D 1..3), a tensor seed and a per-rank density. The harness then builds, for every
-// aggregator a < A, the engine under test and an independent reference model of the aggregator written from
+// N 0..200, B 1..8, float32/int32, window D 1..3), a tensor seed and a per-rank density. The harness then builds, for
+// every aggregator a < A, the engine under test and an independent reference model of the aggregator written from
 // PROTOCOL.md (RefAggregator below), and one real WorkerCollective per rank over a generated tensor. The rest of the
 // input is a sequence of operations, each one byte followed by its arguments:
 //
@@ -139,7 +139,8 @@ class RefAggregator {
 
   // The verdict on a decoded CONTRIBUTION (§7). An accepted one is recorded; `*results` receives the RESULT frames
   // the aggregator must broadcast, in order.
-  bool Offer(uint32_t rank, uint32_t s, std::span<const EntryView> entries, std::vector<std::vector<std::byte>>* results) {
+  bool Offer(uint32_t rank, uint32_t s, std::span<const EntryView> entries,
+             std::vector<std::vector<std::byte>>* results) {
     results->clear();
     if (rank >= W_ || s >= S_ || !Active(s)) return false;
     Slot& sl = slots_[s];

@@ -86,7 +86,8 @@ void MaybeBuildEngine(const JobShape& shape, uint32_t aggregator, const Collecti
              static_cast<unsigned long long>(engine.MaxContributionPayload()));
   // Slot 0 holds the aggregator's lowest column, so it is empty only when all of them are.
   const ColumnLayout layout(shape, spec.element_count, spec.block_size, FindDType(spec.dtype)->size);
-  FUZZ_CHECK(engine.done() == (layout.NonEmptyLanes(aggregator, 0) == 0), "a fresh engine is done iff it serves no block");
+  FUZZ_CHECK(engine.done() == (layout.NonEmptyLanes(aggregator, 0) == 0),
+             "a fresh engine is done iff it serves no block");
 }
 
 void CheckCollectiveBegin(const JobShape& shape, uint32_t aggregator, const proto::CollectiveBegin& begin) {

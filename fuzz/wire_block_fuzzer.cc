@@ -44,6 +44,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(again.size() <= block.size(), "re-encoded to %zu bytes from %zu", again.size(), block.size());
   std::vector<float> out_again(n);
   FUZZ_CHECK(codec::DecodeFloats(format, again, n, out_again.data(), false).ok(), "the re-encoded block is refused");
-  FUZZ_CHECK(std::memcmp(out.data(), out_again.data(), n * sizeof(float)) == 0, "the re-encoded block decodes differently");
+  FUZZ_CHECK(std::memcmp(out.data(), out_again.data(), n * sizeof(float)) == 0,
+             "the re-encoded block decodes differently");
   return 0;
 }

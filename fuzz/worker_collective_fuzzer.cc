@@ -178,7 +178,8 @@ class RefWorker {
       if (my_next == kEndOfColumn) candidates.push_back(kEndOfColumn);
       FUZZ_CHECK(!candidates.empty(), "reference model: no valid next for block %llu",
                  static_cast<unsigned long long>(l.cur));
-      PlainEntry e{l.cur, candidates[choose() % candidates.size()], std::vector<std::byte>(fuzz::BlockBytesOf(spec_, l.cur))};
+      PlainEntry e{l.cur, candidates[choose() % candidates.size()],
+                   std::vector<std::byte>(fuzz::BlockBytesOf(spec_, l.cur))};
       for (size_t i = 0; i < e.data.size(); i += 4) {
         const uint32_t v = fuzz::RandomElement(rng, spec_.dtype, /*allow_any_bits=*/true);
         std::memcpy(e.data.data() + i, &v, 4);
@@ -528,8 +529,8 @@ class Harness {
     FUZZ_CHECK(next.size() == want.size(), "aggregator %u slot %u: worker sends %zu CONTRIBUTIONs, reference model %zu",
                a, h->slot, next.size(), want.size());
     for (size_t i = 0; i < next.size(); ++i) {
-      FUZZ_CHECK(SameFrame(next[i], want[i]), "aggregator %u slot %u: CONTRIBUTION %zu differs from the reference model",
-                 a, h->slot, i);
+      FUZZ_CHECK(SameFrame(next[i], want[i]),
+                 "aggregator %u slot %u: CONTRIBUTION %zu differs from the reference model", a, h->slot, i);
       const ByteBuffer f = worker_->EncodeFrame(next[i]);
       Result<FrameHeader> fh = DecodeFrameHeader(f.span());
       std::vector<EntryView> v;

@@ -47,7 +47,8 @@ ColumnEngine::ColumnEngine(const JobShape& shape, uint32_t aggregator_index, uin
   }
 }
 
-static_assert(sizeof(EntryView) + 8 <= ColumnEngine::kHeldBlockOverhead, "a queue node is an EntryView and two indices");
+static_assert(sizeof(EntryView) + 8 <= ColumnEngine::kHeldBlockOverhead,
+              "a queue node is an EntryView and two indices");
 
 uint64_t ColumnEngine::MemoryBound(const JobShape& shape, uint64_t columns, uint64_t block_bytes,
                                    const ColumnLayout& layout) {
@@ -387,7 +388,8 @@ void ColumnEngine::AggregateLane(Slot& slot, uint32_t s, uint32_t lane, std::vec
       bytes = layout_.BlockBytes(cur);
       const size_t count = bytes / element_size_;
       kernels_->first(data, contributions[0]->data.data(), count);
-      for (size_t c = 1; c < contributions.size(); ++c) kernels_->accumulate(data, contributions[c]->data.data(), count);
+      for (size_t c = 1; c < contributions.size(); ++c)
+        kernels_->accumulate(data, contributions[c]->data.data(), count);
     } else {
       // Codecs: contributions decoded and summed in fp32, the sum encoded in the download format.
       const uint32_t n = static_cast<uint32_t>(layout_.BlockElements(cur));
@@ -415,7 +417,8 @@ std::byte* ColumnEngine::ResultSpace(uint32_t s, std::vector<Broadcast>* out) {
   if (result_entries_.size() == K) FlushResult(s, out);
   const uint64_t table_end = kFrameHeaderSize + uint64_t{kEntrySize} * K;
   if (!result_frame_) {
-    const uint64_t size = kFrameHeaderSize + MaxDataPayloadFor(K, codec::MaxWireBytes(download_, spec_.block_size, element_size_));
+    const uint64_t size =
+        kFrameHeaderSize + MaxDataPayloadFor(K, codec::MaxWireBytes(download_, spec_.block_size, element_size_));
     result_frame_ = std::make_shared<ByteBuffer>(pool_ ? pool_->Acquire(size) : ByteBuffer(size));
     result_data_bytes_ = 0;
   }

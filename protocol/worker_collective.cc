@@ -274,7 +274,8 @@ void WorkerCollective::Finish() {
   if (encoder_) {
     // What no RESULT carried sums to zero, whatever the tensor held there (the codec may have sent none of it).
     for (uint64_t b = 0; b < flags_.size(); ++b) {
-      if (!(flags_[b] & kBlockReceived)) std::memset(tensor_.data() + layout_.BlockByteOffset(b), 0, layout_.BlockBytes(b));
+      if (!(flags_[b] & kBlockReceived))
+        std::memset(tensor_.data() + layout_.BlockByteOffset(b), 0, layout_.BlockBytes(b));
     }
     encoder_->Finish(std::span(reinterpret_cast<float*>(tensor_.data()), spec_.element_count));
     return;

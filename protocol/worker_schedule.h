@@ -1,5 +1,6 @@
 // The worker's side of one collective on one aggregator: which blocks to send when (streamed in increasing order
-// within the window), and the checks on every RESULT (docs/PROTOCOL.md §4, §7). Pure logic: it never touches tensor memory; the caller copies block data.
+// within the window), and the checks on every RESULT (docs/PROTOCOL.md §4, §7). Pure logic: it never touches tensor
+// memory; the caller copies block data.
 #pragma once
 
 #include <cstdint>

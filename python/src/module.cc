@@ -257,7 +257,8 @@ class Handle {
       if (std::isnan(t) || t < 0) {
         throw py::value_error("sparsereduce: timeout must be None or at least 0 seconds, got " + PythonSeconds(t));
       }
-      if (t <= kYear) deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(t));
+      if (t <= kYear)
+        deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(t));
     }
     if (!WaitUntil(future_, deadline)) {
       std::string message = "sparsereduce: " + JobRank(job_, rank_) +

@@ -371,7 +371,9 @@ TEST(InProcess, SmallTcpSendBufferStillSumsExactly) {
         options.tcp_send_buffer = 4096;
         options.connect_timeout = options.join_timeout = options.collective_timeout = 20s;
       },
-      [](uint64_t c) { return tools::SyntheticSpec{1 << 20, 256, c ? 1.0 : 0.2, tools::Overlap::kRandom, kRanks, 40 + c}; });
+      [](uint64_t c) {
+        return tools::SyntheticSpec{1 << 20, 256, c ? 1.0 : 0.2, tools::Overlap::kRandom, kRanks, 40 + c};
+      });
   for (const auto& f : failures) EXPECT_EQ(f, "");
   EXPECT_TRUE((*daemon)->Stop());
 }
@@ -546,7 +548,8 @@ TEST(InProcess, AGoodbyeReasonIsEscapedAndCutBeforeItIsPassedOn) {
         << what.substr(0, 300);
     EXPECT_EQ(what.find("\n[2026-01-01"), std::string::npos) << "the reason's newline was passed on";
     EXPECT_LT(what.size(), 4096u);
-    EXPECT_NE(what.find("xxx [...]"), std::string::npos) << what.substr(what.size() - std::min<size_t>(what.size(), 80));
+    EXPECT_NE(what.find("xxx [...]"), std::string::npos)
+        << what.substr(what.size() - std::min<size_t>(what.size(), 80));
   }
   worker.reset();
   EXPECT_TRUE((*daemon)->Stop());
@@ -594,7 +597,8 @@ TEST(InProcess, TheReasonsOfAtMostEightRanksThatLeftAreQuoted) {
   EXPECT_NE(text.find("rank(s) 1,2,3,4,5,6,7,8,9 left the job"), std::string::npos) << text.substr(0, 200);
   EXPECT_NE(text.find("rank 8 because: reason of rank 8: xxx"), std::string::npos);
   EXPECT_EQ(text.find("reason of rank 9"), std::string::npos) << "more than 8 reasons quoted";
-  EXPECT_NE(text.find("; and 1 more)"), std::string::npos) << text.substr(text.size() - std::min<size_t>(text.size(), 80));
+  EXPECT_NE(text.find("; and 1 more)"), std::string::npos)
+      << text.substr(text.size() - std::min<size_t>(text.size(), 80));
   EXPECT_LT(text.size(), 8u * 1024 + 512);
   for (int fd : fds) close(fd);
   EXPECT_TRUE((*daemon)->Stop());
@@ -884,7 +888,8 @@ TEST(InProcess, AMemberThatDoesNotReadHoldsTheOthersBack) {
   const ColumnLayout layout(shape, spec.element_count, spec.block_size, 4);
   for (uint32_t s = 0; s < options.slots; ++s) {
     std::vector<Entry> announce;
-    for (uint32_t k = 0; k < layout.NonEmptyLanes(0, s); ++k) announce.push_back({layout.Column(0, s, k), kEndOfColumn, 0});
+    for (uint32_t k = 0; k < layout.NonEmptyLanes(0, s); ++k)
+      announce.push_back({layout.Column(0, s, k), kEndOfColumn, 0});
     send_frame(EncodeDataFrame({FrameType::kContribution, 0, s, options.job, 1, 0}, announce, {}));
   }
 

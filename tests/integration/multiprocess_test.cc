@@ -31,9 +31,19 @@ class Aggregator {
     dir_ = temp_dir_->path();
     const bool v6 = host.find(':') != std::string::npos;
     const std::string bracketed = v6 ? "[" + host + "]" : host;
-    std::vector<std::string> argv = {SPARSEREDUCE_AGGREGATOR_BIN, "--listen", bracketed + ":0", "--metrics-listen", "127.0.0.1:0", "--port-file",
-                                     dir_ + "/port", "--metrics-port-file", dir_ + "/metrics-port", "--io-threads", "2",
-                                     "--handshake-timeout-ms", "2000"};
+    std::vector<std::string> argv = {SPARSEREDUCE_AGGREGATOR_BIN,
+                                     "--listen",
+                                     bracketed + ":0",
+                                     "--metrics-listen",
+                                     "127.0.0.1:0",
+                                     "--port-file",
+                                     dir_ + "/port",
+                                     "--metrics-port-file",
+                                     dir_ + "/metrics-port",
+                                     "--io-threads",
+                                     "2",
+                                     "--handshake-timeout-ms",
+                                     "2000"};
     argv.insert(argv.end(), extra_args.begin(), extra_args.end());
     auto p = Subprocess::Spawn(argv, false);
     EXPECT_TRUE(p.ok()) << p.status().ToString();
@@ -93,7 +103,8 @@ std::vector<std::unique_ptr<Subprocess>> StartJob(const std::string& aggregators
   std::vector<std::unique_ptr<Subprocess>> workers;
   for (uint32_t r = 0; r < world_size; ++r) {
     std::vector<std::string> rank_flags = flags;
-    if (auto it = per_rank.find(r); it != per_rank.end()) rank_flags.insert(rank_flags.end(), it->second.begin(), it->second.end());
+    if (auto it = per_rank.find(r); it != per_rank.end())
+      rank_flags.insert(rank_flags.end(), it->second.begin(), it->second.end());
     workers.push_back(StartRank(aggregators, job, r, world_size, rank_flags));
   }
   return workers;
@@ -117,7 +128,8 @@ std::vector<WorkerResult> Finish(std::vector<std::unique_ptr<Subprocess>>& worke
 
 void ExpectAllOk(const std::vector<WorkerResult>& results, size_t collectives) {
   for (size_t r = 0; r < results.size(); ++r) {
-    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": " << (results[r].lines.empty() ? "" : results[r].lines.back());
+    EXPECT_EQ(results[r].exit_code, 0) << "rank " << r << ": "
+                                       << (results[r].lines.empty() ? "" : results[r].lines.back());
     EXPECT_EQ(results[r].lines.size(), collectives) << "rank " << r;
     for (const auto& line : results[r].lines) EXPECT_EQ(line.rfind("OK ", 0), 0u) << line;
   }
@@ -143,7 +155,8 @@ TEST(MultiProcess, Int32AndSmallBlocks) {
 
 TEST(MultiProcess, TwoJobsOnOneDaemonAtOnce) {
   Aggregator aggregator;
-  auto job_a = StartJob(aggregator.address(), 100, 3, {"--elements", "150000", "--density", "0.2", "--collectives", "5"});
+  auto job_a =
+      StartJob(aggregator.address(), 100, 3, {"--elements", "150000", "--density", "0.2", "--collectives", "5"});
   auto job_b = StartJob(aggregator.address(), 200, 2,
                         {"--elements", "70000", "--density", "0.9", "--collectives", "5", "--overlap", "full"});
   ExpectAllOk(Finish(job_a), 5);

@@ -553,8 +553,9 @@ TEST(Service, ConnectionsInTheirHandshakeAreBoundedPerAddress) {
 TEST(Service, SharedMemoryOffersNobodyTakesHoldNoSegment) {
   Daemon daemon;
   auto descriptors = [&] {
-    return std::distance(std::filesystem::directory_iterator("/proc/" + std::to_string(daemon.process()->pid()) + "/fd"),
-                         std::filesystem::directory_iterator());
+    return std::distance(
+        std::filesystem::directory_iterator("/proc/" + std::to_string(daemon.process()->pid()) + "/fd"),
+        std::filesystem::directory_iterator());
   };
   const auto before = descriptors();
   constexpr int kOffers = 8;
@@ -778,7 +779,8 @@ struct UnreadResults {
     const JobShape shape{2, 1, options.slots, options.blocks_per_message, options.window};
     const ColumnLayout layout(shape, spec.element_count, spec.block_size, 4);
     std::vector<Entry> announce;
-    for (uint32_t k = 0; k < layout.NonEmptyLanes(0, 0); ++k) announce.push_back({layout.Column(0, 0, k), kEndOfColumn, 0});
+    for (uint32_t k = 0; k < layout.NonEmptyLanes(0, 0); ++k)
+      announce.push_back({layout.Column(0, 0, k), kEndOfColumn, 0});
     const ByteBuffer frame = EncodeDataFrame({FrameType::kContribution, 0, 0, job, 1, 0}, announce, {});
     ASSERT_TRUE(WriteAll(fd, std::span(frame.data(), frame.size())));
     ASSERT_EQ(first.wait_for(20s), std::future_status::ready);
@@ -846,7 +848,9 @@ constexpr uint64_t kEngineMemoryW2 =
 // of its own (40 + 24 + block bytes), the announce replies (16 entries of 24, a frame of 40 per slot), four times
 // (buffers up to twice their frame, frames up to twice their content). Blocks travel raw (1024 bytes) or, with 3LC's
 // ternary results, in 56 (a 4-byte scale and 52 bytes of 5 elements per byte).
-constexpr uint64_t ResultMemoryW2(uint64_t block_bytes) { return 4 * (16 * (40 + 24 + block_bytes) + 16 * 24 + 8 * 40); }
+constexpr uint64_t ResultMemoryW2(uint64_t block_bytes) {
+  return 4 * (16 * (40 + 24 + block_bytes) + 16 * 24 + 8 * 40);
+}
 constexpr uint64_t kCollectiveMemoryW2 = kEngineMemoryW2 + ResultMemoryW2(1024);
 
 // 3LC's error memory lives as long as the job, one per key (docs/PROTOCOL.md §11.3). A job's keys together stay
@@ -1139,9 +1143,10 @@ TEST(Service, ARankThatNeverStartsTheCollectiveEndsItAtTheBeginTimeout) {
     ADD_FAILURE() << "the collective ran without rank 1";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), "DEADLINE_EXCEEDED") << e.what();
-    EXPECT_TRUE(std::regex_search(std::string(e.what()),
-                                  std::regex(R"(collective 1: rank\(s\) 1 \(rank 1 at 127\.0\.0\.1:[0-9]+\) did not start it )"
-                                             R"(within 300 ms of its last progress \(--begin-timeout-ms\))")))
+    EXPECT_TRUE(
+        std::regex_search(std::string(e.what()),
+                          std::regex(R"(collective 1: rank\(s\) 1 \(rank 1 at 127\.0\.0\.1:[0-9]+\) did not start it )"
+                                     R"(within 300 ms of its last progress \(--begin-timeout-ms\))")))
         << e.what();
   }
   EXPECT_EQ(t0, std::vector<float>(1000, 1.0f));  // restored
@@ -1168,7 +1173,8 @@ class NotifySocket {
   bool WaitFor(const std::string& state, std::chrono::milliseconds timeout) {
     const auto deadline = std::chrono::steady_clock::now() + timeout;
     while (true) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
       if (left.count() <= 0) return false;
       pollfd p{fd_, POLLIN, 0};
       if (poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;

@@ -152,7 +152,8 @@ TEST(WriteSchedule, RandomTrafficKeepsEveryInvariant) {
         while (auto w = schedule.Next()) {
           ++in_flight;
           ASSERT_LE(in_flight, queue) << "seed " << seed;
-          ASSERT_FALSE(end_posted && w->kind != Kind::kCredit) << "data or a second end of stream after it, seed " << seed;
+          ASSERT_FALSE(end_posted && w->kind != Kind::kCredit)
+              << "data or a second end of stream after it, seed " << seed;
           if (w->kind == Kind::kData) {
             ASSERT_EQ(w->offset, covered % capacity) << "seed " << seed;
             ASSERT_GT(w->length, 0u);

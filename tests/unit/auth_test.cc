@@ -46,7 +46,8 @@ TEST(Auth, EveryBoundFieldChangesTheProof) {
 TEST(Auth, FieldsCannotShiftIntoEachOther) {
   // Length prefixes: moving a byte from one nonce to the other gives another proof.
   const std::string a = "abc", b = "def", a2 = "abcd", b2 = "ef";
-  EXPECT_FALSE(ProofMatches(ClientProof("k", Transcript{1, 0, 1, 0, a, b}), ClientProof("k", Transcript{1, 0, 1, 0, a2, b2})));
+  EXPECT_FALSE(
+      ProofMatches(ClientProof("k", Transcript{1, 0, 1, 0, a, b}), ClientProof("k", Transcript{1, 0, 1, 0, a2, b2})));
 }
 
 TEST(Auth, ProofMatchesRejectsOtherLengths) {

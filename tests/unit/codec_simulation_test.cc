@@ -210,7 +210,8 @@ TEST(CodecSimulation, DianaReplicasOfHStayIdentical) {
         SimulationOutcome out = Simulate(shape, spec, tensors, step + 1, ~uint64_t{0}, &states);
         ASSERT_TRUE(out.status.ok()) << out.status.ToString();
         for (uint32_t r = 1; r < s.W; ++r) {
-          ExpectBitEqual(states.workers[r].h_mean, states.workers[0].h_mean, "DIANA h replica of rank " + std::to_string(r));
+          ExpectBitEqual(states.workers[r].h_mean, states.workers[0].h_mean,
+                         "DIANA h replica of rank " + std::to_string(r));
           ExpectBitEqual(AsFloats(tensors[r]), AsFloats(tensors[0]), "DIANA result of rank " + std::to_string(r));
         }
         // result = W·h_before + S and h = h_before + α·S/W, element by element.

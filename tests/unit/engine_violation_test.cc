@@ -244,7 +244,8 @@ TEST(WorkerCollective, RejectsBadResults) {
     v.emplace_back(after_reply(result({{4, kEndOfColumn, 8}})), "other than its column's current one");
     v.emplace_back(after_reply(result({{2, kEndOfColumn, 4}})), "data bytes");
     v.emplace_back(after_reply(result({{2, 3, 8}})), "not a block of the column");
-    v.emplace_back(after_reply(result({{2, kEndOfColumn, 8}, {2, kEndOfColumn, 8}})), "other than its column's current one");
+    v.emplace_back(after_reply(result({{2, kEndOfColumn, 8}, {2, kEndOfColumn, 8}})),
+                   "other than its column's current one");
     v.emplace_back(after_reply(result({{12, kEndOfColumn, 8}})), "not one of this slot's");
     return v;
   }();
@@ -317,7 +318,8 @@ TEST(WorkerCollective, ResultDataGoesStraightIntoTheTensor) {
     ASSERT_EQ(wc.Start(0).size(), 2u);
     std::vector<OutgoingFrame> frames;
     std::vector<std::span<std::byte>> targets;
-    const ByteBuffer reply = EncodeDataFrame({FrameType::kResult, 0, 0, 1, 1, 0}, std::vector<Entry>{{0, 2, 0}, {1, 3, 0}}, {});
+    const ByteBuffer reply =
+        EncodeDataFrame({FrameType::kResult, 0, 0, 1, 1, 0}, std::vector<Entry>{{0, 2, 0}, {1, 3, 0}}, {});
     const FrameHeader reply_header = HeaderOf(reply);
     ASSERT_TRUE(wc.BeginResult(0, reply_header, reply.span().subspan(kFrameHeaderSize), &frames, &targets).ok());
     EXPECT_TRUE(targets.empty());
@@ -330,7 +332,8 @@ TEST(WorkerCollective, ResultDataGoesStraightIntoTheTensor) {
     const ByteBuffer result = EncodeDataFrame({FrameType::kResult, 0, 0, 1, 1, 0}, entries, parts);
     const FrameHeader header = HeaderOf(result);
     const uint64_t table_bytes = 2 * kEntrySize;
-    ASSERT_TRUE(wc.BeginResult(0, header, result.span().subspan(kFrameHeaderSize, table_bytes), &frames, &targets).ok());
+    ASSERT_TRUE(
+        wc.BeginResult(0, header, result.span().subspan(kFrameHeaderSize, table_bytes), &frames, &targets).ok());
     ASSERT_EQ(targets.size(), 1u);  // blocks 2 and 3 are neighbours in the tensor
     EXPECT_EQ(targets[0].data(), bytes.data() + 4 * sizeof(float));
     EXPECT_EQ(targets[0].size(), 16u);
@@ -359,13 +362,14 @@ TEST(WorkerCollective, NonzeroPaddingIsRefusedAndRestoreGivesTheInputBack) {
   WorkerCollective wc(shape, 1, 1, spec, std::as_writable_bytes(std::span(tensor)));
   ASSERT_EQ(wc.Start(0).size(), 2u);
   std::vector<OutgoingFrame> frames;
-  const ByteBuffer reply = EncodeDataFrame({FrameType::kResult, 0, 0, 1, 1, 0}, std::vector<Entry>{{0, 0, 0}, {1, 1, 0}}, {});
+  const ByteBuffer reply =
+      EncodeDataFrame({FrameType::kResult, 0, 0, 1, 1, 0}, std::vector<Entry>{{0, 0, 0}, {1, 1, 0}}, {});
   ASSERT_TRUE(wc.OnResult(0, HeaderOf(reply), reply.span().subspan(kFrameHeaderSize), &frames).ok());
   const std::vector<float> sums = {10, 20, 30, 40, 50, 60};
   const std::span<const std::byte> data = std::as_bytes(std::span(sums));
   const std::array<std::span<const std::byte>, 2> parts{data.first(12), data.subspan(12)};
-  ByteBuffer result =
-      EncodeDataFrame({FrameType::kResult, 0, 0, 1, 1, 0}, std::vector<Entry>{{0, 2, 12}, {1, kEndOfColumn, 12}}, parts);
+  ByteBuffer result = EncodeDataFrame({FrameType::kResult, 0, 0, 1, 1, 0},
+                                      std::vector<Entry>{{0, 2, 12}, {1, kEndOfColumn, 12}}, parts);
   result.data()[kFrameHeaderSize + 2 * kEntrySize + 16 + 12 + 3] = std::byte{1};  // block 1's last padding byte
   const Status st = wc.OnResult(0, HeaderOf(result), result.span().subspan(kFrameHeaderSize), &frames);
   EXPECT_EQ(st.code(), StatusCode::kProtocolViolation);

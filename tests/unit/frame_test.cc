@@ -618,7 +618,7 @@ TEST(DataPayloadTest, EveryByteMutation) {
   TestFrame f = MakeFrame(DataHeader(FrameType::kResult), {{1, 4}, {2, 0}, {3, 3}});
   const size_t table = kFrameHeaderSize + 3 * kEntrySize;
   auto must_fail = [&](size_t i) {
-    if (i < 5 || i == 6 || i == 7) return true;                            // magic, version, flags (type 3^1 = 2 is valid)
+    if (i < 5 || i == 6 || i == 7) return true;  // magic, version, flags (type 3^1 = 2 is valid)
     if (i >= 8 && i < 12) return true;                                     // payload_length vs. actual size
     if (i >= 32 && i < 40) return true;                                    // entry_count, reserved
     if (i >= kFrameHeaderSize && i < table) {

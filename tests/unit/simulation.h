@@ -61,7 +61,8 @@ inline SimulationOutcome Simulate(const JobShape& shape, const CollectiveSpec& s
     if (spec.codec.codec == Codec::kThreeLC && !spec.codec.result_fp32) {
       const ColumnLayout layout(shape, spec.element_count, spec.block_size, 4);
       auto& m = states->aggregators[a];
-      if (!m || m->blocks() != layout.BlocksOf(a)) m = std::make_unique<codec::ErrorMemory>(layout.BlocksOf(a), spec.block_size);
+      if (!m || m->blocks() != layout.BlocksOf(a))
+        m = std::make_unique<codec::ErrorMemory>(layout.BlocksOf(a), spec.block_size);
       memory = m.get();
     }
     engines.push_back(std::make_unique<ColumnEngine>(shape, a, job, seq, spec, nullptr, memory));
@@ -69,8 +70,8 @@ inline SimulationOutcome Simulate(const JobShape& shape, const CollectiveSpec& s
   std::vector<std::unique_ptr<WorkerCollective>> workers;
   for (uint32_t w = 0; w < W; ++w) {
     CodecContext context{&states->workers[w], w, states->seed};
-    workers.push_back(std::make_unique<WorkerCollective>(shape, job, seq, spec, tensors[w], CollectiveScratch{}, context,
-                                                         restorable));
+    workers.push_back(std::make_unique<WorkerCollective>(shape, job, seq, spec, tensors[w], CollectiveScratch{},
+                                                         context, restorable));
   }
 
   // Channel (w, a, to_aggregator) -> FIFO of frames, like one TCP connection per direction.

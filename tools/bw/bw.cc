@@ -278,8 +278,9 @@ asio::awaitable<void> Client(tcp::socket socket, Config c, std::vector<uint64_t>
   std::unique_ptr<Channel> channel = co_await Connect(std::move(socket), c);
   const char* unit = c.gbits ? "Gb/sec" : "MB/sec";
   std::printf("---------------------------------------------------------------------------------------\n");
-  std::printf(" sparsereduce-bw: transport %s, server %s:%u; #bytes is the payload (each frame adds a %u-byte header)\n",
-              c.transport.c_str(), c.server.c_str(), c.port, sparsereduce::kFrameHeaderSize);
+  std::printf(
+      " sparsereduce-bw: transport %s, server %s:%u; #bytes is the payload (each frame adds a %u-byte header)\n",
+      c.transport.c_str(), c.server.c_str(), c.port, sparsereduce::kFrameHeaderSize);
   std::printf("---------------------------------------------------------------------------------------\n");
   std::printf(" #bytes     #iterations    BW peak[%s]    BW average[%s]   MsgRate[Mpps]\n", unit, unit);
   for (uint64_t sz : sizes) {

@@ -18,7 +18,8 @@ Result<std::unique_ptr<LocalAggregators>> LocalAggregators::Start(const std::str
   cluster->dir_ = std::make_unique<TempDir>(std::move(*dir));
   for (uint32_t a = 0; a < count; ++a) {
     const std::string port_file = cluster->dir_->File("port" + std::to_string(a));
-    std::vector<std::string> argv = {binary, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--port-file", port_file, "--log-level",
+    std::vector<std::string> argv = {binary,        "--listen",    "127.0.0.1:0", "--metrics-listen",
+                                     "127.0.0.1:0", "--port-file", port_file,     "--log-level",
                                      "warn"};
     argv.insert(argv.end(), extra_args.begin(), extra_args.end());
     auto daemon = Subprocess::Spawn(argv, false);

@@ -158,10 +158,10 @@ int RunDriver(const Config& c, const std::string& self) {
                     &nonzero, &blocks, &seconds, &ok) != 8) {
       continue;
     }
-    std::printf("%-8s %-8s %-13s %-13s %-13s %-10.1f %-8s\n", (std::to_string(density * 100).substr(0, 5) + "%").c_str(),
+    std::printf("%-8s %-8s %-13s %-13s %-13s %-10.1f %-8s\n",
+                (std::to_string(density * 100).substr(0, 5) + "%").c_str(),
                 (std::to_string(union_density * 100).substr(0, 5) + "%").c_str(), Mib(sent).c_str(),
-                Mib(received).c_str(), Mib(2 * tensor_bytes).c_str(), seconds * 1000,
-                ok ? "bit-exact" : "WRONG");
+                Mib(received).c_str(), Mib(2 * tensor_bytes).c_str(), seconds * 1000, ok ? "bit-exact" : "WRONG");
   }
   std::printf("\ndense(w0): bytes a dense allreduce through one aggregator moves per worker (tensor up + down).\n");
   std::printf("%s\n", failed ? "demo FAILED" : "all results bit-exact; aggregator stopped cleanly");
@@ -187,6 +187,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (c.worker) return RunWorker(c);
   const std::string self = std::filesystem::canonical("/proc/self/exe");
-  if (c.aggregator_bin.empty()) c.aggregator_bin = sparsereduce::tools::FindToolBinary("sparsereduce-aggregator", "aggregator");
+  if (c.aggregator_bin.empty())
+    c.aggregator_bin = sparsereduce::tools::FindToolBinary("sparsereduce-aggregator", "aggregator");
   return RunDriver(c, self);
 }

@@ -202,10 +202,11 @@ Row RunSize(sparsereduce::Worker& worker, const Config& c, uint64_t bytes) {
 void PrintHeader(const Config& c, const std::vector<std::string>& transports) {
   std::string used;
   for (const std::string& t : transports) used += (used.empty() ? "" : ",") + t;
-  std::printf("# sparsereduce-perf: %u ranks, %zu aggregators, %s, density %g, overlap %s, block %u, slots %u, "
-              "blocks/message %u, window %u, rank 0 transports %s, codec %s\n", c.world_size, c.aggregators.size(),
-              c.dtype.c_str(), UsedDensity(c), c.overlap.c_str(), c.block_size, c.slots, c.blocks_per_message, c.window, used.c_str(),
-              c.codec.name.c_str());
+  std::printf(
+      "# sparsereduce-perf: %u ranks, %zu aggregators, %s, density %g, overlap %s, block %u, slots %u, "
+      "blocks/message %u, window %u, rank 0 transports %s, codec %s\n",
+      c.world_size, c.aggregators.size(), c.dtype.c_str(), UsedDensity(c), c.overlap.c_str(), c.block_size, c.slots,
+      c.blocks_per_message, c.window, used.c_str(), c.codec.name.c_str());
   if (UsedDensity(c) != c.density) {
     std::printf("# density %g requested; disjoint overlap gives each rank at most 1/%u of the blocks, so %g is used\n",
                 c.density, c.world_size, UsedDensity(c));
@@ -216,7 +217,8 @@ void PrintHeader(const Config& c, const std::vector<std::string>& transports) {
     std::fprintf(stderr, "sparsereduce-perf: warning: the check is trivial with world size 1 (the result is the "
                  "input)\n");
   }
-  if (c.tcp_send_buffer != "0") std::printf("# tcp send buffer %s per aggregator connection\n", c.tcp_send_buffer.c_str());
+  if (c.tcp_send_buffer != "0")
+    std::printf("# tcp send buffer %s per aggregator connection\n", c.tcp_send_buffer.c_str());
   if (!c.restore_on_failure) std::printf("# restore on failure off: no copy of the input's nonzero blocks\n");
   if (c.yield_while_scanning) {
     std::printf("# yield while scanning: a sched_yield between slots, per MiB of zero blocks scanned\n");
@@ -252,9 +254,9 @@ bool WriteJson(const Config& c, const std::vector<std::string>& transports, cons
   for (const std::string& t : transports) used += std::string(used.empty() ? "" : ",") + "\"" + t + "\"";
   out << "{\"tool\":\"sparsereduce\",\"world_size\":" << c.world_size << ",\"aggregators\":" << c.aggregators.size()
       << ",\"dtype\":\"" << c.dtype << "\",\"density\":" << UsedDensity(c) << ",\"requested_density\":" << c.density
-      << ",\"overlap\":\"" << c.overlap
-      << "\",\"block_size\":" << c.block_size << ",\"codec\":\"" << c.codec.name << "\",\"slots\":" << c.slots
-      << ",\"blocks_per_message\":" << c.blocks_per_message << ",\"window\":" << c.window << ",\"tcp_send_buffer\":\"" << c.tcp_send_buffer
+      << ",\"overlap\":\"" << c.overlap << "\",\"block_size\":" << c.block_size << ",\"codec\":\"" << c.codec.name
+      << "\",\"slots\":" << c.slots << ",\"blocks_per_message\":" << c.blocks_per_message << ",\"window\":" << c.window
+      << ",\"tcp_send_buffer\":\"" << c.tcp_send_buffer
       << "\",\"restore_on_failure\":" << (c.restore_on_failure ? "true" : "false")
       << ",\"yield_while_scanning\":" << (c.yield_while_scanning ? "true" : "false") << ",\"iterations\":" << c.iters
       << ",\"warmup_iterations\":" << c.warmup << ",\"check\":" << (ChecksBitExactly(c) ? "true" : "false")
@@ -516,9 +518,11 @@ int main(int argc, char** argv) {
   app.add_option("--overlap", c.overlap, "Placement of nonzero blocks across ranks")
       ->check(CLI::IsMember({"random", "full", "disjoint"}))->capture_default_str();
   app.add_option("--block-size", c.block_size, "Elements per block")->capture_default_str();
-  app.add_option("--slots", c.slots, "Independent block streams per aggregator (WorkerOptions::slots)")->capture_default_str();
+  app.add_option("--slots", c.slots, "Independent block streams per aggregator (WorkerOptions::slots)")
+      ->capture_default_str();
   app.add_option("--blocks-per-message", c.blocks_per_message, "Blocks fused per message")->capture_default_str();
-  app.add_option("--window", c.window, "Messages per slot a worker streams ahead of the results")->capture_default_str();
+  app.add_option("--window", c.window, "Messages per slot a worker streams ahead of the results")
+      ->capture_default_str();
   auto* aggregators = app.add_option("--aggregators", c.aggregators, "HOST:PORT,... of the job's aggregators")
                           ->delimiter(',');
   app.add_option("--job", c.job, "Job id")->capture_default_str();

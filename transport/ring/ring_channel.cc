@@ -113,7 +113,9 @@ RingChannel::~RingChannel() {
   StopLending();
 }
 
-void RingChannel::EnableLending(std::shared_ptr<const void> memory_owner) { lend_memory_owner_ = std::move(memory_owner); }
+void RingChannel::EnableLending(std::shared_ptr<const void> memory_owner) {
+  lend_memory_owner_ = std::move(memory_owner);
+}
 
 void RingChannel::set_recall_handler(std::function<void()> handler) {
   on_recall_ = std::move(handler);

@@ -115,7 +115,8 @@ Result<SegmentFds> ReceiveDescriptors(int socket, bool* again) {
     *again = true;
     return Status(StatusCode::kUnavailable, "no descriptors yet");
   }
-  if (n < 0) return Status(StatusCode::kUnavailable, std::string("receiving the shm descriptors: ") + std::strerror(errno));
+  if (n < 0)
+    return Status(StatusCode::kUnavailable, std::string("receiving the shm descriptors: ") + std::strerror(errno));
   // Take ownership of whatever arrived before judging it, so nothing leaks.
   std::vector<UniqueFd> received;
   for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
@@ -258,7 +259,8 @@ asio::awaitable<Status> ShmOffer::AcceptWorker(std::chrono::steady_clock::time_p
       worker_.emplace(std::move(*race->winner));  // open as long as this offer: the worker waits on it
       co_return Status::Ok();
     }
-    if (accept_deadline.expired()) co_return Status(StatusCode::kDeadlineExceeded, "no worker took the shm offer in time");
+    if (accept_deadline.expired())
+      co_return Status(StatusCode::kDeadlineExceeded, "no worker took the shm offer in time");
     if (ec == asio::error::operation_aborted) co_return Status(StatusCode::kAborted, "shm offer withdrawn");
     if (ec) co_return Status(StatusCode::kUnavailable, "accepting on the shm socket: " + ec.message());
     std::erase_if(race->readers, [](const std::weak_ptr<Unix::socket>& r) { return r.expired(); });
@@ -338,7 +340,8 @@ std::unique_ptr<transport::Channel> ShmAttachment::MakeChannel(asio::ip::tcp::so
 asio::awaitable<Result<ShmAttachment>> AttachShm(const asio::any_io_executor& executor, const std::string& socket_name,
                                                  const std::string& token,
                                                  std::chrono::steady_clock::time_point deadline) {
-  if (token.size() != kTokenBytes) co_return ProtocolError("shm offer token of " + std::to_string(token.size()) + " bytes");
+  if (token.size() != kTokenBytes)
+    co_return ProtocolError("shm offer token of " + std::to_string(token.size()) + " bytes");
   if (socket_name.empty() || socket_name.size() > 100) co_return ProtocolError("shm offer with a bad socket name");
   Unix::socket socket(executor);
   transport::Deadline bound(executor, deadline, socket);

@@ -136,7 +136,8 @@ asio::awaitable<Status> FrameReader::Discard(uint64_t size) {
   while (size > 0) {
     if (buffered() == 0) {
       begin_ = end_ = 0;
-      if (const boost::system::error_code ec = co_await Fill(1); ec) co_return PayloadReadError(ec, total - size, total);
+      if (const boost::system::error_code ec = co_await Fill(1); ec)
+        co_return PayloadReadError(ec, total - size, total);
     }
     const size_t take = static_cast<size_t>(std::min<uint64_t>(size, buffered()));
     begin_ += take;

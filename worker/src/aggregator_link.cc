@@ -300,8 +300,8 @@ asio::awaitable<Status> AggregatorLink::ReadResult(const FrameHeader& header) {
   uint64_t target_bytes = 0;
   for (const asio::mutable_buffer& t : result_targets_) target_bytes += t.size();
   if (target_bytes != data_bytes) {  // a bug on this side; reading on would lose the frame boundaries
-    co_return Status(StatusCode::kInternal, "RESULT targets hold " + std::to_string(target_bytes) + " bytes, the frame " +
-                                                std::to_string(data_bytes));
+    co_return Status(StatusCode::kInternal, "RESULT targets hold " + std::to_string(target_bytes) +
+                                                " bytes, the frame " + std::to_string(data_bytes));
   }
   reading_result_data_ = true;
   Status st = co_await channel_->ReadInto(result_targets_);
