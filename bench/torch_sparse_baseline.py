@@ -26,8 +26,10 @@ and compared with the dense sum of all ranks' inputs (each rank regenerates them
 elements failing allclose(rtol=1e-5), summed over ranks (the worst iteration on each rank).
 
 --json names its fields as sparsereduce-perf does where the meaning is the same (time_us_median, wrong, density,
-union_density, iterations, warmup_iterations, check, complete, ...); bytes_sent and bytes_received are null: torch
-does not report them. A run that fails part-way still writes the rows it measured, with "complete": false.
+union_density, iterations, warmup_iterations, check (a boolean), complete, ...); bytes_sent and bytes_received are
+null: torch does not report them. Rank 0 rewrites the file before the first row and after every row, with
+"complete": false until the sweep has ended, so a run that fails or is stopped part-way (--run-timeout, Ctrl-C)
+leaves the rows measured so far, with "complete": false.
 
 Exit status, as sparsereduce-perf's: 0 ok, 1 the run failed (a rank failed, --run-timeout passed), 2 usage error
 (also a --json file that cannot be opened), 3 wrong results (-c 1 found elements that differ from the sum).
@@ -124,7 +126,8 @@ def build_parser():
     p.add_argument("--init-file", help="rendezvous through this shared file")
     p.add_argument("--timeout", type=int, default=300, help="seconds allowed for each collective")
     p.add_argument("--run-timeout", type=int, default=3600, help="seconds allowed for the whole --spawn run")
-    p.add_argument("--json", help="also write the results as JSON (rank 0)")
+    p.add_argument("--json", help="also write the results as JSON (rank 0 rewrites it after every row: a run that "
+                   "fails or is stopped part-way leaves the rows measured so far, with \"complete\": false)")
     return p
 
 
@@ -188,6 +191,8 @@ def run_rank(args):
     torch.set_num_threads(args.threads)
     world, rank = args.world_size, args.rank
     results = []
+    if rank == 0 and args.json:  # no rows yet: what a run stopped before its first row leaves
+        write_json(args, world, results, False, torch)
     try:  # a run that fails, from the rendezvous on, still writes what it measured ("complete": false)
         measure(args, world, rank, results, torch, dist, datetime)
     except Exception:
@@ -206,17 +211,21 @@ def exit_status(results):
 
 
 def write_json(args, world, results, complete, torch):
-    """Names as sparsereduce-perf's where the meaning is the same; the rows carry their own densities."""
+    """Replaces the --json file's content with the whole document (serialized first, written at once); rank 0 calls
+    it before the first row, after every row and at the end. Names as sparsereduce-perf's where the meaning is the
+    same ("check" a boolean, as perf's); the rows carry their own densities."""
     doc = {"tool": "torch-sparse", "torch": torch.__version__, "world_size": world, "dtype": "float",
            "block_size": args.block_size, "overlap": args.overlap, "transports": ["tcp"],
-           "iterations": args.iters, "warmup_iterations": args.warmup, "check": args.check, "seed": args.seed,
+           "iterations": args.iters, "warmup_iterations": args.warmup, "check": bool(args.check), "seed": args.seed,
            "complete": complete, "results": results}
+    text = json.dumps(doc, indent=1) + "\n"
     with open(args.json, "w") as f:
-        json.dump(doc, f, indent=1)
+        f.write(text)
 
 
 def measure(args, world, rank, results, torch, dist, datetime):
-    """Joins the group and measures one row per density and size, appended to results as it is measured."""
+    """Joins the group and measures one row per density and size, appended to results (and written to --json) as it
+    is measured."""
     if args.init_file:
         init = "file://" + os.path.abspath(args.init_file)
     else:
@@ -239,6 +248,8 @@ def measure(args, world, rank, results, torch, dist, datetime):
     for density in args.density:
         for size in args.sizes:
             measure_size(args, world, rank, results, torch, dist, density, size)
+            if rank == 0 and args.json:  # what a run stopped from now on leaves
+                write_json(args, world, results, False, torch)
 
 
 def measure_size(args, world, rank, results, torch, dist, density, size):

@@ -268,20 +268,21 @@ void PrintRow(const Row& r) {
   std::fflush(stdout);
 }
 
-// Writes what was measured, also when the sweep failed part-way ("complete": false). The names are
-// sparsereduce-perf's where the meaning is the same; "algorithm" is the Gloo bench's own. density and
-// union_density are 1: a dense allreduce sends every element whatever its value.
-bool WriteJson(const Options& o, const std::vector<Row>& rows, bool complete, std::ofstream& out) {
+// The --json document of what was measured so far: "complete" is false until the sweep has ended. The names are
+// sparsereduce-perf's where the meaning is the same ("check" a boolean, as perf's); "algorithm" is the Gloo bench's
+// own. density and union_density are 1: a dense allreduce sends every element whatever its value.
+std::string JsonText(const Options& o, const std::vector<Row>& rows, bool complete) {
   char buf[768];
   std::snprintf(buf, sizeof buf,
                 "{\"tool\":\"gloo\",\"algorithm\":\"%s\",\"world_size\":%d,\"dtype\":\"%s\",\"density\":1,"
-                "\"transports\":[\"tcp\"],\"iterations\":%d,\"warmup_iterations\":%d,\"check\":%d,"
+                "\"transports\":[\"tcp\"],\"iterations\":%d,\"warmup_iterations\":%d,\"check\":%s,"
                 "\"bytes\":\"%s\",\"complete\":%s,\"results\":[",
-                o.algorithm.c_str(), o.world_size, o.datatype.c_str(), o.iters, o.warmup_iters, o.check,
+                o.algorithm.c_str(), o.world_size, o.datatype.c_str(), o.iters, o.warmup_iters,
+                o.check != 0 ? "true" : "false",
                 o.algorithm == "bcube" ? "computed: rank 0's payload per allreduce as Gloo's bcube moves it"
                                        : "computed: rank 0's payload per allreduce, 2(n-1)/n x size",
                 complete ? "true" : "false");
-  out << buf;
+  std::string text = buf;
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     const std::string wrong = r.wrong ? std::to_string(*r.wrong) : "null";
@@ -292,24 +293,44 @@ bool WriteJson(const Options& o, const std::vector<Row>& rows, bool complete, st
                   "\"bytes_sent\":%" PRIu64 ",\"bytes_received\":%" PRIu64 "}",
                   i == 0 ? "" : ",", r.size, r.count, r.median_us, r.min_us, r.max_us, r.algbw, r.busbw,
                   wrong.c_str(), r.sent, r.recv);
-    out << buf;
+    text += buf;
   }
-  out << "\n]}\n";
-  return static_cast<bool>(out.flush());
+  text += "\n]}\n";
+  return text;
+}
+
+// Replaces the --json file's content with the whole document (built first, written at once). Rank 0 calls it
+// before the first row, after every row and at the end, so a run stopped part-way (--run-timeout kills the ranks;
+// Ctrl-C or a signal ends rank 0) leaves the rows measured so far, with "complete": false.
+bool WriteJson(const Options& o, const std::vector<Row>& rows, bool complete) {
+  const std::string text = JsonText(o, rows, complete);
+  std::ofstream out(o.json_path, std::ios::trunc);
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  out.close();
+  return !out.fail();
 }
 
 // Exit status: 0 ok, 1 the run failed, 2 the --json file cannot be opened, 3 wrong results.
 int RunRank(const Options& o) {
   const uint64_t min_bytes = ParseBytes(o.min_bytes);
   const uint64_t max_bytes = ParseBytes(o.max_bytes);
-  std::ofstream json;  // opened first (tools::OpenJsonOutput)
-  if (o.rank == 0 && !o.json_path.empty()) {
+  const bool writes_json = o.rank == 0 && !o.json_path.empty();
+  if (writes_json) {
+    std::ofstream json;  // checked first (tools::OpenJsonOutput); WriteJson rewrites it as rows come
     if (const sparsereduce::Status st = sparsereduce::tools::OpenJsonOutput(o.json_path, json); !st.ok()) {
       std::fprintf(stderr, "sparsereduce-gloo-bench: %s\n", st.message().c_str());
       return 2;
     }
   }
   std::vector<Row> rows;
+  bool json_failed = false;
+  const auto write_json = [&](bool complete) {
+    if (writes_json && !json_failed && !WriteJson(o, rows, complete)) {
+      std::fprintf(stderr, "sparsereduce-gloo-bench: --json %s: writing failed\n", o.json_path.c_str());
+      json_failed = true;
+    }
+  };
+  write_json(false);  // no rows yet: what a run stopped before its first row leaves
   int rc = 0;
   try {
     GlooRank rank(o);
@@ -317,6 +338,7 @@ int RunRank(const Options& o) {
     for (uint64_t size = min_bytes; size <= max_bytes; size *= o.step_factor) {
       rows.push_back(rank.Measure(size / sizeof(float)));
       if (o.rank == 0) PrintRow(rows.back());
+      write_json(false);
       if (rows.back().wrong.value_or(0) != 0 && o.rank == 0) {
         std::fprintf(stderr, "sparsereduce-gloo-bench: %" PRIu64 " wrong elements at %" PRIu64 " bytes\n",
                      *rows.back().wrong, rows.back().size);
@@ -326,10 +348,8 @@ int RunRank(const Options& o) {
     std::fprintf(stderr, "sparsereduce-gloo-bench: rank %d of %d: %s\n", o.rank, o.world_size, e.what());
     rc = 1;
   }
-  if (json.is_open() && !WriteJson(o, rows, rc == 0, json)) {
-    std::fprintf(stderr, "sparsereduce-gloo-bench: --json %s: writing failed\n", o.json_path.c_str());
-    rc = rc ? rc : 1;
-  }
+  write_json(rc == 0);
+  if (json_failed) rc = rc ? rc : 1;
   if (rc != 0) return rc;
   for (const Row& r : rows) {
     if (r.wrong.value_or(0) != 0) return 3;
@@ -477,7 +497,8 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"ring", "bcube"}))
       ->capture_default_str();
   app.add_option("--json", o.json_path,
-                 "also write the results as JSON (rank 0; also when the run fails part-way, with \"complete\": false)");
+                 "also write the results as JSON (rank 0 rewrites it after every size: a run that fails or is stopped "
+                 "part-way leaves the sizes measured so far, with \"complete\": false)");
   app.add_option("--rank", o.rank, "this process's rank (manual mode)");
   app.add_option("--world-size", o.world_size, "number of ranks (manual mode)");
   app.add_option(

@@ -4,7 +4,9 @@ wait_for_ranks is tested on stand-in processes (no torch needed): a rank that fa
 noticed at once. The old loop, `while any(p.poll() is None ...)`, stopped polling at the first running process, so
 it saw a later rank's failure only when rank 0 ended (or at --run-timeout). Exit statuses are sparsereduce-perf's:
 1 failed run, 2 usage error, 3 wrong results (wrong results exited 1 before). End-to-end runs check that --spawn
-succeeds through it with JSON fields named as perf's, and that ranks that find wrong results exit 3.
+succeeds through it with JSON fields named as perf's ("check" a boolean), that ranks that find wrong results exit
+3, and that a sweep stopped by --run-timeout leaves the rows measured so far with "complete": false (the file was
+left empty: rank 0 wrote it only at its end).
 
 Sizes sweep as sparsereduce-perf's (-b/-e/-f, one row per size, --size the single-size sweep) and --overlap disjoint
 places blocks as the C++ synthetic tensors do (block b is rank b % W's, each rank keeps density x W of its own).
@@ -158,7 +160,8 @@ def test_the_json_names_fields_as_perf_does(tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     doc = json.loads(out.read_text())
     assert doc["tool"] == "torch-sparse" and doc["world_size"] == 2 and doc["dtype"] == "float"
-    assert (doc["iterations"], doc["warmup_iterations"], doc["check"], doc["complete"]) == (2, 1, 1, True)
+    assert (doc["iterations"], doc["warmup_iterations"], doc["complete"]) == (2, 1, True)
+    assert doc["check"] is True  # a boolean, as perf's (it was the number 1)
     assert doc["transports"] == ["tcp"] and doc["block_size"] == 256 and doc["overlap"] == "random"
     assert [r["requested_density"] for r in doc["results"]] == [0.1, 1]  # tools/bench/tables.py reads it
     for r in doc["results"]:
@@ -169,6 +172,25 @@ def test_the_json_names_fields_as_perf_does(tmp_path):
         assert r["bytes_sent"] is None and r["bytes_received"] is None  # torch does not report them
         assert "union" not in r  # renamed union_density, as perf names it
     assert doc["results"][1]["density"] == 1
+
+
+def test_a_run_stopped_by_the_run_timeout_leaves_its_rows(tmp_path):
+    # Rank 0 wrote --json only at the end of its sweep and --run-timeout kills the ranks: the file was left empty.
+    # It now holds the rows measured before the stop, with "complete": false. The sizes: the 4K row ends about 2 s
+    # after the start (most of it importing torch); the sweep to 1G took 52 s on 2 cores, far beyond the 8 s allowed.
+    import torch_required  # noqa: F401  (fails clearly without torch)
+    out = tmp_path / "r.json"
+    done = subprocess.run([sys.executable, str(SCRIPT), "--spawn", "2", "-b", "4K", "-e", "1G", "-f", "4",
+                           "--density", "0.01", "-n", "1", "-w", "0", "--run-timeout", "8", "--json", str(out)],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1 and "run exceeded --run-timeout 8 s" in done.stderr, done.stdout + done.stderr
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is False
+    assert doc["check"] is True and doc["iterations"] == 1
+    assert len(doc["results"]) >= 1, doc
+    assert (doc["results"][0]["size"], doc["results"][0]["wrong"]) == (4096, 0)
+    printed = [line for line in done.stdout.splitlines() if line and not line.startswith("#")]
+    assert len(doc["results"]) >= len(printed) - 1  # a row is written before the next one starts
 
 
 def test_sweep_sizes_are_perfs(baseline):
@@ -225,7 +247,7 @@ def test_spawn_sweeps_three_sizes_one_row_each(tmp_path):
     assert [(int(r[0]), int(r[1]), r[7]) for r in rows] == [(16384, 4096, "0"), (32768, 8192, "0"),
                                                             (65536, 16384, "0")]
     doc = json.loads(out.read_text())
-    assert doc["complete"] is True and doc["check"] == 1
+    assert doc["complete"] is True and doc["check"] is True
     assert [(r["size"], r["count"], r["wrong"]) for r in doc["results"]] == [(16384, 4096, 0), (32768, 8192, 0),
                                                                             (65536, 16384, 0)]
 
