@@ -71,9 +71,12 @@ Status Validate(const DaemonConfig& config) {
   if (config.server.require_auth && config.server.job_secrets_dir.empty()) {
     return InvalidArgument("--require-auth needs --job-secrets-dir");
   }
-  if (config.server.max_jobs == 0 || config.server.max_world_size == 0 || config.server.max_job_memory == 0 ||
-      config.server.max_total_memory == 0 || config.server.max_tensor_bytes == 0) {
-    return InvalidArgument("the --max-* limits must be positive");
+  for (const auto& [flag, value] : {std::pair{"--max-jobs", uint64_t{config.server.max_jobs}},
+                                    std::pair{"--max-world-size", uint64_t{config.server.max_world_size}},
+                                    std::pair{"--max-job-memory", uint64_t{config.server.max_job_memory}},
+                                    std::pair{"--max-total-memory", uint64_t{config.server.max_total_memory}},
+                                    std::pair{"--max-tensor-bytes", uint64_t{config.server.max_tensor_bytes}}}) {
+    if (value == 0) return InvalidArgument(std::string(flag) + " must be positive");
   }
   bool tcp = false;
   for (const std::string& t : config.server.transports) {
@@ -217,7 +220,12 @@ std::variant<DaemonConfig, int> ParseDaemonConfig(const std::vector<std::string>
     return app.exit(e, out, err);
   } catch (const CLI::ParseError& e) {
     const bool config_error = dynamic_cast<const CLI::ConfigError*>(&e) != nullptr;
-    err << "sparsereduce-aggregator: invalid configuration: " << e.what()
+    std::string what = e.what();
+    // CLI11 reads TOML with its INI parser and says so for a key it has no flag for ("INI was not able to parse
+    // KEY"); the user wrote TOML.
+    const std::string extra_key = "INI was not able to parse ";
+    if (what.starts_with(extra_key)) what = "unknown key " + what.substr(extra_key.size());
+    err << "sparsereduce-aggregator: invalid configuration: " << what
         << SourceHint(e.what(), config_error, args, ConfigPath(args, config_from_env ? env_config : nullptr))
         << "\n";
     return 2;
@@ -229,7 +237,9 @@ std::variant<DaemonConfig, int> ParseDaemonConfig(const std::vector<std::string>
   config.drain_timeout = std::chrono::milliseconds(drain_ms);
   server.liveness.keepalive_idle = std::chrono::seconds(keepalive_s);
   if (Status st = Validate(config); !st.ok()) {
-    err << "sparsereduce-aggregator: invalid configuration: " << st.message() << "\n";
+    // The checks after parsing name the flag; where its value came from is told as for a parse error.
+    err << "sparsereduce-aggregator: invalid configuration: " << st.message()
+        << SourceHint(st.message(), false, args, ConfigPath(args, config_from_env ? env_config : nullptr)) << "\n";
     return 2;
   }
   return config;

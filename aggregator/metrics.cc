@@ -65,7 +65,13 @@ Metrics::Metrics(const std::string& instance)
                            .Add({})),
       draining_(Register(pm::BuildGauge(), "sparsereduce_draining",
                          "1 while the aggregator drains after SIGTERM (not ready), else 0", *registry_, instance)
-                    .Add({})) {}
+                    .Add({})) {
+  // Every kind from 0 at start: a series that appears only with its first error is invisible to rate() and
+  // increase(), so an alert on them would miss the first error of each kind.
+  for (int code = static_cast<int>(StatusCode::kOk) + 1; code <= static_cast<int>(StatusCode::kInternal); ++code) {
+    errors_.Add({{"kind", StatusCodeName(static_cast<StatusCode>(code))}});
+  }
+}
 
 void Metrics::CollectiveCompleted(double seconds, uint64_t blocks_aggregated, uint64_t owned_blocks) {
   collectives_completed_.Increment();

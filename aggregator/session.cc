@@ -53,16 +53,17 @@ Status ValidateHello(const proto::Hello& h, const ServerOptions& o) {
     return InvalidArgument("aggregator_index " + std::to_string(h.aggregator_index()) +
                            " is out of range for num_aggregators " + std::to_string(h.num_aggregators()));
   }
-  auto limit = [](const char* what, uint32_t value, uint32_t max) {
+  // `source`: what sets the limit, so the refusal says what to change.
+  auto limit = [](const char* what, uint32_t value, uint32_t max, const char* source) {
     return value <= max ? Status::Ok()
                         : Status(StatusCode::kResourceExhausted, std::string(what) + " " + std::to_string(value) +
                                                                      " exceeds this aggregator's limit of " +
-                                                                     std::to_string(max));
+                                                                     std::to_string(max) + " (" + source + ")");
   };
-  if (Status st = limit("world_size", h.world_size(), o.max_world_size); !st.ok()) return st;
-  if (Status st = limit("slots", h.slots(), o.max_slots); !st.ok()) return st;
-  if (Status st = limit("window", h.window(), o.max_window); !st.ok()) return st;
-  return limit("blocks_per_message", h.blocks_per_message(), o.max_blocks_per_message);
+  if (Status st = limit("world_size", h.world_size(), o.max_world_size, "--max-world-size"); !st.ok()) return st;
+  if (Status st = limit("slots", h.slots(), o.max_slots, "docs/PROTOCOL.md §5"); !st.ok()) return st;
+  if (Status st = limit("window", h.window(), o.max_window, "docs/PROTOCOL.md §5"); !st.ok()) return st;
+  return limit("blocks_per_message", h.blocks_per_message(), o.max_blocks_per_message, "docs/PROTOCOL.md §5");
 }
 
 }  // namespace

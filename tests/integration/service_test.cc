@@ -237,6 +237,14 @@ TEST(Service, SighupIsIgnoredWithAWarning) {
 
 TEST(Service, MetricsAndProbesDescribeWhatHappened) {
   Daemon daemon;
+  // Every error kind is exported from 0 before its first error, so that rate() sees that first one (the series
+  // appeared only with it).
+  const std::string fresh = daemon.Metrics();
+  for (const char* kind : {"PEER_LEFT", "PROTOCOL_VIOLATION", "DEADLINE_EXCEEDED", "UNAUTHENTICATED", "INTERNAL"}) {
+    const std::string series = std::string(R"(sparsereduce_errors_total\{instance_name="svc",kind=")") + kind + "\"\\}";
+    EXPECT_EQ(Sample(fresh, series), 0) << kind << "\n" << fresh;
+  }
+  EXPECT_EQ(fresh.find("kind=\"OK\""), std::string::npos) << fresh;
   EXPECT_EQ(daemon.Get("/healthz").status, 200);
   EXPECT_EQ(daemon.Get("/readyz").status, 200);
   EXPECT_EQ(daemon.Get("/nothing").status, 404);
@@ -630,6 +638,23 @@ TEST(Service, RefusedConnectionsKeepTheirHandshakePlaceUntilClosed) {
   close(extra);
   for (int fd : refused) close(fd);
   EXPECT_TRUE(Eventually([&] { return JoinError(daemon.address(), 81, "").first.empty(); }));
+}
+
+// A Hello over a limit says what sets it: --max-world-size (the refusal named only the number).
+TEST(Service, AWorldSizeOverTheLimitNamesTheFlag) {
+  Daemon daemon({"--max-world-size", "2"});
+  const int fd = ConnectToLoopback(daemon.address());
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendControl(fd, RawHello(82, 0, 3, 1)));
+  const std::optional<RawFrame> frame = ReadFrame(fd);
+  close(fd);
+  ASSERT_TRUE(frame);
+  Result<proto::ControlMessage> message = DecodeControl(frame->payload);
+  ASSERT_TRUE(message.ok() && message->has_error());
+  EXPECT_EQ(message->error().code(), proto::RESOURCE_EXHAUSTED) << message->error().message();
+  EXPECT_NE(message->error().message().find("world_size 3 exceeds this aggregator's limit of 2 (--max-world-size)"),
+            std::string::npos)
+      << message->error().message();
 }
 
 TEST(Service, AggregatorsAndSecretFromEnvironmentAndDnsNames) {

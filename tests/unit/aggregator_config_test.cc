@@ -122,6 +122,16 @@ TEST_F(ConfigTest, InvalidConfigurationExitsWithCode2) {
   ExpectExit2({"--max-job-memory", "10", "--max-total-memory", "5"}, "--max-total-memory");
   SetEnv("SPARSEREDUCE_MAX_JOBS", "x");
   ExpectExit2({}, "MAX_JOBS");
+  unsetenv("SPARSEREDUCE_MAX_JOBS");
+  // The checks after parsing say where the value came from too, and which limit is 0 (they said neither), and an
+  // unknown key of the TOML file is not called INI.
+  SetEnv("SPARSEREDUCE_RING_BYTES", "3000");
+  ExpectExit2({}, "--ring-bytes: ring capacity 3000 is not a power of two");
+  ExpectExit2({}, "(from SPARSEREDUCE_RING_BYTES)");
+  unsetenv("SPARSEREDUCE_RING_BYTES");
+  ExpectExit2({"--max-total-memory", "0"}, "--max-total-memory must be positive (given on the command line)");
+  ExpectExit2({"--config", WriteConfig("listen = [\"nohostport\"]\n")}, "(in the config file " + dir_);
+  ExpectExit2({"--config", WriteConfig("max-jbos = 3\n")}, "unknown key max-jbos (in the config file");
 }
 
 // A deadline is the steady clock plus the setting in nanoseconds: a value that does not fit (10^13 ms, to mean

@@ -124,6 +124,27 @@ TEST(PerfCheck, ReportsTheDensityTheTensorsHave) {
   EXPECT_EQ(json.find("\"density\":1,"), std::string::npos) << json;
 }
 
+// A run stopped part-way (here by --run-timeout-ms; Ctrl-C and a failed rank likewise) leaves the rows it measured
+// in the --json file, marked incomplete: rank 0 rewrites the file after every row. It left the file empty, since
+// rank 0 wrote it only at the end and was stopped first. The JSON also records the TCP send buffer in effect (the
+// environment's here), not the flag's 0.
+TEST(PerfCheck, AStoppedRunLeavesItsRowsInTheJson) {
+  auto dir = TempDir::Create("sr-perf-options-");
+  ASSERT_TRUE(dir.ok()) << dir.status().ToString();
+  ::setenv("SPARSEREDUCE_TCP_SEND_BUFFER", "32768", 1);
+  const Outcome o = RunTool(SPARSEREDUCE_PERF_BIN,
+                            {"--spawn", "2", "--aggregator-bin", SPARSEREDUCE_AGGREGATOR_BIN, "--transport", "tcp", "-b",
+                             "4K", "-e", "1G", "-n", "20", "-w", "1", "-c", "0", "--run-timeout-ms", "3000", "--json",
+                             dir->File("r.json")});
+  ::unsetenv("SPARSEREDUCE_TCP_SEND_BUFFER");
+  EXPECT_EQ(o.exit_code, 1) << o.output;  // a sweep up to 1 GiB, 20 iterations each, does not end in 3 s
+  const std::string json = ReadFile(dir->File("r.json"));
+  EXPECT_NE(json.find("\"complete\":false,\"results\":[{\"size\":4096,"), std::string::npos) << json;
+  EXPECT_TRUE(json.ends_with("}]}\n")) << json;
+  EXPECT_NE(json.find("\"tcp_send_buffer\":32768,"), std::string::npos) << json;
+  EXPECT_NE(o.output.find("# tcp send buffer 32768 bytes per aggregator connection"), std::string::npos) << o.output;
+}
+
 // The table says N/A where a lossy codec is not checked bit for bit; the JSON must not say 0.
 TEST(PerfCheck, JsonHasNoWrongCountWhereNothingWasChecked) {
   auto dir = TempDir::Create("sr-perf-options-");
@@ -161,6 +182,11 @@ TEST(PerfOptions, ACodecOnInt32TensorsIsAUsageError) {
   // The worker sends int32 exactly whatever the codec: the run said "codec topk" and measured no codec.
   ExpectUsageError(SPARSEREDUCE_PERF_BIN, PerfArgs({"-d", "int32", "--codec", "topk"}),
                    "--codec topk compresses float tensors only");
+}
+
+// -c takes 0 or 1, as the help says; 5 ran as 1.
+TEST(PerfOptions, CheckOtherThanZeroOrOneIsAUsageError) {
+  ExpectUsageError(SPARSEREDUCE_PERF_BIN, PerfArgs({"-c", "5"}), "--check: Value 5 not in range 0 to 1");
 }
 
 TEST(PerfOptions, ZeroTimeoutIsAUsageError) {

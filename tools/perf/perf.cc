@@ -199,7 +199,7 @@ Row RunSize(sparsereduce::Worker& worker, const Config& c, uint64_t bytes) {
   return row;
 }
 
-void PrintHeader(const Config& c, const std::vector<std::string>& transports) {
+void PrintHeader(const Config& c, const std::vector<std::string>& transports, uint32_t tcp_send_buffer) {
   std::string used;
   for (const std::string& t : transports) used += (used.empty() ? "" : ",") + t;
   std::printf(
@@ -217,8 +217,7 @@ void PrintHeader(const Config& c, const std::vector<std::string>& transports) {
     std::fprintf(stderr, "sparsereduce-perf: warning: the check is trivial with world size 1 (the result is the "
                  "input)\n");
   }
-  if (c.tcp_send_buffer != "0")
-    std::printf("# tcp send buffer %s per aggregator connection\n", c.tcp_send_buffer.c_str());
+  if (tcp_send_buffer != 0) std::printf("# tcp send buffer %u bytes per aggregator connection\n", tcp_send_buffer);
   if (!c.restore_on_failure) std::printf("# restore on failure off: no copy of the input's nonzero blocks\n");
   if (c.yield_while_scanning) {
     std::printf("# yield while scanning: a sched_yield between slots, per MiB of zero blocks scanned\n");
@@ -246,18 +245,20 @@ void PrintRow(const Config& c, const Row& r) {
   std::fflush(stdout);
 }
 
-// Writes what was measured, also when the sweep failed part-way ("complete": false); false if the file could not be
-// written.
-bool WriteJson(const Config& c, const std::vector<std::string>& transports, const std::vector<Row>& rows,
-               bool complete, std::ofstream& out) {
+// Writes what was measured so far to --json, replacing what the file held: rank 0 calls it before the first row,
+// after every row ("complete": false) and at the end, so that a run stopped part-way (a failed rank, the run
+// timeout, Ctrl-C) leaves its rows. `tcp_send_buffer` is the value in effect (the flag, else the environment). False
+// if the file could not be written.
+bool WriteJson(const Config& c, uint32_t tcp_send_buffer, const std::vector<std::string>& transports,
+               const std::vector<Row>& rows, bool complete) {
+  std::ofstream out(c.json, std::ios::trunc);
   std::string used;
   for (const std::string& t : transports) used += std::string(used.empty() ? "" : ",") + "\"" + t + "\"";
   out << "{\"tool\":\"sparsereduce\",\"world_size\":" << c.world_size << ",\"aggregators\":" << c.aggregators.size()
       << ",\"dtype\":\"" << c.dtype << "\",\"density\":" << UsedDensity(c) << ",\"requested_density\":" << c.density
       << ",\"overlap\":\"" << c.overlap << "\",\"block_size\":" << c.block_size << ",\"codec\":\"" << c.codec.name
       << "\",\"slots\":" << c.slots << ",\"blocks_per_message\":" << c.blocks_per_message << ",\"window\":" << c.window
-      << ",\"tcp_send_buffer\":\"" << c.tcp_send_buffer
-      << "\",\"restore_on_failure\":" << (c.restore_on_failure ? "true" : "false")
+      << ",\"tcp_send_buffer\":" << tcp_send_buffer << ",\"restore_on_failure\":" << (c.restore_on_failure ? "true" : "false")
       << ",\"yield_while_scanning\":" << (c.yield_while_scanning ? "true" : "false") << ",\"iterations\":" << c.iters
       << ",\"warmup_iterations\":" << c.warmup << ",\"check\":" << (ChecksBitExactly(c) ? "true" : "false")
       << ",\"seed\":" << c.seed << ",\"job\":" << c.job << ",\"transports\":[" << used << "]"
@@ -300,8 +301,9 @@ int RunRank(const Config& c) {  // c has passed ValidateOptions
   options.codec = c.codec;
   options.connect_timeout = options.join_timeout = options.collective_timeout =
       std::chrono::milliseconds(c.timeout_ms);
-  std::ofstream json;  // opened first (tools::OpenJsonOutput)
-  if (c.rank == 0 && !c.json.empty()) {
+  const bool writes_json = c.rank == 0 && !c.json.empty();
+  if (writes_json) {
+    std::ofstream json;  // checked first (tools::OpenJsonOutput); WriteJson rewrites it as rows come
     if (const sparsereduce::Status st = tools::OpenJsonOutput(c.json, json); !st.ok()) {
       std::fprintf(stderr, "sparsereduce-perf: %s\n", st.message().c_str());
       return 2;
@@ -309,12 +311,21 @@ int RunRank(const Config& c) {  // c has passed ValidateOptions
   }
   std::vector<Row> rows;
   std::vector<std::string> transports;
-  bool any_wrong = false;
+  uint32_t tcp_send_buffer_in_effect = options.tcp_send_buffer;
+  bool any_wrong = false, json_failed = false;
+  const auto write_json = [&](bool complete) {
+    if (writes_json && !json_failed && !WriteJson(c, tcp_send_buffer_in_effect, transports, rows, complete)) {
+      std::fprintf(stderr, "sparsereduce-perf: --json %s: writing failed\n", c.json.c_str());
+      json_failed = true;
+    }
+  };
   int rc = 0;
   try {
     sparsereduce::Worker worker(options);
     transports = worker.transports();
-    if (c.rank == 0) PrintHeader(c, transports);
+    tcp_send_buffer_in_effect = worker.options().tcp_send_buffer;
+    if (c.rank == 0) PrintHeader(c, transports, tcp_send_buffer_in_effect);
+    write_json(false);
     uint64_t previous_bytes = 0;
     for (double size = static_cast<double>(*min_bytes); size <= static_cast<double>(*max_bytes) * 1.0000001;
          size *= c.step_factor) {
@@ -331,15 +342,14 @@ int RunRank(const Config& c) {  // c has passed ValidateOptions
       any_wrong = any_wrong || (ChecksBitExactly(c) && (row.own_wrong != 0 || row.wrong != 0));
       if (c.rank == 0) PrintRow(c, row);
       rows.push_back(row);
+      write_json(false);
     }
   } catch (const sparsereduce::Error& e) {
     std::fprintf(stderr, "sparsereduce-perf: %s\n", e.what());
     rc = 1;
   }
-  if (json.is_open() && !WriteJson(c, transports, rows, rc == 0, json)) {
-    std::fprintf(stderr, "sparsereduce-perf: --json %s: writing failed\n", c.json.c_str());
-    rc = rc ? rc : 1;
-  }
+  write_json(rc == 0);
+  if (json_failed) rc = rc ? rc : 1;
   return rc ? rc : any_wrong ? 3 : 0;
 }
 
@@ -508,6 +518,7 @@ int main(int argc, char** argv) {
   app.add_option("-n,--iters", c.iters, "Timed iterations per size")->capture_default_str();
   app.add_option("-w,--warmup_iters", c.warmup, "Warm-up iterations per size")->capture_default_str();
   app.add_option("-c,--check", c.check, "Check results bit-exactly against a local reference (0/1)")
+      ->check(CLI::Range(0, 1))
       ->capture_default_str();
   app.add_option("-d,--datatype", c.dtype, "float or int32")
       ->check(CLI::IsMember({"float", "int32"}))->capture_default_str();
