@@ -355,6 +355,15 @@ TEST(PerfSpawn, TheRunTimeoutStopsTheRanks) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
 }
 
+// The demo's counts are bounded like perf's, and usage errors exit 2: --workers 0 printed an empty table and "all
+// results bit-exact", and CLI11's errors exited 105.
+TEST(DemoOptions, CountsOutOfRangeAreUsageErrors) {
+  ExpectUsageError(SPARSEREDUCE_DEMO_BIN, {"--workers", "0"}, "--workers: Value 0 not in range 1 to 4096");
+  ExpectUsageError(SPARSEREDUCE_DEMO_BIN, {"--densities", "0.1,1.5"}, "--densities");
+  ExpectUsageError(SPARSEREDUCE_DEMO_BIN, {"--iterations", "0"}, "--iterations");
+  ExpectUsageError(SPARSEREDUCE_DEMO_BIN, {"--no-such-flag"}, "--no-such-flag");
+}
+
 // A server address nobody answers on: a run that gets past the options fails with exit code 1 after 5 s of retries.
 TEST(BwOptions, ZeroIterationsIsAUsageError) {
   ExpectUsageError(SPARSEREDUCE_BW_BIN, {"-p", "9", "-n", "0", "127.0.0.1"}, "-n must be at least 1");

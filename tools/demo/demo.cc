@@ -173,18 +173,29 @@ int RunDriver(const Config& c, const std::string& self) {
 int main(int argc, char** argv) {
   Config c;
   CLI::App app{"sparsereduce-demo: one aggregator and W workers on 127.0.0.1, checked against a reference"};
-  app.add_option("--workers", c.workers, "Worker processes")->capture_default_str();
-  app.add_option("--size-mib", c.size_mib, "Tensor size in MiB (fp32)")->capture_default_str();
-  app.add_option("--densities", c.densities, "Block densities to run")->delimiter(',')->capture_default_str();
-  app.add_option("--iterations", c.iterations, "Timed iterations per density (after one warm-up)")
+  // Bounded like sparsereduce-perf's: --workers 0 printed an empty table and "all results bit-exact".
+  app.add_option("--workers", c.workers, "Worker processes")->check(CLI::Range(1, 4096))->capture_default_str();
+  app.add_option("--size-mib", c.size_mib, "Tensor size in MiB (fp32)")
+      ->check(CLI::Range(0.000001, 65536.0))
       ->capture_default_str();
-  app.add_option("--block-size", c.block_size, "Elements per block")->capture_default_str();
+  app.add_option("--densities", c.densities, "Block densities to run")
+      ->delimiter(',')
+      ->check(CLI::Range(0.0, 1.0))
+      ->capture_default_str();
+  app.add_option("--iterations", c.iterations, "Timed iterations per density (after one warm-up)")
+      ->check(CLI::Range(1, 1000000))
+      ->capture_default_str();
+  app.add_option("--block-size", c.block_size, "Elements per block")->check(CLI::Range(1, 1 << 22))->capture_default_str();
   app.add_option("--seed", c.seed, "Seed of the synthetic tensors")->capture_default_str();
   app.add_option("--aggregator-bin", c.aggregator_bin, "Path of sparsereduce-aggregator");
   app.add_flag("--worker", c.worker, "Internal: run as one worker");
   app.add_option("--rank", c.rank, "Internal: worker rank");
   app.add_option("--aggregator", c.aggregator, "Internal: aggregator address");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help is 0; a usage error is 2, as for the other tools
+  }
   if (c.worker) return RunWorker(c);
   const std::string self = std::filesystem::canonical("/proc/self/exe");
   if (c.aggregator_bin.empty())
