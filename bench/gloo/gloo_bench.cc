@@ -2,7 +2,8 @@
 // our own perf tool prints sparsereduce, so both can sit in one table in BENCHMARKS.md.
 //
 // One process per rank. Manual mode (--rank/--world-size/--store-dir) runs one rank; --spawn W starts W
-// copies of this binary on one host with a fresh FileStore directory and waits for them. Per size: warm-up
+// copies of this binary on one host with a fresh FileStore directory and waits for them; SIGINT, SIGTERM or SIGHUP to
+// that process stops the ranks, and if it is killed outright the ranks get SIGTERM (see RunSpawn). Per size: warm-up
 // iterations, then per iteration a gloo::barrier and one timed in-place allreduce; the per-iteration times
 // are reduced with max over ranks (the collective ends when its slowest rank ends) and the median over
 // iterations is reported.
@@ -27,7 +28,6 @@
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -44,6 +44,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -52,8 +53,7 @@
 
 #include "tools/common/json_output.h"
 #include "tools/common/size_parse.h"
-
-extern char** environ;
+#include "tools/common/subprocess.h"
 
 namespace {
 
@@ -300,8 +300,8 @@ std::string JsonText(const Options& o, const std::vector<Row>& rows, bool comple
 }
 
 // Replaces the --json file's content with the whole document (built first, written at once). Rank 0 calls it
-// before the first row, after every row and at the end, so a run stopped part-way (--run-timeout kills the ranks;
-// Ctrl-C or a signal ends rank 0) leaves the rows measured so far, with "complete": false.
+// before the first row, after every row (before printing it) and at the end, so a run stopped part-way (--run-timeout
+// kills the ranks; Ctrl-C or a signal ends rank 0) leaves the rows measured so far, with "complete": false.
 bool WriteJson(const Options& o, const std::vector<Row>& rows, bool complete) {
   const std::string text = JsonText(o, rows, complete);
   std::ofstream out(o.json_path, std::ios::trunc);
@@ -337,8 +337,8 @@ int RunRank(const Options& o) {
     if (o.rank == 0) PrintHeader(o);
     for (uint64_t size = min_bytes; size <= max_bytes; size *= o.step_factor) {
       rows.push_back(rank.Measure(size / sizeof(float)));
+      write_json(false);  // first: a row printed is in the --json file, whenever the run is stopped
       if (o.rank == 0) PrintRow(rows.back());
-      write_json(false);
       if (rows.back().wrong.value_or(0) != 0 && o.rank == 0) {
         std::fprintf(stderr, "sparsereduce-gloo-bench: %" PRIu64 " wrong elements at %" PRIu64 " bytes\n",
                      *rows.back().wrong, rows.back().size);
@@ -363,11 +363,67 @@ std::string DescribeStatus(int status) {
   return "status " + std::to_string(status);
 }
 
+// A stop signal (SIGINT, SIGTERM, SIGHUP) during a --spawn run stops the ranks (SIGTERM), as sparsereduce-perf's
+// StopSignals does: RunSpawn then waits for them, removes the store directory and exits 128 + the signal. The
+// signals are blocked in the spawning thread and waited for on a thread of their own (the ranks start with none
+// blocked). Without it the spawner died alone and the ranks ran their sweep to its end.
+class StopSignals {
+ public:
+  StopSignals() {
+    sigemptyset(&set_);
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) sigaddset(&set_, sig);
+    pthread_sigmask(SIG_BLOCK, &set_, &previous_);
+    waiter_ = std::thread([this] {
+      int sig = 0;
+      while (sigwait(&set_, &sig) != 0) {
+      }
+      if (sig == SIGUSR1) return;  // the destructor's wake-up
+      std::lock_guard lock(mutex_);
+      caught_ = sig;
+      for (int pid : pids_) kill(pid, SIGTERM);
+    });
+  }
+  ~StopSignals() {
+    pthread_kill(waiter_.native_handle(), SIGUSR1);  // pending for that thread if it already returned: harmless
+    waiter_.join();
+    pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  // Registers a rank to stop; false (and the rank is stopped) if a signal came already. Call it before the rank is
+  // reaped (a reaped pid may be reused).
+  bool Track(int pid) {
+    std::lock_guard lock(mutex_);
+    pids_.push_back(pid);
+    if (caught_) kill(pid, SIGTERM);
+    return caught_ == 0;
+  }
+  // Stops tracking a rank about to be reaped.
+  void Untrack(int pid) {
+    std::lock_guard lock(mutex_);
+    pids_.erase(std::remove(pids_.begin(), pids_.end(), pid), pids_.end());
+  }
+  int caught() const {
+    std::lock_guard lock(mutex_);
+    return caught_;
+  }
+
+ private:
+  sigset_t set_, previous_;
+  mutable std::mutex mutex_;
+  std::vector<int> pids_;
+  int caught_ = 0;
+  std::thread waiter_;
+};
+
 // Starts o.spawn ranks of this binary on this host and waits for all of them (bounded by --run-timeout). The
 // first failure kills the others. A rank that exits 3 finished its sweep with wrong results (every rank sees the
 // same sum of wrong elements): the others are left to finish (rank 0 still writes --json). Returns the exit code
-// for this process: 1 if a rank failed or the run timed out, else 3 if a rank found wrong results, else 0.
+// for this process: 1 if a rank failed or the run timed out, else 3 if a rank found wrong results, else 0; 128 + the
+// signal if SIGINT, SIGTERM or SIGHUP stopped the run. The ranks get SIGTERM if this thread ends first
+// (PR_SET_PDEATHSIG, tools::Subprocess): this process killed outright leaves no rank running.
 int RunSpawn(const Options& o) {
+  using sparsereduce::tools::Subprocess;
   std::ofstream probe;  // checked before anything starts (rank 0 writes it)
   if (!o.json_path.empty()) {
     if (const sparsereduce::Status st = sparsereduce::tools::OpenJsonOutput(o.json_path, probe); !st.ok()) {
@@ -375,6 +431,11 @@ int RunSpawn(const Options& o) {
       return 2;
     }
   }
+  // The ranks run this binary: its path, or the link itself if the file was replaced since it started (a rebuild).
+  std::error_code self_error;
+  std::string self = std::filesystem::canonical("/proc/self/exe", self_error).string();
+  if (self_error) self = "/proc/self/exe";
+  StopSignals signals;  // from here on a stop signal is handled: the directory is removed, the ranks stopped
   char dir_template[] = "/tmp/sparsereduce-gloo-bench-XXXXXX";
   if (mkdtemp(dir_template) == nullptr) {
     std::fprintf(stderr, "sparsereduce-gloo-bench: mkdtemp: %s\n", std::strerror(errno));
@@ -382,10 +443,10 @@ int RunSpawn(const Options& o) {
   }
   const std::string store_dir = dir_template;
 
-  std::vector<pid_t> pids(o.spawn, -1);
+  std::vector<std::unique_ptr<Subprocess>> ranks(o.spawn);  // null once reaped (or never started)
   int result = 0;
   for (int r = 0; r < o.spawn && result == 0; ++r) {
-    std::vector<std::string> args = {"sparsereduce-gloo-bench",
+    std::vector<std::string> args = {self,
                                      "--rank",
                                      std::to_string(r),
                                      "--world-size",
@@ -416,57 +477,72 @@ int RunSpawn(const Options& o) {
       args.push_back("--json");
       args.push_back(o.json_path);
     }
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const int err = posix_spawn(&pids[r], "/proc/self/exe", nullptr, nullptr, argv.data(), environ);
-    if (err != 0) {
-      std::fprintf(stderr, "sparsereduce-gloo-bench: spawning rank %d: %s\n", r, std::strerror(err));
-      pids[r] = -1;
+    auto rank = Subprocess::Spawn(args, /*capture_stdout=*/false);  // rank 0's table goes straight to our stdout
+    if (!rank.ok()) {
+      std::fprintf(stderr, "sparsereduce-gloo-bench: spawning rank %d: %s\n", r, rank.status().ToString().c_str());
       result = 1;
+      break;
     }
+    ranks[r] = std::move(*rank);
+    if (!signals.Track(ranks[r]->pid())) break;  // stopped while starting: no more ranks
   }
 
   const auto deadline = Clock::now() + std::chrono::seconds(o.run_timeout_s);
-  int running = 0;
   bool wrong = false;
-  for (pid_t pid : pids) running += pid > 0;
-  while (running > 0) {
+  const auto running = [&] {
+    return std::any_of(ranks.begin(), ranks.end(), [](const auto& rank) { return rank != nullptr; });
+  };
+  while (running() && !signals.caught()) {
     bool reaped = false;
     for (int r = 0; r < o.spawn; ++r) {
-      if (pids[r] <= 0) continue;
-      int status = 0;
-      const pid_t got = waitpid(pids[r], &status, WNOHANG);
-      if (got != pids[r]) continue;
+      if (!ranks[r]) continue;
+      signals.Untrack(ranks[r]->pid());
+      auto status = ranks[r]->Wait(std::chrono::milliseconds(0));
+      if (!status.ok()) {  // still running
+        signals.Track(ranks[r]->pid());
+        continue;
+      }
       reaped = true;
-      pids[r] = -1;
-      --running;
-      if (WIFEXITED(status) && WEXITSTATUS(status) == 3) {
+      ranks[r].reset();
+      if (signals.caught()) continue;  // stopped on purpose: one line below, not one per rank
+      if (WIFEXITED(*status) && WEXITSTATUS(*status) == 3) {
         wrong = true;
-      } else if (!(WIFEXITED(status) && WEXITSTATUS(status) == 0)) {
-        std::fprintf(stderr, "sparsereduce-gloo-bench: rank %d failed (%s)\n", r,
-                     DescribeStatus(status).c_str());
+      } else if (!(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)) {
+        std::fprintf(stderr, "sparsereduce-gloo-bench: rank %d failed (%s)\n", r, DescribeStatus(*status).c_str());
         result = 1;
       }
     }
+    if (signals.caught()) break;
     if (result != 0 || Clock::now() > deadline) {
       if (result == 0) {
         std::fprintf(stderr, "sparsereduce-gloo-bench: run exceeded --run-timeout %d s\n", o.run_timeout_s);
         result = 1;
       }
-      for (pid_t& pid : pids) {
-        if (pid <= 0) continue;
-        kill(pid, SIGKILL);
-        waitpid(pid, nullptr, 0);
-        pid = -1;
-      }
+      for (auto& rank : ranks) rank.reset();  // SIGKILL and reap
       break;
     }
     if (!reaped) std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
 
+  const int stop_signal = signals.caught();
+  if (stop_signal) {
+    // The signal's thread sent every tracked rank SIGTERM. A rank that ignores it is killed after the grace time.
+    const auto grace = Clock::now() + std::chrono::seconds(10);
+    for (auto& rank : ranks) {
+      if (!rank) continue;
+      rank->Signal(SIGTERM);  // also a rank untracked for its Wait(0) when the signal came
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(grace - Clock::now());
+      (void)rank->Wait(std::max(left, std::chrono::milliseconds(0)));
+      rank.reset();  // SIGKILL and reap if it is still running
+    }
+  }
   std::error_code ec;
   std::filesystem::remove_all(store_dir, ec);
+  if (stop_signal) {
+    std::fprintf(stderr, "sparsereduce-gloo-bench: stopped by signal %d (%s): ranks stopped\n", stop_signal,
+                 strsignal(stop_signal));
+    return 128 + stop_signal;
+  }
   return result != 0 ? result : wrong ? 3 : 0;
 }
 
@@ -510,7 +586,10 @@ int main(int argc, char** argv) {
   app.add_option("--timeout", o.timeout_s, "seconds allowed for each Gloo operation")
       ->check(CLI::PositiveNumber)
       ->capture_default_str();
-  app.add_option("--spawn", o.spawn, "start this many ranks on this host and wait for them")
+  app.add_option("--spawn", o.spawn,
+                 "start this many ranks on this host and wait for them; SIGINT, SIGTERM or SIGHUP to this process "
+                 "stops them (SIGTERM), waits for them, removes their store directory and exits 128 + the signal, "
+                 "and if it is killed outright (SIGKILL) the ranks get SIGTERM")
       ->check(CLI::Range(1, 1024));
   app.add_option("--run-timeout", o.run_timeout_s, "seconds allowed for the whole --spawn run")
       ->check(CLI::PositiveNumber)
@@ -518,7 +597,8 @@ int main(int argc, char** argv) {
   app.footer(
       "Exit status: 0 ok; 1 the run failed (a rank failed, a Gloo operation timed out, --run-timeout passed); 2 usage "
       "error (also a --json file that cannot be opened); 3 wrong results (-c 1 found elements that differ from the "
-      "expected sum). As sparsereduce-perf's.");
+      "expected sum); 128 + N a --spawn run stopped by signal N (SIGINT, SIGTERM, SIGHUP). As sparsereduce-perf's. "
+      "A stopped run's --json holds the sizes measured so far, with \"complete\": false.");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
