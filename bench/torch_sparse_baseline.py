@@ -31,11 +31,19 @@ null: torch does not report them. Rank 0 rewrites the file before the first row 
 "complete": false until the sweep has ended, so a run that fails or is stopped part-way (--run-timeout, Ctrl-C)
 leaves the rows measured so far, with "complete": false.
 
+Signals, as sparsereduce-perf's --spawn: SIGINT, SIGTERM or SIGHUP to the --spawn process (not only Ctrl-C, which
+reaches the whole process group) stops every rank with SIGTERM, waits for them, removes the rendezvous directory and
+exits 128 + the signal; rank 0's --json keeps the rows measured so far, with "complete": false. The ranks get
+SIGTERM when the --spawn process ends in any way (PR_SET_PDEATHSIG), so one killed outright (SIGKILL) leaves no rank
+running (only its /tmp/sparsereduce-torch-* directory).
+
 Exit status, as sparsereduce-perf's: 0 ok, 1 the run failed (a rank failed, --run-timeout passed), 2 usage error
-(also a --json file that cannot be opened), 3 wrong results (-c 1 found elements that differ from the sum).
+(also a --json file that cannot be opened), 3 wrong results (-c 1 found elements that differ from the sum), 128 + N
+a --spawn run stopped by signal N (SIGINT, SIGTERM, SIGHUP).
 """
 
 import argparse
+import ctypes
 import json
 import math
 import os
@@ -50,8 +58,11 @@ import time
 DEFAULT_BYTES = 64 << 20  # the sweep without -b, -e or --size: one size, 64M
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_WRONG = 0, 1, 2, 3
 EXIT_STATUS = ("exit status: 0 ok; 1 the run failed (a rank failed, --run-timeout passed); 2 usage error (also a "
-               "--json file that cannot be opened); 3 wrong results (-c 1 found elements that differ from the sum). "
-               "As sparsereduce-perf's.")
+               "--json file that cannot be opened); 3 wrong results (-c 1 found elements that differ from the sum); "
+               "128 + N a --spawn run stopped by signal N (SIGINT, SIGTERM, SIGHUP). As sparsereduce-perf's.")
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+STOP_GRACE_S = 10.0  # after a stop signal, the ranks' time to end on SIGTERM before they are killed
+PR_SET_PDEATHSIG = 1
 
 
 def parse_bytes(text):
@@ -102,7 +113,10 @@ def build_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=EXIT_STATUS)
     p.add_argument("--world-size", type=int, help="number of ranks (manual mode)")
     p.add_argument("--rank", type=int, help="this process's rank (manual mode; default: $RANK)")
-    p.add_argument("--spawn", type=int, metavar="W", help="start W ranks on this host and wait for them")
+    p.add_argument("--spawn", type=int, metavar="W",
+                   help="start W ranks on this host and wait for them; SIGINT, SIGTERM or SIGHUP to this process stops "
+                   "them (SIGTERM), waits for them, removes their rendezvous directory and exits 128 + the signal; "
+                   "killed outright (SIGKILL), its ranks get SIGTERM")
     p.add_argument("-b", "--minbytes", type=parse_bytes, help="smallest size in bytes (K/M/G = 2^10/2^20/2^30; "
                    "default 64M)")
     p.add_argument("-e", "--maxbytes", type=parse_bytes, help="largest size in bytes (default 64M)")
@@ -212,8 +226,8 @@ def exit_status(results):
 
 def write_json(args, world, results, complete, torch):
     """Replaces the --json file's content with the whole document (serialized first, written at once); rank 0 calls
-    it before the first row, after every row and at the end. Names as sparsereduce-perf's where the meaning is the
-    same ("check" a boolean, as perf's); the rows carry their own densities."""
+    it before the first row, after every row (before printing it) and at the end. Names as sparsereduce-perf's where
+    the meaning is the same ("check" a boolean, as perf's); the rows carry their own densities."""
     doc = {"tool": "torch-sparse", "torch": torch.__version__, "world_size": world, "dtype": "float",
            "block_size": args.block_size, "overlap": args.overlap, "transports": ["tcp"],
            "iterations": args.iters, "warmup_iterations": args.warmup, "check": bool(args.check), "seed": args.seed,
@@ -247,9 +261,7 @@ def measure(args, world, rank, results, torch, dist, datetime):
 
     for density in args.density:
         for size in args.sizes:
-            measure_size(args, world, rank, results, torch, dist, density, size)
-            if rank == 0 and args.json:  # what a run stopped from now on leaves
-                write_json(args, world, results, False, torch)
+            measure_size(args, world, rank, results, torch, dist, density, size)  # writes --json (rank 0)
 
 
 def measure_size(args, world, rank, results, torch, dist, density, size):
@@ -295,6 +307,8 @@ def measure_size(args, world, rank, results, torch, dist, density, size):
            "wrong": int(w.item()) if args.check else None, "bytes_sent": None, "bytes_received": None,
            "nnz_per_rank": sparse._nnz()}
     results.append(row)
+    if rank == 0 and args.json:  # before the row is printed: a row printed is in the file, whenever the run stops
+        write_json(args, world, results, False, torch)
     if rank == 0 and row["wrong"]:
         print(f"torch_sparse_baseline: {row['wrong']} wrong elements at {size} bytes, density {density:g}",
               file=sys.stderr, flush=True)
@@ -307,6 +321,18 @@ def measure_size(args, world, rank, results, torch, dist, density, size):
 
 # ---------------------------------------------------------------------------------------------------------------
 # --spawn: W ranks on this host
+
+
+def rank_preexec(parent):
+    """The ranks' preexec_fn: SIGTERM when the --spawn process (parent) ends, even killed outright
+    (PR_SET_PDEATHSIG), and no start at all if it ended already (before the prctl). prctl is looked up here, in
+    the parent: the child only calls it between fork and exec."""
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def preexec():
+        if prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0 or os.getppid() != parent:
+            os._exit(127)
+    return preexec
 
 
 def run_spawn(args, argv):
@@ -322,16 +348,27 @@ def run_spawn(args, argv):
         if a.startswith("--spawn=") or a.startswith("--json="):
             continue
         forwarded.append(a)
-    with tempfile.TemporaryDirectory(prefix="sparsereduce-torch-") as tmp:
-        init_file = os.path.join(tmp, "rendezvous")
-        procs = []
-        for r in range(args.spawn):
-            cmd = [sys.executable, os.path.abspath(__file__), *forwarded, "--rank", str(r),
-                   "--world-size", str(args.spawn), "--init-file", init_file]
-            if r == 0 and args.json:
-                cmd += ["--json", args.json]
-            procs.append(subprocess.Popen(cmd, stdout=None if r == 0 else subprocess.DEVNULL))
-        return wait_for_ranks(procs, args.run_timeout)
+    # A stop signal is noted here and acted on by wait_for_ranks (it stops the ranks, waits for them, and the
+    # directory is removed on the way out); the default action killed this process alone, the ranks ran on.
+    stopped = []
+    previous = {sig: signal.signal(sig, lambda signum, frame: stopped.append(signum)) for sig in STOP_SIGNALS}
+    try:
+        with tempfile.TemporaryDirectory(prefix="sparsereduce-torch-") as tmp:
+            init_file = os.path.join(tmp, "rendezvous")
+            procs, preexec = [], rank_preexec(os.getpid())
+            for r in range(args.spawn):
+                if stopped:  # no more ranks once stopped
+                    break
+                cmd = [sys.executable, os.path.abspath(__file__), *forwarded, "--rank", str(r),
+                       "--world-size", str(args.spawn), "--init-file", init_file]
+                if r == 0 and args.json:
+                    cmd += ["--json", args.json]
+                procs.append(subprocess.Popen(cmd, stdout=None if r == 0 else subprocess.DEVNULL,
+                                              preexec_fn=preexec))
+            return wait_for_ranks(procs, args.run_timeout, stop=lambda: stopped[0] if stopped else 0)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def describe_exit(code):
@@ -344,20 +381,26 @@ def describe_exit(code):
         return f"killed by signal {-code}"
 
 
-def wait_for_ranks(procs, run_timeout, poll_s=0.05):
+def wait_for_ranks(procs, run_timeout, poll_s=0.05, stop=lambda: 0):
     """Waits for the rank processes (procs[r] is rank r); returns the exit status for --spawn.
 
     Every process is polled on every pass, so the first rank to fail is noticed at once, whichever it is: that rank
     is named with its exit status, the others are killed (they would wait for it until --timeout) and 1 is returned.
     A rank that exits 3 finished with wrong results (all ranks count the same sum): the others are left to finish
     (rank 0 still writes --json), and 3 is returned once all have exited with 0 or 3. Past run_timeout seconds all
-    are killed and 1 is returned; 0 once every rank has exited with 0.
+    are killed and 1 is returned; 0 once every rank has exited with 0. Once stop() gives a signal number, every
+    rank still running gets SIGTERM (and SIGKILL if it has not ended STOP_GRACE_S later), and 128 + the signal is
+    returned once all have ended.
     """
     deadline = time.monotonic() + run_timeout
     try:
         while True:
+            if stop():
+                return stop_ranks(procs, stop())
             codes = [p.poll() for p in procs]  # a list, not any(): every rank is polled
             failed = [(r, code) for r, code in enumerate(codes) if code not in (None, EXIT_OK, EXIT_WRONG)]
+            if failed and stop():  # Ctrl-C reaches the ranks too: they end as this process notes the signal
+                return stop_ranks(procs, stop())
             if failed:
                 for r, code in failed:
                     print(f"torch_sparse_baseline: rank {r} failed ({describe_exit(code)}); stopping the other ranks",
@@ -376,6 +419,24 @@ def wait_for_ranks(procs, run_timeout, poll_s=0.05):
                 p.kill()
         for p in procs:
             p.wait()
+
+
+def stop_ranks(procs, signum):
+    """Stops the ranks of a run stopped by signum (SIGTERM, then SIGKILL after STOP_GRACE_S) and waits for them;
+    returns 128 + signum."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    grace = time.monotonic() + STOP_GRACE_S
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, grace - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+    print(f"torch_sparse_baseline: stopped by signal {signum} ({signal.Signals(signum).name}): ranks stopped",
+          file=sys.stderr, flush=True)
+    return 128 + signum
 
 
 def check_json(parser, args):

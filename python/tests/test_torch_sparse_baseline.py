@@ -8,6 +8,11 @@ succeeds through it with JSON fields named as perf's ("check" a boolean), that r
 3, and that a sweep stopped by --run-timeout leaves the rows measured so far with "complete": false (the file was
 left empty: rank 0 wrote it only at its end).
 
+A stop signal to the --spawn process alone (SIGTERM here; SIGINT and SIGHUP alike) stops its ranks, removes the
+rendezvous directory and exits 128 + the signal, leaving the rows so far in --json with "complete": false; killed
+outright (SIGKILL), its ranks end by themselves (PR_SET_PDEATHSIG). The spawner used to die alone and the ranks ran
+their sweep to its end (bench/spawn_stop_test.py runs the spawner with the test a child subreaper).
+
 Sizes sweep as sparsereduce-perf's (-b/-e/-f, one row per size, --size the single-size sweep) and --overlap disjoint
 places blocks as the C++ synthetic tensors do (block b is rank b % W's, each rank keeps density x W of its own).
 """
@@ -15,6 +20,7 @@ places blocks as the C++ synthetic tensors do (block b is rank b % W's, each ran
 import importlib.util
 import json
 import pathlib
+import signal
 import subprocess
 import sys
 import time
@@ -22,6 +28,7 @@ import time
 import pytest
 
 SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "bench" / "torch_sparse_baseline.py"
+STOP_TEST = SCRIPT.parent / "spawn_stop_test.py"
 
 
 @pytest.fixture(scope="module")
@@ -266,3 +273,32 @@ def test_disjoint_overlap_gives_the_expected_density(tmp_path):
     got = [(r["size"], r["requested_density"], r["density"], r["union_density"], r["wrong"]) for r in doc["results"]]
     assert got == [(16384, 0.25, 0.25, 0.5, 0), (32768, 0.25, 0.25, 0.5, 0),
                    (16384, 0.9, 0.5, 1.0, 0), (32768, 0.9, 0.5, 1.0, 0)]
+
+
+@pytest.fixture(scope="module")
+def spawn_stop():
+    spec = importlib.util.spec_from_file_location("spawn_stop_test", STOP_TEST)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# The sweep: the 4K row about 2 s after the start (most of it importing torch); to 1G it takes some 50 s on 2 cores.
+LONG_SWEEP = ["--spawn", "2", "-b", "4K", "-e", "1G", "-f", "4", "--density", "0.01", "-n", "1", "-w", "0"]
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["sigterm", "sigkill"])
+def test_a_signal_to_the_spawner_alone_ends_every_rank(spawn_stop, tmp_path, sig):
+    # SIGTERM: the ranks stopped, the directory removed, exit 143 (it died alone: -15, the ranks ran on). SIGKILL:
+    # the ranks end within seconds by themselves (they ran on). Both leave the rows so far, "complete": false.
+    import torch_required  # noqa: F401  (fails clearly without torch)
+    out = tmp_path / "r.json"
+    result = spawn_stop.stop_spawner([sys.executable, str(SCRIPT), *LONG_SWEEP, "--json", str(out)], sig)
+    summary = f"{result['status']} {result['rank_status']}\n{result['stdout']}\n{result['stderr']}"
+    assert spawn_stop.problems(result, sig, out) == [], summary
+    assert len(result["ranks"]) == 2, summary
+    if sig == signal.SIGTERM:
+        assert "stopped by signal 15 (SIGTERM): ranks stopped" in result["stderr"]
+        assert result["dirs"] and all(d.startswith("/tmp/sparsereduce-torch-") for d in result["dirs"])
+    doc = json.loads(out.read_text())
+    assert doc["complete"] is False and (doc["results"][0]["size"], doc["results"][0]["wrong"]) == (4096, 0)
