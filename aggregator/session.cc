@@ -11,6 +11,7 @@
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/experimental/awaitable_operators.hpp>
 #include <algorithm>
+#include <tuple>
 #include <variant>
 
 #include "aggregator/job.h"
@@ -399,9 +400,15 @@ asio::awaitable<Status> Session::OfferShm(std::chrono::steady_clock::time_point 
       co_await ((*offer)->AcceptWorker(deadline) || ReadControl());
   if (outcome.index() == 0) {
     if (const Status& st = std::get<0>(outcome); !st.ok()) co_return st.WithContext("shared-memory handoff");
-    // Not raced with TCP any more: a worker that received the descriptors and cannot map them closes the socket and
-    // declines on TCP at once, and a read of TCP cut short by the end of file would lose the decline.
-    const Status st = co_await (*offer)->HandOver(deadline);
+    // Raced with TCP becoming readable, not with a read of it: a worker that received the descriptors and cannot map
+    // them closes the Unix socket and declines on TCP at once, and a read cut short by the other end of the race
+    // would lose the decline. Readable is that decline, or the worker's close; the handshake deadline and
+    // Server::Stop close the socket, which ends the wait too (a hoarder that never acknowledges kept it).
+    std::variant<Status, std::tuple<boost::system::error_code>> handed =
+        co_await ((*offer)->HandOver(deadline) ||
+                  socket_.async_wait(asio::socket_base::wait_read, asio::as_tuple(asio::use_awaitable)));
+    const Status st = handed.index() == 0 ? std::get<0>(handed)
+                                           : Status(StatusCode::kAborted, "the worker answered on TCP instead");
     if (st.code() == StatusCode::kResourceExhausted || st.code() == StatusCode::kAborted) {
       // kResourceExhausted, not the worker's fault: withdrawing the offer closes its Unix connection, and it
       // answers on TCP with a TransportDecline and stays there. kAborted: the worker gave the segment back.
