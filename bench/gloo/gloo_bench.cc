@@ -44,15 +44,14 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "tools/common/json_output.h"
 #include "tools/common/size_parse.h"
+#include "tools/common/stop_signals.h"
 #include "tools/common/subprocess.h"
 
 namespace {
@@ -363,58 +362,6 @@ std::string DescribeStatus(int status) {
   return "status " + std::to_string(status);
 }
 
-// A stop signal (SIGINT, SIGTERM, SIGHUP) during a --spawn run stops the ranks (SIGTERM), as sparsereduce-perf's
-// StopSignals does: RunSpawn then waits for them, removes the store directory and exits 128 + the signal. The
-// signals are blocked in the spawning thread and waited for on a thread of their own (the ranks start with none
-// blocked). Without it the spawner died alone and the ranks ran their sweep to its end.
-class StopSignals {
- public:
-  StopSignals() {
-    sigemptyset(&set_);
-    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) sigaddset(&set_, sig);
-    pthread_sigmask(SIG_BLOCK, &set_, &previous_);
-    waiter_ = std::thread([this] {
-      int sig = 0;
-      while (sigwait(&set_, &sig) != 0) {
-      }
-      if (sig == SIGUSR1) return;  // the destructor's wake-up
-      std::lock_guard lock(mutex_);
-      caught_ = sig;
-      for (int pid : pids_) kill(pid, SIGTERM);
-    });
-  }
-  ~StopSignals() {
-    pthread_kill(waiter_.native_handle(), SIGUSR1);  // pending for that thread if it already returned: harmless
-    waiter_.join();
-    pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
-  }
-  StopSignals(const StopSignals&) = delete;
-  StopSignals& operator=(const StopSignals&) = delete;
-  // Registers a rank to stop; false (and the rank is stopped) if a signal came already. Call it before the rank is
-  // reaped (a reaped pid may be reused).
-  bool Track(int pid) {
-    std::lock_guard lock(mutex_);
-    pids_.push_back(pid);
-    if (caught_) kill(pid, SIGTERM);
-    return caught_ == 0;
-  }
-  // Stops tracking a rank about to be reaped.
-  void Untrack(int pid) {
-    std::lock_guard lock(mutex_);
-    pids_.erase(std::remove(pids_.begin(), pids_.end(), pid), pids_.end());
-  }
-  int caught() const {
-    std::lock_guard lock(mutex_);
-    return caught_;
-  }
-
- private:
-  sigset_t set_, previous_;
-  mutable std::mutex mutex_;
-  std::vector<int> pids_;
-  int caught_ = 0;
-  std::thread waiter_;
-};
 
 // Starts o.spawn ranks of this binary on this host and waits for all of them (bounded by --run-timeout). The
 // first failure kills the others. A rank that exits 3 finished its sweep with wrong results (every rank sees the
@@ -435,7 +382,7 @@ int RunSpawn(const Options& o) {
   std::error_code self_error;
   std::string self = std::filesystem::canonical("/proc/self/exe", self_error).string();
   if (self_error) self = "/proc/self/exe";
-  StopSignals signals;  // from here on a stop signal is handled: the directory is removed, the ranks stopped
+  sparsereduce::tools::StopSignals signals;  // from here on a stop signal is handled: the directory is removed, the ranks stopped
   char dir_template[] = "/tmp/sparsereduce-gloo-bench-XXXXXX";
   if (mkdtemp(dir_template) == nullptr) {
     std::fprintf(stderr, "sparsereduce-gloo-bench: mkdtemp: %s\n", std::strerror(errno));

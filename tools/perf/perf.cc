@@ -7,7 +7,6 @@
 // each started together (a one-element allreduce serves as barrier; another one before the input is copied back, and
 // one before the result is checked, so that no rank copies or checks while another still times its allreduce); an
 // iteration's time is the slowest rank's, and the table shows the median over iterations.
-#include <pthread.h>
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -18,16 +17,15 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
-#include <mutex>
 #include <optional>
 #include <regex>
 #include <sstream>
-#include <thread>
 
 #include "sparsereduce/worker.h"
 #include "tools/common/json_output.h"
 #include "tools/common/local_cluster.h"
 #include "tools/common/size_parse.h"
+#include "tools/common/stop_signals.h"
 #include "tools/common/subprocess.h"
 #include "tools/common/synthetic_tensor.h"
 
@@ -368,50 +366,6 @@ std::optional<std::pair<uint32_t, uint32_t>> ParseSpawn(const std::string& text)
   return std::pair{workers, aggregators};
 }
 
-// A stop signal (SIGINT, SIGTERM, SIGHUP) during a --spawn run stops the ranks, so that the run ends as usual: rank
-// 0's output ends, the ranks are reaped, the aggregators stopped and their temporary directory removed. The
-// signals are blocked in this thread and waited for on a thread of their own (children start unblocked).
-class StopSignals {
- public:
-  StopSignals() {
-    sigemptyset(&set_);
-    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) sigaddset(&set_, sig);
-    pthread_sigmask(SIG_BLOCK, &set_, &previous_);
-    waiter_ = std::thread([this] {
-      int sig = 0;
-      while (sigwait(&set_, &sig) != 0) {
-      }
-      if (sig == SIGUSR1) return;  // the destructor's wake-up
-      std::lock_guard lock(mutex_);
-      caught_ = sig;
-      for (int pid : pids_) kill(pid, SIGTERM);
-    });
-  }
-  ~StopSignals() {
-    pthread_kill(waiter_.native_handle(), SIGUSR1);  // pending for that thread if it already returned: harmless
-    waiter_.join();
-    pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
-  }
-  // Registers a rank to stop; false (and the rank is stopped) if a signal came already.
-  bool Track(int pid) {
-    std::lock_guard lock(mutex_);
-    pids_.push_back(pid);
-    if (caught_) kill(pid, SIGTERM);
-    return caught_ == 0;
-  }
-  int caught() const {
-    std::lock_guard lock(mutex_);
-    return caught_;
-  }
-
- private:
-  sigset_t set_, previous_;
-  mutable std::mutex mutex_;
-  std::vector<int> pids_;
-  int caught_ = 0;
-  std::thread waiter_;
-};
-
 int Spawn(Config c, char** argv, int argc) {
   const auto counts = ParseSpawn(c.spawn);
   if (!counts) {
@@ -427,7 +381,7 @@ int Spawn(Config c, char** argv, int argc) {
       return 2;
     }
   }
-  StopSignals signals;
+  tools::StopSignals signals;  // stops the ranks on SIGINT, SIGTERM or SIGHUP
   const std::string agg_bin =
       c.aggregator_bin.empty() ? tools::FindToolBinary("sparsereduce-aggregator", "aggregator") : c.aggregator_bin;
   auto cluster = tools::LocalAggregators::Start(agg_bin, aggregators);
