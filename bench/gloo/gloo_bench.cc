@@ -47,6 +47,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tools/common/json_output.h"
@@ -298,37 +299,23 @@ std::string JsonText(const Options& o, const std::vector<Row>& rows, bool comple
   return text;
 }
 
-// Replaces the --json file's content with the whole document (built first, written at once). Rank 0 calls it
-// before the first row, after every row (before printing it) and at the end, so a run stopped part-way (--run-timeout
-// kills the ranks; Ctrl-C or a signal ends rank 0) leaves the rows measured so far, with "complete": false.
-bool WriteJson(const Options& o, const std::vector<Row>& rows, bool complete) {
-  const std::string text = JsonText(o, rows, complete);
-  std::ofstream out(o.json_path, std::ios::trunc);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  out.close();
-  return !out.fail();
-}
-
 // Exit status: 0 ok, 1 the run failed, 2 the --json file cannot be opened, 3 wrong results.
 int RunRank(const Options& o) {
   const uint64_t min_bytes = ParseBytes(o.min_bytes);
   const uint64_t max_bytes = ParseBytes(o.max_bytes);
   const bool writes_json = o.rank == 0 && !o.json_path.empty();
   if (writes_json) {
-    std::ofstream json;  // checked first (tools::OpenJsonOutput); WriteJson rewrites it as rows come
-    if (const sparsereduce::Status st = sparsereduce::tools::OpenJsonOutput(o.json_path, json); !st.ok()) {
+    std::ofstream probe;  // checked first (tools::OpenJsonOutput); the JsonRewriter below rewrites it as rows come
+    if (const sparsereduce::Status st = sparsereduce::tools::OpenJsonOutput(o.json_path, probe); !st.ok()) {
       std::fprintf(stderr, "sparsereduce-gloo-bench: %s\n", st.message().c_str());
       return 2;
     }
   }
   std::vector<Row> rows;
-  bool json_failed = false;
-  const auto write_json = [&](bool complete) {
-    if (writes_json && !json_failed && !WriteJson(o, rows, complete)) {
-      std::fprintf(stderr, "sparsereduce-gloo-bench: --json %s: writing failed\n", o.json_path.c_str());
-      json_failed = true;
-    }
-  };
+  // Rewritten before the first row, after every row (before printing it: a row printed is in the file, whenever
+  // the run is stopped) and at the end.
+  sparsereduce::tools::JsonRewriter json("sparsereduce-gloo-bench", writes_json ? o.json_path : "");
+  const auto write_json = [&](bool complete) { json.Write(JsonText(o, rows, complete)); };
   write_json(false);  // no rows yet: what a run stopped before its first row leaves
   int rc = 0;
   try {
@@ -348,7 +335,7 @@ int RunRank(const Options& o) {
     rc = 1;
   }
   write_json(rc == 0);
-  if (json_failed) rc = rc ? rc : 1;
+  if (json.failed()) rc = rc ? rc : 1;
   if (rc != 0) return rc;
   for (const Row& r : rows) {
     if (r.wrong.value_or(0) != 0) return 3;
@@ -361,7 +348,6 @@ std::string DescribeStatus(int status) {
   if (WIFSIGNALED(status)) return std::string("killed by signal ") + strsignal(WTERMSIG(status));
   return "status " + std::to_string(status);
 }
-
 
 // Starts o.spawn ranks of this binary on this host and waits for all of them (bounded by --run-timeout). The
 // first failure kills the others. A rank that exits 3 finished its sweep with wrong results (every rank sees the
@@ -382,7 +368,8 @@ int RunSpawn(const Options& o) {
   std::error_code self_error;
   std::string self = std::filesystem::canonical("/proc/self/exe", self_error).string();
   if (self_error) self = "/proc/self/exe";
-  sparsereduce::tools::StopSignals signals;  // from here on a stop signal is handled: the directory is removed, the ranks stopped
+  // From here on a stop signal is handled: the ranks are stopped and the directory removed.
+  sparsereduce::tools::StopSignals signals;
   char dir_template[] = "/tmp/sparsereduce-gloo-bench-XXXXXX";
   if (mkdtemp(dir_template) == nullptr) {
     std::fprintf(stderr, "sparsereduce-gloo-bench: mkdtemp: %s\n", std::strerror(errno));

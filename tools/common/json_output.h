@@ -4,6 +4,7 @@
 
 #include <fstream>
 #include <string>
+#include <utility>
 
 #include "core/status.h"
 
@@ -11,5 +12,21 @@ namespace sparsereduce::tools {
 
 // Opens (creates or truncates) `path` into `out`; the error says "--json PATH: cannot open for writing: REASON".
 Status OpenJsonOutput(const std::string& path, std::ofstream& out);
+
+// Rank 0's --json file, rewritten with the whole document before the first row, after every row and at the end, so
+// that a run stopped part-way (a failed rank, the run timeout, Ctrl-C) leaves the rows it measured. An empty path
+// writes nothing. The first failure is reported on stderr ("TOOL: --json PATH: writing failed") and ends the
+// writing.
+class JsonRewriter {
+ public:
+  JsonRewriter(std::string tool, std::string path) : tool_(std::move(tool)), path_(std::move(path)) {}
+  // Replaces the file's content with `document`.
+  void Write(const std::string& document);
+  bool failed() const { return failed_; }
+
+ private:
+  std::string tool_, path_;
+  bool failed_ = false;
+};
 
 }  // namespace sparsereduce::tools

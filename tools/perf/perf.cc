@@ -243,20 +243,19 @@ void PrintRow(const Config& c, const Row& r) {
   std::fflush(stdout);
 }
 
-// Writes what was measured so far to --json, replacing what the file held: rank 0 calls it before the first row,
-// after every row ("complete": false) and at the end, so that a run stopped part-way (a failed rank, the run
-// timeout, Ctrl-C) leaves its rows. `tcp_send_buffer` is the value in effect (the flag, else the environment). False
-// if the file could not be written.
-bool WriteJson(const Config& c, uint32_t tcp_send_buffer, const std::vector<std::string>& transports,
-               const std::vector<Row>& rows, bool complete) {
-  std::ofstream out(c.json, std::ios::trunc);
+// The --json document of what was measured so far ("complete": false until the sweep has ended well).
+// `tcp_send_buffer` is the value in effect (the flag, else the environment).
+std::string JsonText(const Config& c, uint32_t tcp_send_buffer, const std::vector<std::string>& transports,
+                     const std::vector<Row>& rows, bool complete) {
+  std::ostringstream out;
   std::string used;
   for (const std::string& t : transports) used += std::string(used.empty() ? "" : ",") + "\"" + t + "\"";
   out << "{\"tool\":\"sparsereduce\",\"world_size\":" << c.world_size << ",\"aggregators\":" << c.aggregators.size()
       << ",\"dtype\":\"" << c.dtype << "\",\"density\":" << UsedDensity(c) << ",\"requested_density\":" << c.density
       << ",\"overlap\":\"" << c.overlap << "\",\"block_size\":" << c.block_size << ",\"codec\":\"" << c.codec.name
       << "\",\"slots\":" << c.slots << ",\"blocks_per_message\":" << c.blocks_per_message << ",\"window\":" << c.window
-      << ",\"tcp_send_buffer\":" << tcp_send_buffer << ",\"restore_on_failure\":" << (c.restore_on_failure ? "true" : "false")
+      << ",\"tcp_send_buffer\":" << tcp_send_buffer
+      << ",\"restore_on_failure\":" << (c.restore_on_failure ? "true" : "false")
       << ",\"yield_while_scanning\":" << (c.yield_while_scanning ? "true" : "false") << ",\"iterations\":" << c.iters
       << ",\"warmup_iterations\":" << c.warmup << ",\"check\":" << (ChecksBitExactly(c) ? "true" : "false")
       << ",\"seed\":" << c.seed << ",\"job\":" << c.job << ",\"transports\":[" << used << "]"
@@ -271,8 +270,7 @@ bool WriteJson(const Config& c, uint32_t tcp_send_buffer, const std::vector<std:
         << ",\"bytes_received\":" << r.received << "}";
   }
   out << "]}\n";
-  out.flush();
-  return out.good();
+  return out.str();
 }
 
 int RunRank(const Config& c) {  // c has passed ValidateOptions
@@ -301,8 +299,8 @@ int RunRank(const Config& c) {  // c has passed ValidateOptions
       std::chrono::milliseconds(c.timeout_ms);
   const bool writes_json = c.rank == 0 && !c.json.empty();
   if (writes_json) {
-    std::ofstream json;  // checked first (tools::OpenJsonOutput); WriteJson rewrites it as rows come
-    if (const sparsereduce::Status st = tools::OpenJsonOutput(c.json, json); !st.ok()) {
+    std::ofstream probe;  // checked first (tools::OpenJsonOutput); the JsonRewriter below rewrites it as rows come
+    if (const sparsereduce::Status st = tools::OpenJsonOutput(c.json, probe); !st.ok()) {
       std::fprintf(stderr, "sparsereduce-perf: %s\n", st.message().c_str());
       return 2;
     }
@@ -310,12 +308,10 @@ int RunRank(const Config& c) {  // c has passed ValidateOptions
   std::vector<Row> rows;
   std::vector<std::string> transports;
   uint32_t tcp_send_buffer_in_effect = options.tcp_send_buffer;
-  bool any_wrong = false, json_failed = false;
+  bool any_wrong = false;
+  tools::JsonRewriter json("sparsereduce-perf", writes_json ? c.json : "");
   const auto write_json = [&](bool complete) {
-    if (writes_json && !json_failed && !WriteJson(c, tcp_send_buffer_in_effect, transports, rows, complete)) {
-      std::fprintf(stderr, "sparsereduce-perf: --json %s: writing failed\n", c.json.c_str());
-      json_failed = true;
-    }
+    json.Write(JsonText(c, tcp_send_buffer_in_effect, transports, rows, complete));
   };
   int rc = 0;
   try {
@@ -347,7 +343,7 @@ int RunRank(const Config& c) {  // c has passed ValidateOptions
     rc = 1;
   }
   write_json(rc == 0);
-  if (json_failed) rc = rc ? rc : 1;
+  if (json.failed()) rc = rc ? rc : 1;
   return rc ? rc : any_wrong ? 3 : 0;
 }
 

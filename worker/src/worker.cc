@@ -11,6 +11,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <new>
 #include <optional>
 #include <thread>
 
@@ -356,27 +357,25 @@ void Worker::Impl::StartNext() {
   } else {
     codec_states_.erase(a.request.spec.codec.key);  // the key carries an uncoded tensor now
   }
-  try {
-    a.collective = std::make_unique<WorkerCollective>(shape_, options_.job, seq, a.request.spec, a.request.tensor,
-                                                      std::move(scratch_), codec, options_.restore_on_failure);
-  } catch (...) {
-    // Out of memory for the collective's state (its per-block arrays, a codec's error memory), on the I/O thread:
-    // nothing was sent nor written yet. The request goes back to the queue, and Fail fails it and what follows
-    // (the ranks' sequences of collectives diverge from here) and tells the aggregators why this rank leaves.
-    const std::exception_ptr error = std::current_exception();
-    bool out_of_memory = false;
-    try {
-      std::rethrow_exception(error);
-    } catch (const std::bad_alloc&) {
-      out_of_memory = true;
-    } catch (...) {
-    }
+  // Out of memory for the collective's state (its per-block arrays, a codec's error memory), on the I/O thread:
+  // nothing was sent nor written yet. The request goes back to the queue, and Fail fails it and what follows (the
+  // ranks' sequences of collectives diverge from here) and tells the aggregators why this rank leaves.
+  const auto setup_failed = [&](StatusCode code) {
+    const std::string what = ExceptionText(std::current_exception());
     queue_.push_front(std::move(a.request));
     active_.reset();
     --seq_;  // it never started: FinishFailure numbers it as the first of the queue
-    Fail(Status(out_of_memory ? StatusCode::kResourceExhausted : StatusCode::kInternal,
-                "collective " + std::to_string(seq) + " of " + std::to_string(queue_.front().spec.element_count) +
-                    " elements: setting it up failed: " + ExceptionText(error)));
+    Fail(Status(code, "collective " + std::to_string(seq) + " of " + std::to_string(queue_.front().spec.element_count) +
+                          " elements: setting it up failed: " + what));
+  };
+  try {
+    a.collective = std::make_unique<WorkerCollective>(shape_, options_.job, seq, a.request.spec, a.request.tensor,
+                                                      std::move(scratch_), codec, options_.restore_on_failure);
+  } catch (const std::bad_alloc&) {
+    setup_failed(StatusCode::kResourceExhausted);
+    return;
+  } catch (...) {
+    setup_failed(StatusCode::kInternal);
     return;
   }
 
