@@ -43,6 +43,7 @@ a --spawn run stopped by signal N (SIGINT, SIGTERM, SIGHUP).
 """
 
 import argparse
+import contextlib
 import ctypes
 import json
 import math
@@ -225,7 +226,7 @@ def exit_status(results):
 
 
 def write_json(args, world, results, complete, torch):
-    """Replaces the --json file's content with the whole document (serialized first, written at once); rank 0 calls
+    """Replaces the --json file's content with the whole document (serialized first, then renamed over it); rank 0 calls
     it before the first row, after every row (before printing it) and at the end. Names as sparsereduce-perf's where
     the meaning is the same ("check" a boolean, as perf's); the rows carry their own densities."""
     doc = {"tool": "torch-sparse", "torch": torch.__version__, "world_size": world, "dtype": "float",
@@ -233,6 +234,18 @@ def write_json(args, world, results, complete, torch):
            "iterations": args.iters, "warmup_iterations": args.warmup, "check": bool(args.check), "seed": args.seed,
            "complete": complete, "results": results}
     text = json.dumps(doc, indent=1) + "\n"
+    # A regular file is replaced by a rename, as sparsereduce-perf does: a reader never sees half a document.
+    # Anything else (a symlink, a FIFO, /dev/stdout) is written in place.
+    if os.path.isfile(args.json) and not os.path.islink(args.json):
+        temp = f"{args.json}.tmp.{os.getpid()}"
+        try:
+            with open(temp, "w") as f:
+                f.write(text)
+            os.replace(temp, args.json)
+            return
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
     with open(args.json, "w") as f:
         f.write(text)
 
@@ -372,9 +385,9 @@ def run_spawn(args, argv):
 
 
 def describe_exit(code):
-    """Popen.returncode -> 'exit status 3' or 'killed by signal 9 (SIGKILL)'."""
+    """Popen.returncode -> 'exit code 3' or 'killed by signal 9 (SIGKILL)', as the C++ tools say it."""
     if code >= 0:
-        return f"exit status {code}"
+        return f"exit code {code}"
     try:
         return f"killed by signal {-code} ({signal.Signals(-code).name})"
     except ValueError:

@@ -53,7 +53,7 @@ def test_a_later_rank_failing_stops_the_others_at_once(baseline, capsys):
     assert time.monotonic() - start < 20  # not the 60 s of rank 0's sleep
     assert all(p.returncode is not None for p in procs), "the other ranks were left running"
     err = capsys.readouterr().err
-    assert "rank 2 failed (exit status 1)" in err
+    assert "rank 2 failed (exit code 1)" in err
     assert "rank 0 failed" not in err and "rank 1 failed" not in err  # the ones it stopped are not blamed
 
 
@@ -102,7 +102,7 @@ def test_a_rank_with_wrong_results_lets_the_others_finish_and_gives_3(baseline, 
 def test_a_failure_outranks_wrong_results(baseline, capsys):
     procs = [_rank("import sys, time; time.sleep(0.5); sys.exit(3)"), _rank("import sys; sys.exit(1)")]
     assert baseline.wait_for_ranks(procs, run_timeout=60) == 1
-    assert "rank 1 failed (exit status 1)" in capsys.readouterr().err
+    assert "rank 1 failed (exit code 1)" in capsys.readouterr().err
 
 
 def test_exit_status_of_a_rank(baseline):
@@ -179,6 +179,7 @@ def test_the_json_names_fields_as_perf_does(tmp_path):
         assert r["bytes_sent"] is None and r["bytes_received"] is None  # torch does not report them
         assert "union" not in r  # renamed union_density, as perf names it
     assert doc["results"][1]["density"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["r.json"]  # each rewrite's temporary file was renamed
 
 
 def test_a_run_stopped_by_the_run_timeout_leaves_its_rows(tmp_path):

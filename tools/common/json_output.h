@@ -20,7 +20,8 @@ Status OpenJsonOutput(const std::string& path, std::ofstream& out);
 class JsonRewriter {
  public:
   JsonRewriter(std::string tool, std::string path) : tool_(std::move(tool)), path_(std::move(path)) {}
-  // Replaces the file's content with `document`.
+  // Replaces the file's content with `document`: a regular file by a temporary file beside it renamed over it (a
+  // reader sees the old or the new document, never part of one), anything else in place.
   void Write(const std::string& document);
   bool failed() const { return failed_; }
 
