@@ -343,12 +343,6 @@ int RunRank(const Options& o) {
   return 0;
 }
 
-std::string DescribeStatus(int status) {
-  if (WIFEXITED(status)) return "exit code " + std::to_string(WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return std::string("killed by signal ") + strsignal(WTERMSIG(status));
-  return "status " + std::to_string(status);
-}
-
 // Starts o.spawn ranks of this binary on this host and waits for all of them (bounded by --run-timeout). The
 // first failure kills the others. A rank that exits 3 finished its sweep with wrong results (every rank sees the
 // same sum of wrong elements): the others are left to finish (rank 0 still writes --json). Returns the exit code
@@ -442,7 +436,8 @@ int RunSpawn(const Options& o) {
       if (WIFEXITED(*status) && WEXITSTATUS(*status) == 3) {
         wrong = true;
       } else if (!(WIFEXITED(*status) && WEXITSTATUS(*status) == 0)) {
-        std::fprintf(stderr, "sparsereduce-gloo-bench: rank %d failed (%s)\n", r, DescribeStatus(*status).c_str());
+        std::fprintf(stderr, "sparsereduce-gloo-bench: rank %d failed (%s)\n", r,
+                     sparsereduce::tools::DescribeExit(*status).c_str());
         result = 1;
       }
     }

@@ -309,6 +309,14 @@ int SignalPerfSpawnOnceItTimes(int signal) {
   return status.ok() ? *status : -1;
 }
 
+// The tools, the Gloo bench and the torch baseline describe a rank's end in the same words (the Gloo bench had its
+// own, with the signal's description and no number).
+TEST(DescribeExit, NamesTheExitCodeOrTheSignalByNumberAndName) {
+  EXPECT_EQ(DescribeExit(W_EXITCODE(3, 0)), "exit code 3");
+  EXPECT_EQ(DescribeExit(SIGKILL), "killed by signal 9 (SIGKILL)");  // a waitpid status of a signalled process
+  EXPECT_EQ(DescribeExit(SIGTERM), "killed by signal 15 (SIGTERM)");
+}
+
 // SIGTERM (or Ctrl-C) to `sparsereduce-perf --spawn` stops its ranks and aggregators and removes their temporary
 // directory, and it exits 128 + 15. It used to die alone, leaving them all running (and the directory behind).
 TEST(PerfSpawn, AStopSignalStopsTheRanksAndAggregators) {

@@ -155,7 +155,11 @@ Result<int> Subprocess::Wait(std::chrono::milliseconds timeout) {
 
 std::string DescribeExit(int status) {
   if (WIFEXITED(status)) return "exit code " + std::to_string(WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return "killed by signal " + std::to_string(WTERMSIG(status));
+  if (WIFSIGNALED(status)) {
+    const int sig = WTERMSIG(status);
+    const char* abbrev = sigabbrev_np(sig);  // "KILL" (glibc 2.32); null for a number with no name
+    return "killed by signal " + std::to_string(sig) + (abbrev ? std::string(" (SIG") + abbrev + ")" : std::string());
+  }
   return "status " + std::to_string(status);
 }
 

@@ -42,7 +42,7 @@ class Subprocess {
   std::optional<int> exit_status_;
 };
 
-// Describes a waitpid status: "exit code 3", "killed by signal 9".
+// Describes a waitpid status: "exit code 3", "killed by signal 9 (SIGKILL)".
 std::string DescribeExit(int status);
 
 // Waits until `path` exists and holds a line, or the deadline passes, or `must_stay_alive` exits (it is then
