@@ -9,6 +9,7 @@
 #include <regex>
 #include <sstream>
 
+#include "protocol/frame_format.h"
 #include "tests/integration/metrics_probe.h"
 #include "tests/integration/raw_peer.h"
 #include "tools/common/subprocess.h"
@@ -312,17 +313,21 @@ TEST(MultiProcess, SlowlorisIsDropped) {
   close(fd);
 }
 
-// A header announcing a 4 GiB payload is refused at once (nothing is allocated or awaited).
+// A CONTROL header announcing more than the protocol's 64 KiB (by one byte, or 4 GiB) before any Hello is refused
+// at once: nothing is allocated or awaited (RELIABILITY.md, bounded memory before a Hello).
 TEST(MultiProcess, OversizedLengthPrefixIsRefused) {
   Aggregator aggregator;
-  const int fd = ConnectToLoopback(aggregator.port());
-  ASSERT_GE(fd, 0);
-  unsigned char header[40] = {'S', 'R', 'D', 'F', 1, 1, 0, 0, 0xFF, 0xFF, 0xFF, 0xFF};  // CONTROL, 4 GiB
-  ASSERT_EQ(write(fd, header, sizeof header), static_cast<ssize_t>(sizeof header));
-  const std::optional<std::string> answer = ReadUntilClosed(fd, 5s);
-  close(fd);
-  ASSERT_TRUE(answer) << "the daemon did not close the connection within 5 s";
-  EXPECT_GT(answer->size(), 40u) << "expected an Error frame, then the close";
+  for (const uint32_t length : {kMaxControlPayload + 1, uint32_t{0xFFFFFFFF}}) {
+    const int fd = ConnectToLoopback(aggregator.port());
+    ASSERT_GE(fd, 0);
+    unsigned char header[40] = {'S', 'R', 'D', 'F', 1, 1, 0, 0};  // CONTROL, then the little-endian length
+    for (int i = 0; i < 4; ++i) header[8 + i] = static_cast<unsigned char>(length >> (8 * i));
+    ASSERT_EQ(write(fd, header, sizeof header), static_cast<ssize_t>(sizeof header));
+    const std::optional<std::string> answer = ReadUntilClosed(fd, 5s);
+    close(fd);
+    ASSERT_TRUE(answer) << "length " << length << ": the daemon did not close the connection within 5 s";
+    EXPECT_GT(answer->size(), 40u) << "length " << length << ": expected an Error frame, then the close";
+  }
 }
 
 TEST(MultiProcess, WorkerFailsWhenNoAggregatorListens) {

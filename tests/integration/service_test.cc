@@ -958,7 +958,7 @@ TEST(Service, AMemberThatDoesNotReadIsNotReadBetweenCollectives) {
   ASSERT_GE(fd, 0);
   ASSERT_TRUE(SendControl(fd, RawHello(30, 0, 1, 1)));
   ASSERT_TRUE(ReadFrame(fd)) << "no JobReady";
-  // Up to 2 million begins (about 80 MB) until the daemon has taken nothing for 2 s.
+  // Up to 2 million begins (about 110 MB) until the daemon has taken nothing for 2 s.
   constexpr uint64_t kBegins = 2'000'000;
   std::vector<std::byte> batch;
   uint64_t written = 0, seq = 0;
