@@ -54,13 +54,14 @@ inline void RunUntil(asio::io_context& io, const bool& done, std::chrono::second
   RunUntil(io, [&done] { return done; }, bound);
 }
 
-// Both ends of a fresh shm connection, set up through the real handoff.
-struct Pair {
-  std::unique_ptr<transport::Channel> aggregator, worker;
-  std::shared_ptr<Segment> segment;  // the worker's mapping, for tests that tamper with it
+// The two sides of a finished shm handoff, before either has made its channel: the aggregator's offer and the
+// worker's attachment (its segment and descriptors).
+struct Handover {
+  std::unique_ptr<ShmOffer> offer;
+  ShmAttachment attachment;
 };
 
-inline Pair ConnectShm(asio::io_context& io, uint64_t ring_capacity) {
+inline Handover HandOverShm(asio::io_context& io, uint64_t ring_capacity) {
   static shm::PendingOffers pending(shm::PendingOffers::kDefaultCap);  // outlives every io_context of the binary
   auto offer = ShmOffer::Create(io.get_executor(), ring_capacity, pending);
   EXPECT_TRUE(offer.ok()) << offer.status().ToString();
@@ -79,11 +80,22 @@ inline Pair ConnectShm(asio::io_context& io, uint64_t ring_capacity) {
     attached_done = true;
   }, asio::detached);
   RunUntil(io, [&] { return handed && attached_done; });
+  return Handover{std::move(*offer), std::move(*attachment)};
+}
+
+// Both ends of a fresh shm connection, set up through the real handoff.
+struct Pair {
+  std::unique_ptr<transport::Channel> aggregator, worker;
+  std::shared_ptr<Segment> segment;  // the worker's mapping, for tests that tamper with it
+};
+
+inline Pair ConnectShm(asio::io_context& io, uint64_t ring_capacity) {
+  Handover handover = HandOverShm(io, ring_capacity);
   auto [a_socket, w_socket] = TcpPair(io);
   Pair pair;
-  pair.segment = attachment->segment;
-  pair.aggregator = (*offer)->MakeChannel(std::move(a_socket), io.get_executor());
-  pair.worker = attachment->MakeChannel(std::move(w_socket), io.get_executor());
+  pair.segment = handover.attachment.segment;
+  pair.aggregator = handover.offer->MakeChannel(std::move(a_socket), io.get_executor());
+  pair.worker = handover.attachment.MakeChannel(std::move(w_socket), io.get_executor());
   return pair;
 }
 

@@ -47,6 +47,8 @@ using namespace std::chrono_literals;
 using testing::ExchangeFrames;
 using testing::MakeFrame;
 using testing::Pair;
+using testing::HandOverShm;
+using testing::Handover;
 using testing::RunUntil;
 using testing::TcpPair;
 
@@ -249,32 +251,16 @@ struct RawPair {
 };
 
 RawPair ConnectRaw(asio::io_context& io, uint64_t capacity, bool make_worker_channel) {
-  static PendingOffers pending(PendingOffers::kDefaultCap);  // outlives every io_context of this test binary
-  auto offer = ShmOffer::Create(io.get_executor(), capacity, pending);
-  EXPECT_TRUE(offer.ok()) << offer.status().ToString();
-  bool handed = false, attached_done = false;
-  std::optional<ShmAttachment> attachment;
-  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
-    Status st = co_await (*offer)->Handoff(std::chrono::steady_clock::now() + 10s);
-    EXPECT_TRUE(st.ok()) << st.ToString();
-    handed = true;
-  }, asio::detached);
-  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
-    auto a = co_await AttachShm(io.get_executor(), (*offer)->socket_name(), (*offer)->token(),
-                                std::chrono::steady_clock::now() + 10s);
-    EXPECT_TRUE(a.ok()) << a.status().ToString();
-    if (a.ok()) attachment = std::move(*a);
-    attached_done = true;
-  }, asio::detached);
-  RunUntil(io, [&] { return handed && attached_done; });
+  Handover handover = HandOverShm(io, capacity);
+  ShmAttachment& attachment = handover.attachment;
   auto [a_socket, w_socket] = TcpPair(io);
   RawPair pair;
-  pair.segment = attachment->segment;
-  pair.fds[0] = UniqueFd(dup(attachment->fds.memory.get()));
-  for (int i = 0; i < 4; ++i) pair.fds[1 + i] = UniqueFd(dup(attachment->fds.events[i].get()));
-  pair.aggregator = (*offer)->MakeChannel(std::move(a_socket), io.get_executor());
+  pair.segment = attachment.segment;
+  pair.fds[0] = UniqueFd(dup(attachment.fds.memory.get()));
+  for (int i = 0; i < 4; ++i) pair.fds[1 + i] = UniqueFd(dup(attachment.fds.events[i].get()));
+  pair.aggregator = handover.offer->MakeChannel(std::move(a_socket), io.get_executor());
   if (make_worker_channel) {
-    pair.worker = attachment->MakeChannel(std::move(w_socket), io.get_executor());
+    pair.worker = attachment.MakeChannel(std::move(w_socket), io.get_executor());
   } else {
     pair.worker_tcp.emplace(std::move(w_socket));  // the attachment's own descriptors close on return
   }
