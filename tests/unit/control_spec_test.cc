@@ -2,8 +2,13 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <initializer_list>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "protocol/control.h"
+#include "protocol/frame.h"
 
 namespace sparsereduce {
 namespace {
@@ -76,6 +81,101 @@ TEST(ControlSpec, SpecsThatDifferPrintDifferently) {
   b.sparsity = std::nextafter(1.5f, 2.0f);
   EXPECT_NE(a.ToString(), b.ToString());
   EXPECT_EQ(a.ToString(), "3lc(key=0 s=1.5)");
+}
+
+}  // namespace
+}  // namespace sparsereduce
+
+namespace sparsereduce {
+namespace {
+
+std::vector<std::byte> Bytes(std::initializer_list<int> values) {
+  std::vector<std::byte> out;
+  for (int v : values) out.push_back(std::byte(static_cast<uint8_t>(v)));
+  return out;
+}
+
+// EncodeControl makes a whole CONTROL frame whose payload DecodeControl gives back field for field.
+TEST(ControlMessage, EncodeControlMakesAFrameThatDecodesToTheSameMessage) {
+  proto::ControlMessage message;
+  proto::Error* error = message.mutable_error();
+  error->set_code(proto::PEER_LEFT);
+  error->set_message("rank 3 left");
+  error->set_seq(17);
+  error->add_ranks(3);
+  const ByteBuffer frame = EncodeControl(message);
+  Result<FrameHeader> header = DecodeFrameHeader(frame.span());
+  ASSERT_TRUE(header.ok()) << header.status().ToString();
+  EXPECT_EQ(header->type, FrameType::kControl);
+  ASSERT_EQ(header->payload_length, frame.size() - kFrameHeaderSize);
+  Result<proto::ControlMessage> back = DecodeControl(frame.span().subspan(kFrameHeaderSize));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->SerializeAsString(), message.SerializeAsString());
+  EXPECT_EQ(back->error().message(), "rank 3 left");
+  EXPECT_EQ(back->error().ranks(0), 3u);
+}
+
+// A CONTROL payload from the wire that is not a protobuf, or one that holds none of the messages this version
+// knows (empty, or only a field a newer peer might add), is a protocol violation, not a message with no body.
+TEST(ControlMessage, DecodeControlRefusesGarbageAndMessagesWithoutABody) {
+  const std::vector<std::byte> garbage = Bytes({0xFF});  // field 31 with wire type 7, which does not exist
+  Result<proto::ControlMessage> r = DecodeControl(garbage);
+  EXPECT_EQ(r.status().code(), StatusCode::kProtocolViolation);
+  EXPECT_EQ(r.status().message(), "CONTROL payload of 1 bytes is not a ControlMessage");
+
+  const std::vector<std::byte> truncated = Bytes({0x2A, 0x05, 0x08});  // Error (field 5) of 5 bytes, 1 present
+  r = DecodeControl(truncated);
+  EXPECT_EQ(r.status().code(), StatusCode::kProtocolViolation);
+  EXPECT_EQ(r.status().message(), "CONTROL payload of 3 bytes is not a ControlMessage");
+
+  for (const std::vector<std::byte>& no_body : {std::vector<std::byte>{}, Bytes({0x98, 0x06, 0x01})}) {  // field 99
+    r = DecodeControl(no_body);
+    EXPECT_EQ(r.status().code(), StatusCode::kProtocolViolation);
+    EXPECT_EQ(r.status().message(), "CONTROL message holds no known message");
+  }
+}
+
+// A spec from the wire with a dtype or reduction value this version does not know is UNSUPPORTED and says which.
+TEST(ControlSpec, UnknownDTypeOrOpValuesAreUnsupported) {
+  proto::CollectiveSpec p = SpecToProto(CollectiveSpec{1000, DType::kFloat32, ReduceOp::kSum, 256});
+  for (int dtype : {0, 99}) {
+    proto::CollectiveSpec bad = p;
+    bad.set_dtype(static_cast<proto::DType>(dtype));
+    Result<CollectiveSpec> r = SpecFromProto(bad);
+    EXPECT_EQ(r.status().code(), StatusCode::kUnsupported);
+    EXPECT_EQ(r.status().message(), "unknown dtype value " + std::to_string(dtype));
+  }
+  for (int op : {0, 77}) {
+    proto::CollectiveSpec bad = p;
+    bad.set_op(static_cast<proto::ReduceOp>(op));
+    Result<CollectiveSpec> r = SpecFromProto(bad);
+    EXPECT_EQ(r.status().code(), StatusCode::kUnsupported);
+    EXPECT_EQ(r.status().message(), "unknown reduction op value " + std::to_string(op));
+  }
+  Result<CollectiveSpec> good = SpecFromProto(p);
+  ASSERT_TRUE(good.ok()) << good.status().ToString();
+  EXPECT_EQ(*good, (CollectiveSpec{1000, DType::kFloat32, ReduceOp::kSum, 256}));
+}
+
+// An Error sent over the control plane keeps its code: every status code but OK and INTERNAL has a wire value of
+// its own and comes back as itself; the wire's UNSPECIFIED and values from a newer peer read as INTERNAL.
+TEST(ControlMessage, EveryErrorCodeSurvivesTheWire) {
+  std::set<int> wire_values;
+  for (int c = static_cast<int>(StatusCode::kInvalidArgument); c < static_cast<int>(StatusCode::kInternal); ++c) {
+    const auto code = static_cast<StatusCode>(c);
+    const proto::ErrorCode wire = ToProtoCode(code);
+    EXPECT_NE(wire, proto::ERROR_CODE_UNSPECIFIED) << StatusCodeName(code);
+    EXPECT_EQ(FromProtoCode(wire), code) << StatusCodeName(code);
+    wire_values.insert(wire);
+  }
+  EXPECT_EQ(wire_values.size(), static_cast<size_t>(StatusCode::kInternal) - 1);  // no two codes share a value
+  for (int w = proto::ErrorCode_MIN + 1; w <= proto::ErrorCode_MAX; ++w) {
+    EXPECT_EQ(ToProtoCode(FromProtoCode(static_cast<proto::ErrorCode>(w))), w) << w;
+  }
+  EXPECT_EQ(ToProtoCode(StatusCode::kInternal), proto::ERROR_CODE_UNSPECIFIED);
+  EXPECT_EQ(ToProtoCode(StatusCode::kOk), proto::ERROR_CODE_UNSPECIFIED);
+  EXPECT_EQ(FromProtoCode(proto::ERROR_CODE_UNSPECIFIED), StatusCode::kInternal);
+  EXPECT_EQ(FromProtoCode(static_cast<proto::ErrorCode>(proto::ErrorCode_MAX + 1)), StatusCode::kInternal);
 }
 
 }  // namespace

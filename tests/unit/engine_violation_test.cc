@@ -1,9 +1,17 @@
 // The column engine and the worker schedule reject protocol violations with a reason instead of misbehaving.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
 
+#include "codec/tensor_codec.h"
+#include "codec/three_lc.h"
+#include "codec/wire.h"
+#include "core/buffer_pool.h"
 #include "protocol/column_engine.h"
 #include "protocol/worker_collective.h"
 
@@ -247,6 +255,8 @@ TEST(WorkerCollective, RejectsBadResults) {
     v.emplace_back(after_reply(result({{2, kEndOfColumn, 8}, {2, kEndOfColumn, 8}})),
                    "other than its column's current one");
     v.emplace_back(after_reply(result({{12, kEndOfColumn, 8}})), "not one of this slot's");
+    v.emplace_back(after_reply(result({{2, kEndOfColumn, 8}, {3, kEndOfColumn, 8}, {4, kEndOfColumn, 8}})),
+                   "slot 0: RESULT with 3 entries, more than the 2 blocks per message");
     return v;
   }();
   for (const auto& [frames, expect] : cases) {
@@ -411,6 +421,346 @@ TEST(ColumnEngine, CodecBlocksAreCheckedOnArrival) {
   EXPECT_EQ(st.code(), StatusCode::kProtocolViolation);
   EXPECT_NE(st.message().find("rank 1"), std::string::npos) << st.message();
   EXPECT_NE(st.message().find("more than its 1 groups"), std::string::npos) << st.message();
+}
+
+}  // namespace
+}  // namespace sparsereduce
+
+namespace sparsereduce {
+namespace {
+
+// A CONTRIBUTION is for one job and one collective: a frame of another job or collective, or a RESULT or CONTROL
+// frame handed in by mistake, is refused with both sides' job and collective named, before it touches any state.
+TEST(ColumnEngine, RefusesAFrameOfAnotherJobCollectiveOrType) {
+  struct Case {
+    uint64_t job, seq;
+    FrameType type;
+    const char* expect;
+  };
+  const std::vector<Case> cases = {
+      {9, 1, FrameType::kContribution, "frame of type CONTRIBUTION for job 9 collective 1 given to job 1 collective 1"},
+      {1, 2, FrameType::kContribution, "frame of type CONTRIBUTION for job 1 collective 2 given to job 1 collective 1"},
+      {1, 1, FrameType::kResult, "frame of type RESULT for job 1 collective 1 given to job 1 collective 1"},
+      {1, 1, FrameType::kControl, "frame of type CONTROL for job 1 collective 1 given to job 1 collective 1"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.expect);
+    ColumnEngine engine(kShape, 0, 1, 1, kSpec);
+    std::vector<ColumnEngine::Broadcast> out;
+    Sent sent = Contribution(0, {{0, 2, 0}, {1, 3, 0}}, c.job, c.seq);
+    sent.header.type = c.type;
+    const Status st = Feed(engine, 1, std::move(sent), &out);
+    EXPECT_EQ(st.code(), StatusCode::kProtocolViolation);
+    EXPECT_EQ(st.message(), std::string("rank 1, collective 1, slot 0: ") + c.expect);
+    EXPECT_TRUE(out.empty());
+  }
+}
+
+// A payload that DecodeFrameHeader let through but whose body is malformed (here a nonzero reserved field of an
+// entry, or bytes after the last entry's data) is refused naming the rank, both as an announce and as blocks.
+TEST(ColumnEngine, RefusesAMalformedPayloadNamingTheRank) {
+  auto corrupt_reserved = [](Sent sent, uint32_t entry) {
+    sent.payload.data()[uint64_t{entry} * kEntrySize + 20] = std::byte{1};
+    return sent;
+  };
+  {
+    ColumnEngine engine(kShape, 0, 1, 1, kSpec);
+    std::vector<ColumnEngine::Broadcast> out;
+    const Status st = Feed(engine, 0, corrupt_reserved(Contribution(0, {{0, 2, 0}, {1, 3, 0}}), 1), &out);
+    EXPECT_EQ(st.code(), StatusCode::kProtocolViolation);
+    EXPECT_EQ(st.message(), "rank 0, collective 1, slot 0: entry 1: nonzero reserved field");
+  }
+  auto engine_after_announce = [] {
+    auto engine = std::make_unique<ColumnEngine>(kShape, 0, 1, 1, kSpec);
+    std::vector<ColumnEngine::Broadcast> out;
+    EXPECT_TRUE(Feed(*engine, 0, Contribution(0, {{0, 2, 0}, {1, 3, 0}}), &out).ok());
+    EXPECT_TRUE(Feed(*engine, 1, Contribution(0, {{0, 2, 0}, {1, kEndOfColumn, 0}}), &out).ok());
+    return engine;
+  };
+  {
+    auto engine = engine_after_announce();
+    std::vector<ColumnEngine::Broadcast> out;
+    const Status st =
+        Feed(*engine, 0, corrupt_reserved(Contribution(0, {{2, kEndOfColumn, 8}, {3, kEndOfColumn, 8}}), 0), &out);
+    EXPECT_EQ(st.code(), StatusCode::kProtocolViolation);
+    EXPECT_EQ(st.message(), "rank 0, collective 1, slot 0: entry 0: nonzero reserved field");
+    EXPECT_TRUE(out.empty());
+  }
+  {
+    // The header claims 8 bytes more than the entry's data: trailing bytes, which a reader could not place.
+    auto engine = engine_after_announce();
+    std::vector<ColumnEngine::Broadcast> out;
+    Sent sent = Contribution(0, {{2, kEndOfColumn, 8}});
+    sent.header.payload_length += 8;
+    ByteBuffer longer(sent.payload.size() + 8);
+    std::memset(longer.data(), 0, longer.size());
+    std::memcpy(longer.data(), sent.payload.data(), sent.payload.size());
+    sent.payload = std::move(longer);
+    const Status st = Feed(*engine, 0, std::move(sent), &out);
+    EXPECT_EQ(st.code(), StatusCode::kProtocolViolation);
+    EXPECT_EQ(st.message(),
+              "rank 0, collective 1, slot 0: payload has 8 trailing bytes after the last entry's data");
+  }
+}
+
+ByteBuffer ResultFrame(std::vector<Entry> entries, FrameType type = FrameType::kResult) {
+  std::vector<std::vector<std::byte>> storage;
+  std::vector<std::span<const std::byte>> data;
+  for (const Entry& e : entries) {
+    if (e.data_bytes) {
+      storage.emplace_back(e.data_bytes, std::byte{0});
+      data.push_back(storage.back());
+    }
+  }
+  return EncodeDataFrame({type, 0, 0, 1, 1, 0}, entries, data);
+}
+
+// Only RESULT frames go to a worker's collective: a CONTRIBUTION or CONTROL frame (a confused or hostile
+// aggregator) is refused by type.
+TEST(WorkerCollective, RefusesAFrameThatIsNotAResult) {
+  std::vector<float> tensor(10, 0.0f);
+  tensor[4] = 1.0f;
+  WorkerCollective wc(kShape, 1, 1, kSpec, std::as_writable_bytes(std::span(tensor)));
+  ASSERT_EQ(wc.Start(0).size(), 2u);
+  std::vector<OutgoingFrame> frames;
+  const ByteBuffer contribution = ResultFrame({{0, 2, 0}, {1, kEndOfColumn, 0}}, FrameType::kContribution);
+  Status st = wc.OnResult(0, HeaderOf(contribution), contribution.span().subspan(kFrameHeaderSize), &frames);
+  EXPECT_EQ(st.code(), StatusCode::kProtocolViolation);
+  EXPECT_EQ(st.message(), "expected a RESULT frame, got CONTRIBUTION");
+  FrameHeader control;  // zero fields, as DecodeFrameHeader requires of CONTROL
+  st = wc.OnResult(0, control, {}, &frames);
+  EXPECT_EQ(st.code(), StatusCode::kProtocolViolation);
+  EXPECT_EQ(st.message(), "expected a RESULT frame, got CONTROL");
+  EXPECT_TRUE(frames.empty());
+  EXPECT_FALSE(wc.done());
+  // The collective is still where it was: the real announce reply is accepted.
+  const ByteBuffer reply = ResultFrame({{0, 2, 0}, {1, kEndOfColumn, 0}});
+  EXPECT_TRUE(wc.OnResult(0, HeaderOf(reply), reply.span().subspan(kFrameHeaderSize), &frames).ok());
+}
+
+// OnResult takes a header and a payload from its caller: a payload of another length than the header says, or a
+// header whose entry table does not fit its payload, is refused before any entry is read.
+TEST(WorkerCollective, OnResultRefusesAPayloadThatDisagreesWithItsHeader) {
+  std::vector<float> tensor(10, 0.0f);
+  tensor[4] = 1.0f;
+  WorkerCollective wc(kShape, 1, 1, kSpec, std::as_writable_bytes(std::span(tensor)));
+  ASSERT_EQ(wc.Start(0).size(), 2u);
+  std::vector<OutgoingFrame> frames;
+  const ByteBuffer reply = ResultFrame({{0, 2, 0}, {1, kEndOfColumn, 0}});
+  const FrameHeader header = HeaderOf(reply);
+  const std::span<const std::byte> payload = reply.span().subspan(kFrameHeaderSize);
+  ASSERT_EQ(payload.size(), 48u);
+  Status st = wc.OnResult(0, header, payload.first(47), &frames);
+  EXPECT_EQ(st.code(), StatusCode::kProtocolViolation);
+  EXPECT_EQ(st.message(), "payload of 47 bytes, header says 48");
+  FrameHeader lying = header;
+  lying.entry_count = 3;  // 72 bytes of table in 48 bytes of payload
+  st = wc.OnResult(0, lying, payload, &frames);
+  EXPECT_EQ(st.code(), StatusCode::kProtocolViolation);
+  EXPECT_EQ(st.message(), "entry table of 3 entries exceeds the payload");
+  EXPECT_TRUE(wc.OnResult(0, header, payload, &frames).ok());
+}
+
+// 3LC sends ternary RESULTs: a block of the right length whose body is malformed (a zero run longer than the block)
+// is refused when the RESULT ends, naming slot and block, and Restore gives the input back.
+TEST(WorkerCollective, ACodecResultWithAMalformedBodyIsRefusedWhenItEnds) {
+  CollectiveSpec spec = kSpec;
+  spec.codec = CodecSpec{Codec::kThreeLC, 0, 1.5f};
+  ASSERT_TRUE(ValidateSpec(spec).ok());
+  std::vector<float> tensor = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  const std::vector<float> input = tensor;
+  codec::KeyState state;
+  WorkerCollective wc(kShape, 1, 1, spec, std::as_writable_bytes(std::span(tensor)), {}, CodecContext{&state, 0, 1});
+  const std::vector<OutgoingFrame> first = wc.Start(0);
+  ASSERT_EQ(first.size(), 2u);  // the announce (next blocks 0 and 1) and blocks 0 and 1
+  ASSERT_EQ(first[0].entries[0].next, 0u);
+  std::vector<OutgoingFrame> frames;
+  const ByteBuffer reply = ResultFrame({{0, 0, 0}, {1, 1, 0}});
+  ASSERT_TRUE(wc.OnResult(0, HeaderOf(reply), reply.span().subspan(kFrameHeaderSize), &frames).ok());
+  // Block 0 (2 values): a scale of 1.0 and one byte of 5 trits; 0xF3 is a run of 2 zero groups in a block of 1.
+  ByteBuffer result = ResultFrame({{0, 2, 5}});
+  const float scale = 1.0f;
+  std::memcpy(result.data() + kFrameHeaderSize + kEntrySize, &scale, 4);
+  for (uint8_t body : {uint8_t{175}, uint8_t{0xF3}}) {
+    result.data()[kFrameHeaderSize + kEntrySize + 4] = std::byte{body};
+    if (body == 175) {
+      // The same frame with a well-formed body (trits 1, -1: 2·81 + 9 + 3 + 1) passes and lands in the tensor, so
+      // only the body is at fault below.
+      WorkerCollective good(kShape, 1, 1, spec, std::as_writable_bytes(std::span(tensor)), {},
+                            CodecContext{&state, 0, 1});
+      ASSERT_EQ(good.Start(0).size(), 2u);
+      ASSERT_TRUE(good.OnResult(0, HeaderOf(reply), reply.span().subspan(kFrameHeaderSize), &frames).ok());
+      ASSERT_TRUE(good.OnResult(0, HeaderOf(result), result.span().subspan(kFrameHeaderSize), &frames).ok());
+      EXPECT_EQ(tensor[0], 1.0f);
+      EXPECT_EQ(tensor[1], -1.0f);
+      good.Restore();
+      ASSERT_EQ(tensor, input);
+      continue;
+    }
+    const Status st = wc.OnResult(0, HeaderOf(result), result.span().subspan(kFrameHeaderSize), &frames);
+    EXPECT_EQ(st.code(), StatusCode::kProtocolViolation);
+    EXPECT_EQ(st.message().rfind("slot 0, block 0: RESULT: ", 0), 0u) << st.message();
+    EXPECT_NE(st.message().find("more than its 1 groups"), std::string::npos) << st.message();
+  }
+  wc.Restore();
+  EXPECT_EQ(tensor, input);
+}
+
+// The real worker sends a CONTRIBUTION as its prefix (header and entry table), each block's data in place and
+// zero padding: together they are byte for byte the frame EncodeFrame builds, raw or in a codec's wire format.
+TEST(WorkerCollective, PrefixDataAndPaddingMakeTheWholeFrame) {
+  // Blocks of 3 floats: 12 raw bytes (4 of padding), or 6 fp16 bytes (2 of padding).
+  const JobShape shape{1, 1, 1, 2};
+  for (Codec c : {Codec::kNone, Codec::kFloat16}) {
+    SCOPED_TRACE(CodecName(c));
+    CollectiveSpec spec{9, DType::kFloat32, ReduceOp::kSum, 3};
+    spec.codec.codec = c;
+    std::vector<float> tensor = {1, 2, 3, 0, 0, 0, 7, 8, 9};
+    codec::KeyState state;
+    WorkerCollective wc(shape, 5, 6, spec, std::as_writable_bytes(std::span(tensor)), {}, CodecContext{&state, 0, 1});
+    std::vector<OutgoingFrame> frames = wc.Start(0);
+    ASSERT_EQ(frames.size(), 2u);  // the announce and blocks 0 and 2 (block 1 is zero)
+    ASSERT_EQ(frames[1].entries.size(), 2u);
+    const uint32_t wire_bytes = c == Codec::kNone ? 12 : 6;
+    for (const OutgoingFrame& frame : frames) {
+      std::vector<std::byte> pieces;
+      const ByteBuffer prefix = wc.EncodePrefix(frame);
+      pieces.insert(pieces.end(), prefix.span().begin(), prefix.span().end());
+      for (const Entry& e : frame.entries) {
+        if (e.data_bytes == 0) continue;
+        EXPECT_EQ(e.data_bytes, wire_bytes);
+        const std::span<const std::byte> data = wc.BlockData(e.block);
+        ASSERT_EQ(data.size(), e.data_bytes);
+        const std::span<const std::byte> padding = WorkerCollective::PaddingFor(e.data_bytes);
+        EXPECT_EQ(padding.size(), Pad8(e.data_bytes) - e.data_bytes);
+        pieces.insert(pieces.end(), data.begin(), data.end());
+        pieces.insert(pieces.end(), padding.begin(), padding.end());
+      }
+      const ByteBuffer whole = wc.EncodeFrame(frame);
+      ASSERT_EQ(pieces.size(), whole.size());
+      EXPECT_EQ(std::memcmp(pieces.data(), whole.data(), whole.size()), 0);
+      const FrameHeader header = HeaderOf(whole);
+      EXPECT_EQ(header.type, FrameType::kContribution);
+      EXPECT_EQ(header.job, 5u);
+      EXPECT_EQ(header.seq, 6u);
+      std::vector<EntryView> views;
+      EXPECT_TRUE(DecodeDataPayload(header, whole.span().subspan(kFrameHeaderSize), &views).ok());
+    }
+    // Block 2's data is the block itself (raw) or its encoding, which decodes to it (7, 8, 9 are exact in fp16).
+    float decoded[3];
+    ASSERT_TRUE(codec::DecodeFloats(UploadFormat(spec.codec), wc.BlockData(2), 3, decoded, false).ok());
+    EXPECT_EQ(std::vector<float>(decoded, decoded + 3), (std::vector<float>{7, 8, 9}));
+    if (c == Codec::kNone) {
+      EXPECT_EQ(wc.BlockData(2).data(), reinterpret_cast<const std::byte*>(&tensor[6]));
+    }
+    for (uint32_t n = 0; n < 16; ++n) EXPECT_EQ(WorkerCollective::PaddingFor(n).size(), Pad8(n) - n) << n;
+  }
+}
+
+// The payload limits each side checks before reading a frame are tight: one worker and one aggregator run a
+// collective whose RESULTs and CONTRIBUTIONs of K full blocks reach MaxResultPayload and MaxContributionPayload
+// exactly, in the wire format of their direction (fp16 halves the block, 3LC-with-fp32-results is raw down only).
+TEST(WorkerCollective, FullFramesReachThePayloadLimitsExactly) {
+  const JobShape shape{1, 1, 1, 2};
+  struct Case {
+    CodecSpec codec;
+    uint64_t up, down;  // K x (24 + pad8(wire bytes of a block of 3))
+  };
+  const std::vector<Case> cases = {
+      {CodecSpec{}, 2 * (24 + 16), 2 * (24 + 16)},
+      {CodecSpec{Codec::kFloat16}, 2 * (24 + 8), 2 * (24 + 8)},
+      {CodecSpec{Codec::kThreeLC, 0, 1.5f, /*result_fp32=*/true}, 2 * (24 + 8), 2 * (24 + 16)},
+  };
+  for (const Case& c : cases) {
+    CollectiveSpec spec{12, DType::kFloat32, ReduceOp::kSum, 3, c.codec};
+    SCOPED_TRACE(spec.ToString());
+    ASSERT_TRUE(ValidateSpec(spec).ok());
+    std::vector<float> tensor = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    codec::KeyState state;
+    WorkerCollective wc(shape, 1, 1, spec, std::as_writable_bytes(std::span(tensor)), {}, CodecContext{&state, 0, 1});
+    codec::ErrorMemory memory(4, 3);
+    ColumnEngine engine(shape, 0, 1, 1, spec, nullptr, &memory);
+    EXPECT_EQ(engine.MaxContributionPayload(), c.up);
+    EXPECT_EQ(wc.MaxResultPayload(), c.down);
+    uint64_t largest_up = 0, largest_down = 0;
+    std::vector<OutgoingFrame> pending = wc.Start(0);
+    while (!pending.empty()) {
+      std::vector<OutgoingFrame> next;
+      for (const OutgoingFrame& f : pending) {
+        const ByteBuffer frame = wc.EncodeFrame(f);
+        largest_up = std::max<uint64_t>(largest_up, frame.size() - kFrameHeaderSize);
+        std::vector<ColumnEngine::Broadcast> out;
+        ByteBuffer payload(frame.size() - kFrameHeaderSize);
+        std::memcpy(payload.data(), frame.data() + kFrameHeaderSize, payload.size());
+        ASSERT_TRUE(engine.OnContribution(0, HeaderOf(frame), std::move(payload), &out).ok());
+        for (const ColumnEngine::Broadcast& b : out) {
+          largest_down = std::max<uint64_t>(largest_down, b.frame->size() - kFrameHeaderSize);
+          const Status st = wc.OnResult(0, HeaderOf(*b.frame), b.frame->span().subspan(kFrameHeaderSize), &next);
+          ASSERT_TRUE(st.ok()) << st.ToString();
+        }
+      }
+      pending = std::move(next);
+    }
+    EXPECT_TRUE(engine.done());
+    EXPECT_TRUE(wc.done());
+    EXPECT_EQ(largest_up, c.up);
+    EXPECT_EQ(largest_down, c.down);
+  }
+}
+
+}  // namespace
+}  // namespace sparsereduce
+
+namespace sparsereduce {
+namespace {
+
+// The aggregator builds RESULTs in recycled pool buffers, which hold whatever the last frame left: the frames it
+// sends must still be byte for byte those built in fresh memory (padding zeroed, nothing stale), and sum exactly.
+TEST(ColumnEngine, ResultsInRecycledPoolBuffersAreTheSameBytes) {
+  // One rank, K = 128 blocks of 3 floats (12 data bytes, 4 of padding): a full RESULT of 5160 bytes is pooled.
+  const JobShape shape{1, 1, 1, 128};
+  const CollectiveSpec spec{3 * 300, DType::kFloat32, ReduceOp::kSum, 3};
+  std::vector<float> input(spec.element_count);
+  for (size_t i = 0; i < input.size(); ++i) input[i] = (i / 3) % 5 == 1 ? 0.0f : 0.25f * static_cast<float>(i);
+  auto run = [&](std::shared_ptr<BufferPool> pool, std::vector<float>* tensor) {
+    *tensor = input;
+    std::vector<std::byte> sent;
+    WorkerCollective wc(shape, 1, 1, spec, std::as_writable_bytes(std::span(*tensor)));
+    ColumnEngine engine(shape, 0, 1, 1, spec, pool);
+    std::vector<OutgoingFrame> pending = wc.Start(0);
+    while (!pending.empty()) {
+      std::vector<OutgoingFrame> next;
+      for (const OutgoingFrame& f : pending) {
+        const ByteBuffer frame = wc.EncodeFrame(f);
+        ByteBuffer payload(frame.size() - kFrameHeaderSize);
+        std::memcpy(payload.data(), frame.data() + kFrameHeaderSize, payload.size());
+        std::vector<ColumnEngine::Broadcast> out;
+        EXPECT_TRUE(engine.OnContribution(0, HeaderOf(frame), std::move(payload), &out).ok());
+        for (const ColumnEngine::Broadcast& b : out) {
+          sent.insert(sent.end(), b.frame->span().begin(), b.frame->span().end());
+          const Status st = wc.OnResult(0, HeaderOf(*b.frame), b.frame->span().subspan(kFrameHeaderSize), &next);
+          EXPECT_TRUE(st.ok()) << st.ToString();
+        }
+      }
+      pending = std::move(next);
+    }
+    EXPECT_TRUE(engine.done());
+    EXPECT_TRUE(wc.done());
+    wc.Finish();
+    return sent;
+  };
+  std::vector<float> fresh_sum, pooled_sum;
+  const std::vector<std::byte> fresh = run(nullptr, &fresh_sum);
+  auto pool = BufferPool::Create(1 << 20);
+  for (int i = 0; i < 4; ++i) {  // dirty free buffers of the capacity a full RESULT gets
+    ByteBuffer dirty = pool->Acquire(BufferPool::CapacityFor(5160));
+    std::memset(dirty.data(), 0xA5, dirty.size());
+  }
+  const std::vector<std::byte> pooled = run(pool, &pooled_sum);
+  EXPECT_GT(pool->reuses(), 0u);
+  ASSERT_EQ(pooled.size(), fresh.size());
+  EXPECT_EQ(std::memcmp(pooled.data(), fresh.data(), fresh.size()), 0);
+  EXPECT_EQ(std::memcmp(pooled_sum.data(), input.data(), input.size() * sizeof(float)), 0);  // one rank: the input
 }
 
 }  // namespace

@@ -718,6 +718,23 @@ TEST(EntryTableTest, AgreesWithDecodeDataPayloadUnderMutation) {
   EXPECT_GT(padding_only, 0);
 }
 
+// The overload for lent payloads reads the entries from a copy of the table; a copy of another size than the
+// header's entry_count x 24 bytes is refused (and decodes nothing) instead of being read past or short.
+TEST(DataPayloadTest, TheCopiedEntryTableMustMatchTheEntryCount) {
+  const TestFrame f = MakeFrame(DataHeader(), {{1, 8}, {2, 3}});
+  const auto payload = f.payload();
+  std::vector<EntryView> views;
+  ASSERT_TRUE(DecodeDataPayload(f.header, payload.first(2 * kEntrySize), payload, &views).ok());
+  ASSERT_EQ(views.size(), 2u);
+  for (size_t table_bytes : {size_t{0}, size_t{kEntrySize}, size_t{2 * kEntrySize - 1}, size_t{2 * kEntrySize + 1}}) {
+    SCOPED_TRACE(table_bytes);
+    const Status st = DecodeDataPayload(f.header, payload.first(table_bytes), payload, &views);
+    EXPECT_EQ(st.code(), StatusCode::kProtocolViolation);
+    EXPECT_EQ(st.message(), "entry table of " + std::to_string(table_bytes) + " bytes given for 2 entries");
+    EXPECT_TRUE(views.empty());
+  }
+}
+
 TEST(EntryTableTest, RefusesATableOfTheWrongSize) {
   const TestFrame f = MakeFrame(DataHeader(FrameType::kResult), {{1, 8}, {2, 8}});
   std::vector<Entry> entries;

@@ -392,6 +392,61 @@ TEST(ValidateShapeTest, RejectsZeros) {
   s = good;
   s.blocks_per_message = 0;
   EXPECT_EQ(ValidateShape(s).code(), StatusCode::kInvalidArgument);
+  // A window of zero frames would let no CONTRIBUTION out at all.
+  s = good;
+  s.window = 0;
+  const Status st = ValidateShape(s);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message(), "window must be at least 1");
+}
+
+// Codecs decode to fp32 and sum there: a codec over int32, or with another reduction than a sum, is refused as
+// UNSUPPORTED (the same spec without the codec is fine).
+TEST(ValidateSpecTest, ACodecNeedsFloat32Sums) {
+  CollectiveSpec spec{1000, DType::kInt32, ReduceOp::kSum, 256};
+  ASSERT_TRUE(ValidateSpec(spec).ok());
+  spec.codec.codec = Codec::kFloat16;
+  Status st = ValidateSpec(spec);
+  EXPECT_EQ(st.code(), StatusCode::kUnsupported);
+  EXPECT_EQ(st.message(), "codec fp16 needs float32 sums, not int32 sum");
+  spec.dtype = DType::kFloat32;
+  EXPECT_TRUE(ValidateSpec(spec).ok());
+  spec.codec = CodecSpec{Codec::kTopK, 0, 1.0f, false, 0.25f};
+  EXPECT_TRUE(ValidateSpec(spec).ok()) << spec.ToString();
+  spec.dtype = DType::kInt32;
+  st = ValidateSpec(spec);
+  EXPECT_EQ(st.code(), StatusCode::kUnsupported);
+  EXPECT_EQ(st.message(), "codec topk needs float32 sums, not int32 sum");
+}
+
+// The largest data frame, K x (24 + pad8(block bytes)), may be exactly kMaxDataPayload but not one padded block
+// more; and the larger of the two directions' wire formats counts (a 3LC upload is small, its fp32 results not).
+TEST(ValidateFrameSizeTest, TheLargestFrameMayReachTheLimitButNotPassIt) {
+  const JobShape shape{2, 1, 1, 16};
+  // 16 x (24 + 4 x 4194298) = 16 x 16 MiB = 256 MiB exactly.
+  CollectiveSpec spec{1 << 30, DType::kFloat32, ReduceOp::kSum, 4194298};
+  ASSERT_EQ(16 * (kEntrySize + Pad8(4ull * spec.block_size)), kMaxDataPayload);
+  EXPECT_TRUE(ValidateFrameSize(shape, spec).ok());
+  spec.block_size = 4194299;  // 16 777 196 bytes, padded to 16 777 200
+  Status st = ValidateFrameSize(shape, spec);
+  EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(st.message(),
+            "blocks_per_message 16 x block of 16777196 bytes makes frames of 268435584 bytes, above the limit of "
+            "268435456");
+  JobShape fewer = shape;
+  fewer.blocks_per_message = 15;
+  EXPECT_TRUE(ValidateFrameSize(fewer, spec).ok());
+
+  // 3LC: ternary both ways is far below the limit; with fp32 results the download frames are the raw size again.
+  spec.codec = CodecSpec{Codec::kThreeLC, 0, 1.5f};
+  ASSERT_TRUE(ValidateSpec(spec).ok()) << ValidateSpec(spec).ToString();
+  EXPECT_TRUE(ValidateFrameSize(shape, spec).ok());
+  spec.codec.result_fp32 = true;
+  ASSERT_TRUE(ValidateSpec(spec).ok());
+  EXPECT_EQ(ValidateFrameSize(shape, spec).code(), StatusCode::kInvalidArgument);
+  // fp16 both ways: half the bytes.
+  spec.codec = CodecSpec{Codec::kFloat16};
+  EXPECT_TRUE(ValidateFrameSize(shape, spec).ok());
 }
 
 }  // namespace
