@@ -9,6 +9,7 @@ next to the project's Boost 1.81: its python3-scipy -> python3-pythran dependenc
 """
 
 import gzip
+import os
 
 import numpy as np
 import torch
@@ -74,6 +75,17 @@ def make_optimizer(parameters):
     return torch.optim.SGD(parameters, lr=0.1, momentum=0.9)
 
 
+def check_dataset():
+    """Before any rank starts: one message, not one traceback per rank."""
+    missing = [name for name in ("train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+                                 "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz")
+               if not os.path.exists(f"{DATA}/{name}")]
+    if missing:
+        raise SystemExit(f"{DATA}/{missing[0]} not found: install the dataset (Debian package dataset-fashion-mnist) "
+                         "with scripts/install-python-deps.sh")
+
+
 if __name__ == "__main__":
     args = make_parser().parse_args()
+    check_dataset()
     ddp_common.launch(args, build, FashionMnist(args.batch).batches, loss_fn, make_optimizer, evaluate)

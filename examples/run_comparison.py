@@ -47,6 +47,9 @@ def main():
                         "(e.g. topk:fraction=0.1, 3lc:sparsity=1.5:fp32-results=1)")
     p.add_argument("extra", nargs="*", help="passed to every example (after --), e.g. -- --steps 10")
     args = p.parse_args()
+    unknown = [name for name in args.examples.split(",") if name not in EXAMPLES]
+    if unknown:
+        p.error(f"--examples: unknown example {unknown[0]!r} (known: {', '.join(EXAMPLES)})")
     env = dict(os.environ, PYTHONPATH=f"{args.build_dir / 'python'}:{SOURCE / 'python'}")
     # SIGTERM ends the run like Ctrl-C, so the context managers below stop the processes and delete the testbed.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
@@ -66,7 +69,11 @@ def main():
                                "--world-size", str(args.world_size), "--aggregators", cluster.address,
                                "--job", str(job), *codec_arguments(codec), "--out", str(out), *args.extra]
                     print(f"# {' '.join(command[1:])}", file=sys.stderr, flush=True)
-                    cluster.run(command, env, Path(work) / f"{name}-{backend}-{job}.store")
+                    try:
+                        cluster.run(command, env, Path(work) / f"{name}-{backend}-{job}.store")
+                    except subprocess.CalledProcessError as e:
+                        raise SystemExit(f"run_comparison: {name} with {backend} (codec {codec}) failed "
+                                         f"(exit code {e.returncode}); its output is above") from None
                     runs[(backend, codec)] = dict(json.loads(out.read_text()), codec=codec)
                 if args.codecs:
                     print_codec_table(name, [runs[v] for v in variants], args.markdown)
