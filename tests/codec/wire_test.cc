@@ -291,5 +291,246 @@ TEST(ThreeLc, SentPlusErrorIsExactlyTheInput) {
   }
 }
 
+
+// Each decoder refuses a malformed block with the same code and the message that names what is wrong: a receiver's
+// error report (CheckTernary on arrival) and a test's (DecodeTrits) must agree with the decoder's.
+TEST(Ternary, EveryDecoderRefusesEachMalformedBlockWithItsOwnMessage) {
+  const std::vector<std::byte> good = Encode({1, 0, 0, 0, 0, 0, 0, 0, 0, 0, -1}, 1.0f);  // 3 groups: 11 values
+  std::vector<std::byte> trailing = good;
+  trailing.push_back(std::byte{121});  // a fourth group
+  std::vector<std::byte> padded = Encode({1}, 1.0f);
+  padded[4] = std::byte{242};
+  std::vector<std::byte> negative = Encode({1, 0}, -2.0f);
+  struct Case {
+    std::vector<std::byte> block;
+    size_t n;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {good, 16, "ternary block has 3 groups, expected 4"},
+      {good, 10, "ternary block has more than its 2 groups"},
+      {trailing, 11, "ternary block has more than its 3 groups"},
+      {std::vector<std::byte>(good.begin(), good.begin() + 3), 11, "ternary block shorter than its scale"},
+      {std::vector<std::byte>(good.begin(), good.begin() + 4), 11, "ternary block has 0 groups, expected 3"},
+      {padded, 1, "ternary block pads its last group with a nonzero value"},
+      {negative, 2, "ternary block with scale -2.000000 (must be finite and not negative, or NaN)"},
+  };
+  for (const Case& c : cases) {
+    std::vector<float> out(c.n + 5);
+    std::vector<int8_t> trits(c.n + 5);
+    const Status check = CheckTernary(c.block, c.n);
+    const Status decode = DecodeTernary(c.block, c.n, out.data(), false);
+    const Status trit = DecodeTrits(c.block, c.n, trits.data()).status();
+    for (const Status& st : {check, decode, trit}) {
+      EXPECT_EQ(st.code(), StatusCode::kProtocolViolation) << c.message;
+      EXPECT_EQ(st.message(), c.message);
+    }
+  }
+}
+
+// A padding digit is checked only in the positions past n: a last group of 4 values may use all four.
+TEST(Ternary, PaddingIsCheckedOnlyPastTheLastValue) {
+  for (size_t n = 1; n <= 9; ++n) {
+    std::vector<int8_t> q(n, -1);
+    const std::vector<std::byte> block = Encode(q, 1.0f);
+    EXPECT_TRUE(CheckTernary(block, n).ok()) << n;
+    if (n % 5 == 0) continue;
+    // Each digit past n in turn set to -1 (d = 0) instead of the zero padding (d = 1).
+    for (size_t k = n % 5; k < 5; ++k) {
+      std::vector<std::byte> bad = block;
+      constexpr uint8_t kWeight[5] = {81, 27, 9, 3, 1};
+      bad.back() = std::byte{static_cast<uint8_t>(static_cast<uint8_t>(bad.back()) - kWeight[k])};
+      EXPECT_EQ(CheckTernary(bad, n).message(), "ternary block pads its last group with a nonzero value")
+          << n << " digit " << k;
+    }
+  }
+}
+
+float FromBits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+uint32_t BitsOf(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+
+// The bulk conversions against the scalar ones for every tail length past the 8-wide vector loop, overwriting and
+// accumulating: the F16C path (the one this CPU takes, if it has F16C) and the portable loop, bit for bit.
+TEST(Half, BulkConversionsMatchTheScalarOnesForEveryTailAndWhenAccumulating) {
+  std::mt19937 random(5);
+  for (size_t n = 0; n <= 35; ++n) {
+    std::vector<float> in(n);
+    for (float& v : in) v = FromBits(static_cast<uint32_t>(random()) & 0xC7FFFFFFu);  // |v| < 2^16 or tiny
+    std::vector<std::byte> fast(2 * n), portable(2 * n), bf(2 * n);
+    EncodeHalf(in.data(), n, fast.data());
+    EncodeHalfPortable(in.data(), n, portable.data());
+    EncodeBFloat16(in.data(), n, bf.data());
+    ASSERT_EQ(fast, portable) << n;
+    std::vector<float> base(n);
+    for (float& v : base) v = std::normal_distribution<float>(0.0f, 100.0f)(random);
+    for (bool accumulate : {false, true}) {
+      std::vector<float> a = base, b = base, c = base;
+      DecodeHalf(fast.data(), n, a.data(), accumulate);
+      DecodeHalfPortable(fast.data(), n, b.data(), accumulate);
+      DecodeBFloat16(bf.data(), n, c.data(), accumulate);
+      for (size_t j = 0; j < n; ++j) {
+        uint16_t h, g;
+        std::memcpy(&h, fast.data() + 2 * j, 2);
+        std::memcpy(&g, bf.data() + 2 * j, 2);
+        ASSERT_EQ(h, FloatToHalf(in[j])) << n << " " << j;
+        ASSERT_EQ(g, FloatToBFloat16(in[j])) << n << " " << j;
+        const float half = accumulate ? base[j] + HalfToFloat(h) : HalfToFloat(h);
+        const float bfloat = accumulate ? base[j] + BFloat16ToFloat(g) : BFloat16ToFloat(g);
+        ASSERT_EQ(BitsOf(a[j]), BitsOf(half)) << n << " " << j << " accumulate " << accumulate;
+        ASSERT_EQ(BitsOf(b[j]), BitsOf(half)) << n << " " << j << " accumulate " << accumulate;
+        ASSERT_EQ(BitsOf(c[j]), BitsOf(bfloat)) << n << " " << j << " accumulate " << accumulate;
+      }
+    }
+  }
+}
+
+// Every fp32 NaN (both signs, a sweep of payloads including the signalling ones with only low bits set) becomes a
+// quiet NaN half that keeps the sign and the top payload bits, alike on the F16C and the portable path.
+TEST(Half, EveryNaNBecomesAQuietNaNAlikeOnBothPaths) {
+  std::vector<float> nans;
+  for (uint32_t sign : {0u, 0x80000000u}) {
+    for (uint32_t payload = 1; payload < 0x800000; payload += payload < 0x4000 ? 1 : 4093) {
+      nans.push_back(FromBits(sign | 0x7F800000 | payload));
+    }
+    nans.push_back(FromBits(sign | 0x7FFFFFFF));
+  }
+  std::vector<std::byte> fast(2 * nans.size()), portable(2 * nans.size());
+  EncodeHalf(nans.data(), nans.size(), fast.data());
+  EncodeHalfPortable(nans.data(), nans.size(), portable.data());
+  EXPECT_EQ(fast, portable);
+  for (size_t i = 0; i < nans.size(); ++i) {
+    const uint32_t f = BitsOf(nans[i]);
+    const uint16_t expected = static_cast<uint16_t>(((f >> 16) & 0x8000) | 0x7E00 | ((f >> 13) & 0x3FF));
+    uint16_t h;
+    std::memcpy(&h, portable.data() + 2 * i, 2);
+    ASSERT_EQ(h, expected) << std::hex << f;
+    ASSERT_EQ(FloatToHalf(nans[i]), expected) << std::hex << f;
+  }
+}
+
+// bf16 rounding against a reference that compares distances (in double) to the two neighbours, ties to even, over
+// a sweep of every exponent: Inf where the value passes the largest bf16 by half an ulp or more, -0.0 kept, and
+// every NaN a quiet NaN (without its own branch, a NaN whose payload has only low bits turned into Inf, and the
+// NaN with all payload bits into -0.0).
+TEST(BFloat16, RoundsLikeTheReferenceAndKeepsEveryNaNANaN) {
+  auto reference = [](uint32_t f) -> uint16_t {
+    const uint32_t sign = f & 0x80000000u, abs = f & 0x7FFFFFFFu;
+    if (abs > 0x7F800000u) return static_cast<uint16_t>((f >> 16) | 0x40);
+    const uint32_t lo = abs & 0xFFFF0000u, hi = lo + 0x10000u;
+    const double x = static_cast<double>(FromBits(abs));
+    const double lo_v = static_cast<double>(FromBits(lo));
+    const double hi_v = hi >= 0x7F800000u ? std::ldexp(1.0, 128) : static_cast<double>(FromBits(hi));
+    if (abs == 0x7F800000u) return static_cast<uint16_t>((sign | abs) >> 16);
+    uint32_t pick;
+    if (x - lo_v < hi_v - x) {
+      pick = lo;
+    } else if (x - lo_v > hi_v - x) {
+      pick = hi;
+    } else {
+      pick = (lo & 0x10000u) ? hi : lo;
+    }
+    return static_cast<uint16_t>((sign | pick) >> 16);
+  };
+  for (uint64_t u = 0; u < (uint64_t{1} << 32); u += 65521) {
+    for (uint32_t low : {0u, 1u, 0x7FFFu, 0x8000u, 0x8001u, 0xFFFFu}) {
+      const uint32_t f = (static_cast<uint32_t>(u) & 0xFFFF0000u) | low;
+      const uint16_t b = FloatToBFloat16(FromBits(f));
+      ASSERT_EQ(b, reference(f)) << std::hex << f;
+      ASSERT_EQ(std::isnan(BFloat16ToFloat(b)), std::isnan(FromBits(f))) << std::hex << f;
+    }
+  }
+  EXPECT_EQ(FloatToBFloat16(FromBits(0x7F800001u)), 0x7FC0);
+  EXPECT_EQ(FloatToBFloat16(FromBits(0x7FFFFFFFu)), 0x7FFF);
+  EXPECT_EQ(FloatToBFloat16(FromBits(0xFF800001u)), 0xFFC0);
+  EXPECT_EQ(FloatToBFloat16(-0.0f), 0x8000);
+  EXPECT_EQ(FloatToBFloat16(std::numeric_limits<float>::max()), 0x7F80);  // past the largest bf16: Inf
+  EXPECT_EQ(FloatToBFloat16(FromBits(0x7F7F7FFFu)), 0x7F7F);              // just below the tie: stays finite
+}
+
+// A length that does not fit is refused before anything is read, naming the format, the count and the bound; the
+// decoders refuse it the same way and leave `out` alone.
+TEST(Wire, WrongLengthsAreRefusedWithTheExpectedSize) {
+  EXPECT_EQ(CheckWireBytes(WireFormat::kRaw, 256, 4, 1020).message(),
+            "1020 data bytes for a raw block of 256 elements (exactly 1024)");
+  EXPECT_EQ(CheckWireBytes(WireFormat::kRaw, 3, 8, 12).message(),
+            "12 data bytes for a raw block of 3 elements (exactly 24)");
+  EXPECT_EQ(CheckWireBytes(WireFormat::kFloat16, 7, 4, 15).message(),
+            "15 data bytes for a fp16 block of 7 elements (exactly 14)");
+  EXPECT_EQ(CheckWireBytes(WireFormat::kBFloat16, 7, 4, 28).message(),
+            "28 data bytes for a bf16 block of 7 elements (exactly 14)");
+  EXPECT_EQ(CheckWireBytes(WireFormat::kTernary, 11, 4, 4).message(),
+            "4 data bytes for a ternary block of 11 elements (5..7)");
+  EXPECT_EQ(CheckWireBytes(WireFormat::kTernary, 11, 4, 8).code(), StatusCode::kProtocolViolation);
+  EXPECT_TRUE(CheckWireBytes(WireFormat::kTernary, 11, 4, 7).ok());
+  EXPECT_TRUE(CheckWireBytes(WireFormat::kTernary, 1, 4, 5).ok());
+  for (WireFormat f : {WireFormat::kRaw, WireFormat::kFloat16, WireFormat::kBFloat16, WireFormat::kTernary}) {
+    const std::vector<std::byte> bytes(MaxWireBytes(f, 5, 4) + 1);
+    std::vector<float> out(5, 7.0f);
+    const Status st = DecodeFloats(f, bytes, 5, out.data(), false);
+    EXPECT_EQ(st.code(), StatusCode::kProtocolViolation) << WireFormatName(f);
+    EXPECT_EQ(st.message(), CheckWireBytes(f, 5, 4, static_cast<uint32_t>(bytes.size())).message());
+    EXPECT_EQ(out, std::vector<float>(5, 7.0f)) << WireFormatName(f);
+  }
+  EXPECT_STREQ(WireFormatName(static_cast<WireFormat>(9)), "?");
+  EXPECT_EQ(MaxWireBytes(static_cast<WireFormat>(9), 5, 4), 0u);
+  std::vector<float> out(5);
+  EXPECT_EQ(DecodeFloats(static_cast<WireFormat>(9), {}, 5, out.data(), false).message(), "unknown wire format");
+}
+
+// CheckWireBlock checks a ternary body on arrival (so that the later decode cannot fail) and only the length of the
+// fixed formats; DecodeFloats decodes a ternary block and accumulates like the others.
+TEST(Wire, TernaryBlocksAreCheckedOnArrivalAndDecodedByDecodeFloats) {
+  const std::vector<std::byte> block = Encode({1, -1, 0, 0, 0, 0, 1}, 0.5f);
+  EXPECT_TRUE(CheckWireBlock(WireFormat::kTernary, 7, 4, block).ok());
+  std::vector<std::byte> padded = block;
+  padded.back() = std::byte{242};  // the last group's padding digits are +1
+  EXPECT_EQ(CheckWireBlock(WireFormat::kTernary, 7, 4, padded).message(),
+            "ternary block pads its last group with a nonzero value");
+  EXPECT_EQ(CheckWireBlock(WireFormat::kTernary, 7, 4, std::span(block).first(4)).message(),
+            "4 data bytes for a ternary block of 7 elements (5..6)");
+  const std::vector<std::byte> raw(28, std::byte{0xFF});  // NaNs: only the length is a raw block's to check
+  EXPECT_TRUE(CheckWireBlock(WireFormat::kRaw, 7, 4, raw).ok());
+  EXPECT_FALSE(CheckWireBlock(WireFormat::kFloat16, 7, 4, raw).ok());
+  std::vector<float> out(7, 1.0f);
+  ASSERT_TRUE(DecodeFloats(WireFormat::kTernary, block, 7, out.data(), true).ok());
+  EXPECT_EQ(out, std::vector<float>({1.5f, 0.5f, 1.0f, 1.0f, 1.0f, 1.0f, 1.5f}));
+  ASSERT_TRUE(DecodeFloats(WireFormat::kTernary, block, 7, out.data(), false).ok());
+  EXPECT_EQ(out, std::vector<float>({0.5f, -0.5f, 0.0f, 0.0f, 0.0f, 0.0f, 0.5f}));
+  std::vector<std::byte> none(8);
+  EXPECT_EQ(EncodeFloats(WireFormat::kTernary, out.data(), 7, none.data()), 0u);  // ternary is the codecs' to write
+}
+
+// The quantizer's boundaries: a zero scale sends nothing and moves all of x into the error; T exactly at ±M/2
+// rounds away from zero; error_in stays untouched when error_out is elsewhere; n = 0 gives a maximum of 0.
+TEST(ThreeLc, QuantizerBoundariesAndSeparateErrorBuffers) {
+  const std::vector<float> x = {1.0f, -1.0f, 0.25f, -0.0f};
+  std::vector<float> error = {0.5f, 0.0f, -0.25f, 0.0f};
+  std::vector<int8_t> q(4, 9);
+  EXPECT_FALSE(QuantizeWithError(x.data(), error.data(), x.size(), 0.0f, q.data()));
+  EXPECT_EQ(q, std::vector<int8_t>(4, 0));
+  EXPECT_EQ(error, std::vector<float>({1.5f, -1.0f, 0.0f, 0.0f}));
+  const std::vector<float> t = {1.0f, -1.0f, 0.999f, -0.999f, 2.0f, 0.0f};
+  const std::vector<float> in(t.size(), 0.0f);
+  std::vector<float> out(t.size(), 42.0f);
+  std::vector<int8_t> q2(t.size());
+  EXPECT_TRUE(QuantizeWithError(t.data(), in.data(), out.data(), t.size(), 2.0f, q2.data()));
+  EXPECT_EQ(q2, std::vector<int8_t>({1, -1, 0, 0, 1, 0}));
+  EXPECT_EQ(out, std::vector<float>({-1.0f, 1.0f, 0.999f, -0.999f, 0.0f, 0.0f}));
+  EXPECT_EQ(in, std::vector<float>(t.size(), 0.0f));
+  EXPECT_EQ(MaxAbsWithError(t.data(), in.data(), 0), 0.0f);
+  const std::vector<float> neg_zero = {-0.0f, -0.0f};
+  EXPECT_EQ(BitsOf(MaxAbsWithError(neg_zero.data(), neg_zero.data(), 2)), 0u);  // |-0| is +0
+  std::vector<float> nan_error = {0.0f, std::nanf("")};
+  EXPECT_TRUE(std::isnan(MaxAbsWithError(neg_zero.data(), nan_error.data(), 2)));
+}
+
 }  // namespace
 }  // namespace sparsereduce::codec

@@ -4,7 +4,7 @@ include(GoogleTest)
 
 foreach(sparsereduce_codec_test IN ITEMS coding_test frame_test block_scan_test layout_test reduce_kernels_test
         streaming_copy_test
-        buffer_pool_test control_spec_test)
+        buffer_pool_test control_spec_test status_test)
 
   add_executable(${sparsereduce_codec_test} ${CMAKE_CURRENT_SOURCE_DIR}/${sparsereduce_codec_test}.cc)
   target_link_libraries(${sparsereduce_codec_test} PRIVATE sparsereduce_protocol GTest::gtest_main)
