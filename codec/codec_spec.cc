@@ -80,13 +80,13 @@ Status ValidateCodec(const CodecSpec& c) {
     return Status(StatusCode::kUnsupported, "unknown codec value " + std::to_string(static_cast<uint32_t>(c.codec)));
   }
   if (!(c.sparsity >= 1.0f && c.sparsity < 2.0f)) {
-    return InvalidArgument("3LC sparsity multiplier " + std::to_string(c.sparsity) + " is outside [1, 2)");
+    return InvalidArgument("3LC sparsity multiplier " + Shortest(c.sparsity) + " is outside [1, 2)");
   }
   if (!(c.fraction > 0.0f && c.fraction <= 1.0f)) {
-    return InvalidArgument("top-k fraction " + std::to_string(c.fraction) + " is outside (0, 1]");
+    return InvalidArgument("top-k fraction " + Shortest(c.fraction) + " is outside (0, 1]");
   }
   if (!(c.alpha >= 0.0f && c.alpha <= 1.0f)) {
-    return InvalidArgument("DIANA alpha " + std::to_string(c.alpha) + " is outside [0, 1]");
+    return InvalidArgument("DIANA alpha " + Shortest(c.alpha) + " is outside [0, 1]");
   }
   if ((c.result_fp32 || c.tensor_scale) && c.codec != Codec::kThreeLC) {
     return InvalidArgument("fp32 results and a tensor-wide scale are 3LC options");

@@ -302,14 +302,16 @@ TEST(CodecSpec, ValidateCodecRefusesEachFieldOutsideItsRangeWithItsMessage) {
     std::string message;
   };
   const std::vector<Case> cases = {
-      {with([](CodecSpec& c) { c.sparsity = 2.0f; }), "3LC sparsity multiplier 2.000000 is outside [1, 2)"},
-      {with([](CodecSpec& c) { c.sparsity = 0.5f; }), "3LC sparsity multiplier 0.500000 is outside [1, 2)"},
+      {with([](CodecSpec& c) { c.sparsity = 2.0f; }), "3LC sparsity multiplier 2 is outside [1, 2)"},
+      {with([](CodecSpec& c) { c.sparsity = 0.5f; }), "3LC sparsity multiplier 0.5 is outside [1, 2)"},
       {with([&](CodecSpec& c) { c.sparsity = nan; }), "3LC sparsity multiplier nan is outside [1, 2)"},
-      {with([](CodecSpec& c) { c.fraction = 0.0f; }), "top-k fraction 0.000000 is outside (0, 1]"},
-      {with([](CodecSpec& c) { c.fraction = 1.5f; }), "top-k fraction 1.500000 is outside (0, 1]"},
+      {with([](CodecSpec& c) { c.fraction = 0.0f; }), "top-k fraction 0 is outside (0, 1]"},
+      {with([](CodecSpec& c) { c.fraction = 1.5f; }), "top-k fraction 1.5 is outside (0, 1]"},
+      // The value as given, not rounded to six decimals ("-0.000000").
+      {with([](CodecSpec& c) { c.fraction = -1e-9f; }), "top-k fraction -1e-09 is outside (0, 1]"},
       {with([&](CodecSpec& c) { c.fraction = nan; }), "top-k fraction nan is outside (0, 1]"},
-      {with([](CodecSpec& c) { c.alpha = -0.25f; }), "DIANA alpha -0.250000 is outside [0, 1]"},
-      {with([](CodecSpec& c) { c.alpha = 1.25f; }), "DIANA alpha 1.250000 is outside [0, 1]"},
+      {with([](CodecSpec& c) { c.alpha = -0.25f; }), "DIANA alpha -0.25 is outside [0, 1]"},
+      {with([](CodecSpec& c) { c.alpha = 1.25f; }), "DIANA alpha 1.25 is outside [0, 1]"},
       {with([&](CodecSpec& c) { c.alpha = nan; }), "DIANA alpha nan is outside [0, 1]"},
       {with([](CodecSpec& c) { c.codec = Codec::kDiana, c.result_fp32 = true; }),
        "fp32 results and a tensor-wide scale are 3LC options"},
