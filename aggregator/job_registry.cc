@@ -13,16 +13,14 @@ std::shared_ptr<Job> JobRegistry::MakeJob(uint64_t id) {
 }
 
 namespace {
-Status Draining(uint64_t id) {
-  return Status(StatusCode::kShuttingDown,
-                "the aggregator is shutting down and admits no Hello (job " + std::to_string(id) + ")");
-}
+// The caller names the job, rank and peer (Session::Who).
+Status Draining() { return Status(StatusCode::kShuttingDown, "the aggregator is shutting down and admits no Hello"); }
 }  // namespace
 
 Result<std::shared_ptr<Job>> JobRegistry::FindOrCreate(uint64_t id) {
   std::lock_guard lock(mutex_);
   // Before the lookup: a job that drains takes no newcomer either (a full one would answer JOB_FULL).
-  if (context_.draining) return Draining(id);
+  if (context_.draining) return Draining();
   auto it = jobs_.find(id);
   if (it != jobs_.end()) return it->second;
   if (jobs_.size() >= context_.options.max_jobs) {
@@ -46,7 +44,7 @@ Result<std::shared_ptr<Job>> JobRegistry::Replace(uint64_t id, const std::shared
   std::lock_guard lock(mutex_);
   auto it = jobs_.find(id);
   if (it != jobs_.end() && it->second != stale) return it->second;
-  if (context_.draining) return Draining(id);
+  if (context_.draining) return Draining();
   auto job = MakeJob(id);
   jobs_[id] = job;
   context_.metrics.SetJobs(jobs_.size());

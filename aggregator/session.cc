@@ -250,7 +250,7 @@ asio::awaitable<void> Session::Handshake() {
   }
   Result<std::shared_ptr<Job>> job = registry_.FindOrCreate(hello_.job_id());
   if (!job.ok()) {
-    RejectBeforeJoin(job.status().WithContext("job " + std::to_string(hello_.job_id())));
+    RejectBeforeJoin(job.status().WithContext(Who()));  // --max-jobs, or draining: the rank and peer too
     co_return;
   }
   HandOverToJob();

@@ -24,6 +24,7 @@
 #include <optional>
 #include <stdexcept>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "protocol/control.h"
@@ -438,6 +439,15 @@ TEST(InProcess, OptionsThatCannotWorkAreRefusedAtOnce) {
        "aggregator '127.0.0.1:1' is listed twice (entries 0 and 2)"},
       {[](WorkerOptions& o) { o.aggregators = {" 127.0.0.1:1"}; }, "spaces or control characters in the host"},
       {[](WorkerOptions& o) { o.aggregators = {"127.0.0.1:0"}; }, "port 0 cannot be connected to"},
+      {[](WorkerOptions& o) { o.aggregators.clear(); }, "no aggregators given (WorkerOptions::aggregators or"},
+      {[](WorkerOptions& o) { o.rank = 1; }, "rank 1 is out of range for world_size 1"},
+      {[](WorkerOptions& o) { o.transport = "udp"; }, "unknown transport 'udp'"},
+      {[](WorkerOptions& o) { o.tcp_send_buffer = (1u << 30) + 1; }, "tcp_send_buffer 1073741825 is above"},
+      {[](WorkerOptions& o) {
+         o.codec.name = "topk";
+         o.codec.fraction = 2;
+       },
+       "codec topk: top-k fraction 2"},
   };
   for (const Case& c : cases) {
     WorkerOptions options;
@@ -1027,6 +1037,270 @@ TEST(InProcess, AContributionOfMoreThanKEntriesIsRefusedBeforeItsPayload) {
   EXPECT_NE(reply->error().message().find("CONTRIBUTION of 5 entries, more than the job's 4 blocks per message"),
             std::string::npos)
       << reply->error().message();
+}
+
+// A rank joined by hand to `job` (one aggregator), or -1.
+int JoinByHand(const std::string& address, uint64_t job, uint32_t rank, uint32_t world_size) {
+  const int fd = ConnectToLoopback(address);
+  if (fd >= 0 && !SendControl(fd, RawHello(job, rank, world_size, 1))) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// The first Error the daemon sends on `fd`, passing by JobReady and CollectiveAccepted; nullopt if none comes.
+std::optional<proto::Error> NextError(int fd) {
+  while (std::optional<proto::ControlMessage> message = ReadControlFrame(fd)) {
+    if (message->has_error()) return message->error();
+  }
+  return std::nullopt;
+}
+
+proto::ControlMessage BeginOf(uint64_t seq, uint32_t block_size = 256) {
+  proto::ControlMessage begin;
+  begin.mutable_collective_begin()->set_seq(seq);
+  *begin.mutable_collective_begin()->mutable_spec() = SpecToProto({4096, DType::kFloat32, ReduceOp::kSum, block_size});
+  return begin;
+}
+
+// Expects `error` to be `code`, name job `job` rank `rank` and its peer, and contain `text`.
+void ExpectNamedError(const std::optional<proto::Error>& error, proto::ErrorCode code, uint64_t job, uint32_t rank,
+                      const std::string& text) {
+  ASSERT_TRUE(error) << "no Error; expected: " << text;
+  EXPECT_EQ(error->code(), code) << error->message();
+  EXPECT_NE(error->message().find("job " + std::to_string(job) + " rank " + std::to_string(rank) + " (peer 127.0.0.1:"),
+            std::string::npos)
+      << error->message();
+  EXPECT_NE(error->message().find(text), std::string::npos) << error->message();
+}
+
+// docs/PROTOCOL.md §3: a CONTRIBUTION that does not fit the collective in progress is refused naming the job, rank
+// and peer: from its header alone (another job's id, no collective running, a payload above the collective's
+// limit; only the header is sent), or from its table. (Before its rank's CollectiveBegin: service_test.cc.)
+TEST(InProcess, AContributionThatDoesNotFitItsCollectiveIsRefused) {
+  auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+  const std::string address = (*daemon)->AddressList();
+  struct Case {
+    uint64_t job;
+    bool begin;
+    FrameHeader header;
+    std::string text;
+  };
+  const std::vector<Case> cases = {
+      {70, false, {FrameType::kContribution, kEntrySize, 0, 70, 1, 1}, "CONTRIBUTION for collective 1, which is not in progress"},
+      {71, true, {FrameType::kContribution, kEntrySize, 0, 999, 1, 1}, "CONTRIBUTION for job 999 on a connection of job 71"},
+      {72, true, {FrameType::kContribution, 1u << 30, 0, 72, 1, 1}, "CONTRIBUTION payload of 1073741824 bytes exceeds"},
+  };
+  for (const Case& c : cases) {
+    const int fd = JoinByHand(address, c.job, 0, 1);
+    ASSERT_GE(fd, 0);
+    if (c.begin) {
+      ASSERT_TRUE(SendControl(fd, BeginOf(1)));
+    }
+    std::array<std::byte, kFrameHeaderSize> header{};
+    EncodeFrameHeader(c.header, header.data());
+    ASSERT_TRUE(WriteAll(fd, header));
+    const std::optional<proto::Error> error = NextError(fd);
+    close(fd);
+    ExpectNamedError(error, proto::PROTOCOL_VIOLATION, c.job, 0, c.text);
+  }
+  // A whole CONTRIBUTION whose header passes but whose table the collective refuses (an announce of one entry where
+  // both of the slot's columns expect one): the engine's refusal reaches the rank with its name, too.
+  const int fd = JoinByHand(address, 84, 0, 1);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendControl(fd, BeginOf(1)));
+  const std::array stray{Entry{9999, kEndOfColumn, 0}};
+  ASSERT_TRUE(WriteAll(fd, EncodeDataFrame({FrameType::kContribution, 0, 0, 84, 1, 1}, stray, {}).span()));
+  const std::optional<proto::Error> error = NextError(fd);
+  close(fd);
+  ExpectNamedError(error, proto::PROTOCOL_VIOLATION, 84, 0, "collective 1, slot 0, announce: 1 entries, expected");
+  EXPECT_TRUE((*daemon)->Stop());
+}
+
+// A CollectiveBegin out of turn is a violation naming the rank: before the job formed, for a collective other than
+// the next, for one already begun by that rank, with an invalid spec; and so is any control message a member may
+// not send (a second Hello).
+TEST(InProcess, ACollectiveBeginOutOfTurnIsRefusedNamingTheRank) {
+  auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+  const std::string address = (*daemon)->AddressList();
+  struct Case {
+    uint64_t job;
+    uint32_t world_size;
+    std::vector<proto::ControlMessage> sent;
+    proto::ErrorCode code;
+    std::string text;
+  };
+  const std::vector<Case> cases = {
+      {74, 1, {BeginOf(2)}, proto::PROTOCOL_VIOLATION, "CollectiveBegin for collective 2, expected 1"},
+      {75, 2, {BeginOf(1)}, proto::PROTOCOL_VIOLATION, "CollectiveBegin before the job was formed"},
+      {76, 1, {BeginOf(1, 0)}, proto::INVALID_ARGUMENT, "block_size must be at least 1"},
+      {77, 1, {RawHello(77, 0, 1, 1)}, proto::PROTOCOL_VIOLATION, "unexpected control message (field"},
+  };
+  for (const Case& c : cases) {
+    const int fd = JoinByHand(address, c.job, 0, c.world_size);
+    ASSERT_GE(fd, 0);
+    for (const auto& m : c.sent) ASSERT_TRUE(SendControl(fd, m));
+    const std::optional<proto::Error> error = NextError(fd);
+    close(fd);
+    ExpectNamedError(error, c.code, c.job, 0, c.text);
+  }
+  // Rank 0 of a two-rank job begins collective 1 twice while it waits for rank 1.
+  const int fd0 = JoinByHand(address, 78, 0, 2);
+  const int fd1 = JoinByHand(address, 78, 1, 2);
+  ASSERT_GE(fd0, 0);
+  ASSERT_GE(fd1, 0);
+  for (int fd : {fd0, fd1}) {
+    const std::optional<proto::ControlMessage> ready = ReadControlFrame(fd);
+    ASSERT_TRUE(ready && ready->has_job_ready());
+  }
+  ASSERT_TRUE(SendControl(fd0, BeginOf(1)));
+  ASSERT_TRUE(SendControl(fd0, BeginOf(1)));
+  const std::optional<proto::Error> error = NextError(fd0);
+  const std::optional<proto::Error> other = NextError(fd1);
+  close(fd0);
+  close(fd1);
+  ExpectNamedError(error, proto::PROTOCOL_VIOLATION, 78, 0, "CollectiveBegin for collective 1 while 1 is in progress");
+  ExpectNamedError(other, proto::PEER_LEFT, 78, 0, "broke the protocol");
+  EXPECT_TRUE((*daemon)->Stop());
+}
+
+// A Goodbye during a collective ends it at once for the other ranks, naming the rank, its peer, the collective and
+// the reason it gave (not at the stall timeout, and not as an anonymous departure).
+TEST(InProcess, AGoodbyeDuringACollectiveEndsItNamingTheRankAndItsReason) {
+  auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+  const std::string address = (*daemon)->AddressList();
+  const int fd0 = JoinByHand(address, 79, 0, 2);
+  const int fd1 = JoinByHand(address, 79, 1, 2);
+  ASSERT_GE(fd0, 0);
+  ASSERT_GE(fd1, 0);
+  for (int fd : {fd0, fd1}) {
+    const std::optional<proto::ControlMessage> ready = ReadControlFrame(fd);
+    ASSERT_TRUE(ready && ready->has_job_ready());
+  }
+  ASSERT_TRUE(SendControl(fd0, BeginOf(1)));
+  ASSERT_TRUE(SendControl(fd1, BeginOf(1)));
+  for (int fd : {fd0, fd1}) {
+    std::optional<proto::ControlMessage> m;
+    do {
+      m = ReadControlFrame(fd);
+    } while (m && !m->has_collective_accepted());
+    ASSERT_TRUE(m) << "collective 1 was not accepted";
+  }
+  proto::ControlMessage goodbye;
+  goodbye.mutable_goodbye()->set_reason("out of memory");
+  ASSERT_TRUE(SendControl(fd1, goodbye));
+  const std::optional<proto::Error> error = NextError(fd0);
+  close(fd0);
+  close(fd1);
+  ExpectNamedError(error, proto::PEER_LEFT, 79, 1, "left during collective 1 because: out of memory");
+  if (error) {
+    EXPECT_EQ(error->seq(), 1u);
+  }
+  EXPECT_TRUE((*daemon)->Stop());
+}
+
+// A rank whose connection ends (no Goodbye) before its job formed gives its place back: a new process for that
+// rank joins, and the job forms with it, instead of being refused as a duplicate rank.
+TEST(InProcess, ARankThatDisconnectsBeforeTheJobFormsFreesItsPlace) {
+  auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+  const std::string address = (*daemon)->AddressList();
+  const int fd2 = JoinByHand(address, 80, 2, 3);  // keeps the forming job alive
+  const int gone = JoinByHand(address, 80, 0, 3);
+  ASSERT_GE(fd2, 0);
+  ASSERT_GE(gone, 0);
+  shutdown(gone, SHUT_WR);
+  // The daemon closes its side once it has seen the end of the connection, and only then.
+  EXPECT_TRUE(ReadUntilClosed(gone)) << "the daemon kept the ended connection";
+  close(gone);
+  const int fd0 = JoinByHand(address, 80, 0, 3);
+  const int fd1 = JoinByHand(address, 80, 1, 3);
+  ASSERT_GE(fd0, 0);
+  ASSERT_GE(fd1, 0);
+  for (int fd : {fd0, fd1, fd2}) {
+    const std::optional<proto::ControlMessage> reply = ReadControlFrame(fd);
+    ASSERT_TRUE(reply) << "no answer";
+    EXPECT_TRUE(reply->has_job_ready()) << reply->ShortDebugString();
+  }
+  for (int fd : {fd0, fd1, fd2}) close(fd);
+  EXPECT_TRUE((*daemon)->Stop());
+}
+
+// A rank that left a formed job and says Hello again ends the old formation: the ranks still in it get PEER_LEFT
+// naming the rank, where it reconnected from and why it had left, and the newcomer starts a fresh formation (it
+// was refused with JOB_FULL, or joined a job that could never run a collective).
+TEST(InProcess, ARankThatRejoinsAFormedJobStartsAFreshFormation) {
+  auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+  const std::string address = (*daemon)->AddressList();
+  const int fd0 = JoinByHand(address, 81, 0, 2);
+  const int fd1 = JoinByHand(address, 81, 1, 2);
+  ASSERT_GE(fd0, 0);
+  ASSERT_GE(fd1, 0);
+  for (int fd : {fd0, fd1}) {
+    const std::optional<proto::ControlMessage> ready = ReadControlFrame(fd);
+    ASSERT_TRUE(ready && ready->has_job_ready());
+  }
+  proto::ControlMessage goodbye;
+  goodbye.mutable_goodbye()->set_reason("restarting");
+  ASSERT_TRUE(SendControl(fd1, goodbye));
+  EXPECT_TRUE(ReadUntilClosed(fd1)) << "the daemon did not close after the Goodbye";  // the Goodbye was handled
+  close(fd1);
+  const int again = JoinByHand(address, 81, 1, 2);
+  ASSERT_GE(again, 0);
+  const std::optional<proto::Error> error = NextError(fd0);
+  close(fd0);
+  ASSERT_TRUE(error) << "rank 0 was not told";
+  EXPECT_EQ(error->code(), proto::PEER_LEFT) << error->message();
+  EXPECT_NE(error->message().find("job 81 is being formed again (rank 1 reconnected from 127.0.0.1:"), std::string::npos)
+      << error->message();
+  EXPECT_NE(error->message().find("rank(s) 1 left the job (rank 1 because: restarting)"), std::string::npos)
+      << error->message();
+  const int fresh0 = JoinByHand(address, 81, 0, 2);
+  ASSERT_GE(fresh0, 0);
+  for (int fd : {again, fresh0}) {
+    const std::optional<proto::ControlMessage> reply = ReadControlFrame(fd);
+    ASSERT_TRUE(reply) << "no answer";
+    EXPECT_TRUE(reply->has_job_ready()) << reply->ShortDebugString();
+  }
+  close(again);
+  close(fresh0);
+  EXPECT_TRUE((*daemon)->Stop());
+}
+
+// Hello fields this aggregator cannot serve are refused before the job is touched, naming the job, rank, peer and
+// the field: a protocol version other than its own (in a frame of its version), an aggregator index out of range.
+TEST(InProcess, HelloFieldsOutOfRangeAreRefusedNamingTheField) {
+  auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+  const std::string address = (*daemon)->AddressList();
+  proto::ControlMessage version = RawHello(82, 0, 1, 1);
+  version.mutable_hello()->set_protocol_version(kProtocolVersion + 1);
+  proto::ControlMessage index = RawHello(83, 0, 1, 1);
+  index.mutable_hello()->set_aggregator_index(1);
+  const std::vector<std::tuple<proto::ControlMessage, proto::ErrorCode, std::string>> cases = {
+      {version, proto::VERSION_MISMATCH,
+       "protocol version " + std::to_string(kProtocolVersion + 1) + " is not supported"},
+      {index, proto::INVALID_ARGUMENT, "aggregator_index 1 is out of range for num_aggregators 1"},
+  };
+  for (const auto& [hello, code, text] : cases) {
+    const int fd = ConnectToLoopback(address);
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(SendControl(fd, hello));
+    const std::optional<proto::Error> error = NextError(fd);
+    close(fd);
+    ASSERT_TRUE(error) << text;
+    EXPECT_EQ(error->code(), code) << error->message();
+    EXPECT_NE(error->message().find("job " + std::to_string(hello.hello().job_id()) + " rank 0 (127.0.0.1:"),
+              std::string::npos)
+        << error->message();
+    EXPECT_NE(error->message().find(text), std::string::npos) << error->message();
+  }
+  EXPECT_TRUE((*daemon)->Stop());
 }
 
 // A Hello of a one-rank job listing one transport: "shm2" as a Worker of this build does, "shm" as one of the

@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -739,6 +740,177 @@ TEST(Service, AJobThatNeverFormsEndsAndFreesItsPlace) {
   for (const auto& e : RunJob(daemon.address(), 41, {5000, 256, 0.5, tools::Overlap::kRandom, 2, 3})) {
     EXPECT_EQ(e, "");
   }
+}
+
+// The first Error the daemon sends on `fd`, passing by other control frames; nullopt if none comes (bounded).
+std::optional<proto::Error> NextError(int fd) {
+  while (std::optional<RawFrame> frame = ReadFrame(fd)) {
+    Result<proto::ControlMessage> message = DecodeControl(frame->payload);
+    if (frame->header.type == FrameType::kControl && message.ok() && message->has_error()) return message->error();
+  }
+  return std::nullopt;
+}
+
+// --max-jobs bounds the jobs served at once: the Hello of one more job is refused with RESOURCE_EXHAUSTED naming
+// the job and the flag, and the job already served is not disturbed (it still forms).
+TEST(Service, AJobBeyondTheJobLimitIsRefusedNamingItsRankPeerAndTheFlag) {
+  Daemon daemon({"--max-jobs", "1"});
+  const int first = ConnectToLoopback(daemon.address());
+  ASSERT_GE(first, 0);
+  ASSERT_TRUE(SendControl(first, RawHello(42, 0, 2, 1)));
+  ASSERT_TRUE(Eventually([&] { return Sample(daemon.Metrics(), R"(sparsereduce_jobs\{instance_name="svc"\})") == 1; }));
+  const int other = ConnectToLoopback(daemon.address());
+  ASSERT_GE(other, 0);
+  ASSERT_TRUE(SendControl(other, RawHello(43, 0, 1, 1)));
+  const std::optional<proto::Error> error = NextError(other);
+  close(other);
+  ASSERT_TRUE(error) << "job 43 was not refused";
+  EXPECT_EQ(error->code(), proto::RESOURCE_EXHAUSTED) << error->message();
+  // Named as every refusal after a Hello is, with the rank and peer (it named only the job).
+  EXPECT_NE(error->message().find("job 43 rank 0 (127.0.0.1:"), std::string::npos) << error->message();
+  EXPECT_NE(error->message().find("): the aggregator already serves its maximum of 1 jobs (--max-jobs)"),
+            std::string::npos)
+      << error->message();
+  const int second = ConnectToLoopback(daemon.address());
+  ASSERT_GE(second, 0);
+  ASSERT_TRUE(SendControl(second, RawHello(42, 1, 2, 1)));
+  for (int fd : {first, second}) {
+    const std::optional<RawFrame> frame = ReadFrame(fd);
+    ASSERT_TRUE(frame) << "job 42 did not form";
+    Result<proto::ControlMessage> ready = DecodeControl(frame->payload);
+    EXPECT_TRUE(ready.ok() && ready->has_job_ready()) << (ready.ok() ? ready->ShortDebugString() : "undecodable");
+  }
+  close(first);
+  close(second);
+}
+
+// docs/PROTOCOL.md §3: data of a rank that has not begun the collective (another rank began it) is refused from
+// its header, naming the rank and its peer, and the rank that began learns that rank broke the protocol.
+TEST(Service, AContributionBeforeItsRanksCollectiveBeginIsRefused) {
+  Daemon daemon;
+  std::vector<int> fds;
+  for (uint32_t rank : {0u, 1u}) {
+    fds.push_back(ConnectToLoopback(daemon.address()));
+    ASSERT_GE(fds.back(), 0);
+    ASSERT_TRUE(SendControl(fds.back(), RawHello(47, rank, 2, 1)));
+  }
+  for (int fd : fds) {
+    const std::optional<RawFrame> ready = ReadFrame(fd);
+    ASSERT_TRUE(ready) << "the job did not form";
+  }
+  proto::ControlMessage begin;
+  begin.mutable_collective_begin()->set_seq(1);
+  *begin.mutable_collective_begin()->mutable_spec() = SpecToProto({4096, DType::kFloat32, ReduceOp::kSum, 256});
+  ASSERT_TRUE(SendControl(fds[0], begin));
+  // Rank 0's CollectiveBegin was handled once the collective's memory is reserved.
+  ASSERT_TRUE(Eventually([&] {
+    return Sample(daemon.Metrics(), R"(sparsereduce_memory_reserved_bytes\{instance_name="svc"\})") > 0;
+  }));
+  std::array<std::byte, kFrameHeaderSize> header{};
+  EncodeFrameHeader({FrameType::kContribution, kEntrySize, 0, 47, 1, 1}, header.data());
+  ASSERT_TRUE(WriteAll(fds[1], header));
+  const std::optional<proto::Error> error = NextError(fds[1]);
+  const std::optional<proto::Error> other = NextError(fds[0]);
+  for (int fd : fds) close(fd);
+  ASSERT_TRUE(error) << "rank 1's data was not refused";
+  EXPECT_EQ(error->code(), proto::PROTOCOL_VIOLATION) << error->message();
+  EXPECT_NE(error->message().find("job 47 rank 1 (peer 127.0.0.1:"), std::string::npos) << error->message();
+  EXPECT_NE(error->message().find("CONTRIBUTION for collective 1 before its CollectiveBegin"), std::string::npos)
+      << error->message();
+  ASSERT_TRUE(other) << "rank 0 was not told";
+  EXPECT_EQ(other->code(), proto::PEER_LEFT) << other->message();
+  EXPECT_NE(other->message().find("job 47 rank 1 (peer 127.0.0.1:"), std::string::npos) << other->message();
+  EXPECT_NE(other->message().find("broke the protocol"), std::string::npos) << other->message();
+}
+
+// A collective that every rank began but that then makes no progress ends at --stall-timeout-ms with
+// DEADLINE_EXCEEDED naming the collective and the ranks (and their peers) it still waits for.
+TEST(Service, AStalledCollectiveNamesTheRanksItStillWaitsFor) {
+  Daemon daemon({"--stall-timeout-ms", "300"});
+  const int fd = ConnectToLoopback(daemon.address());
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendControl(fd, RawHello(44, 0, 1, 1)));
+  proto::ControlMessage begin;
+  begin.mutable_collective_begin()->set_seq(1);
+  *begin.mutable_collective_begin()->mutable_spec() = SpecToProto({4096, DType::kFloat32, ReduceOp::kSum, 256});
+  ASSERT_TRUE(SendControl(fd, begin));  // and never its data
+  const auto start = std::chrono::steady_clock::now();
+  const std::optional<proto::Error> error = NextError(fd);
+  close(fd);
+  ASSERT_TRUE(error) << "the stalled collective was not ended";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 10s);
+  EXPECT_EQ(error->code(), proto::DEADLINE_EXCEEDED) << error->message();
+  EXPECT_EQ(error->seq(), 1u);
+  EXPECT_NE(error->message().find("job 44, collective 1 made no progress for 300 ms (--stall-timeout-ms); still "
+                                  "waiting for rank(s) 0 (rank 0 at 127.0.0.1:"),
+            std::string::npos)
+      << error->message();
+  EXPECT_EQ(std::vector<uint32_t>(error->ranks().begin(), error->ranks().end()), std::vector<uint32_t>{0});
+}
+
+// The HTTP endpoint answers only GET and HEAD: another method gets 405 with the Allow header, not the metrics.
+TEST(Service, AnHttpMethodOtherThanGetOrHeadIsRefused) {
+  Daemon daemon;
+  const int fd = ConnectToLoopback(daemon.metrics_port());
+  ASSERT_GE(fd, 0);
+  const std::string request = "POST /metrics HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n";
+  ASSERT_TRUE(WriteAll(fd, std::as_bytes(std::span(request.data(), request.size()))));
+  const std::optional<std::string> reply = ReadUntilClosed(fd);
+  close(fd);
+  ASSERT_TRUE(reply) << "no reply";
+  EXPECT_EQ(reply->rfind("HTTP/1.1 405", 0), 0u) << *reply;
+  EXPECT_NE(reply->find("Allow: GET, HEAD"), std::string::npos) << *reply;
+  EXPECT_EQ(reply->find("sparsereduce_jobs"), std::string::npos) << *reply;
+}
+
+// A second SIGTERM during the drain aborts what is left at once (SHUTTING_DOWN to its ranks) and the daemon exits
+// 0, instead of waiting out the --drain-timeout-ms of a collective that will not finish.
+TEST(Service, ASecondSigtermDuringTheDrainAbortsTheRemainingJobs) {
+  Daemon daemon({"--drain-timeout-ms", "600000"});
+  ASSERT_NE(daemon.process(), nullptr);
+  const int fd = ConnectToLoopback(daemon.address());
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendControl(fd, RawHello(45, 0, 1, 1)));
+  proto::ControlMessage begin;
+  begin.mutable_collective_begin()->set_seq(1);
+  *begin.mutable_collective_begin()->mutable_spec() = SpecToProto({4096, DType::kFloat32, ReduceOp::kSum, 256});
+  ASSERT_TRUE(SendControl(fd, begin));  // a collective that never finishes: the drain waits for it
+  for (bool accepted = false; !accepted;) {
+    const std::optional<RawFrame> frame = ReadFrame(fd);
+    ASSERT_TRUE(frame) << "collective 1 was not accepted";
+    Result<proto::ControlMessage> message = DecodeControl(frame->payload);
+    accepted = message.ok() && message->has_collective_accepted();
+  }
+  daemon.process()->Signal(SIGTERM);
+  ASSERT_TRUE(Eventually([&] { return daemon.Get("/readyz").status == 503; })) << "the drain did not start";
+  daemon.process()->Signal(SIGTERM);
+  const std::optional<proto::Error> error = NextError(fd);
+  close(fd);  // (the daemon waits for the rank to close after its Error, up to a grace period)
+  ASSERT_TRUE(error) << "the rank was not told";
+  EXPECT_EQ(error->code(), proto::SHUTTING_DOWN) << error->message();
+  Result<int> status = daemon.process()->Wait(10s);
+  ASSERT_TRUE(status.ok()) << "the second SIGTERM did not end the drain";
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << tools::DescribeExit(*status);
+}
+
+// A job secret the daemon cannot read (here a symbolic link to itself) refuses the Hello with an internal error naming the
+// job, rank, peer and the file: the daemon's configuration is at fault, and the job is not admitted without it.
+TEST(Service, AnUnreadableJobSecretRefusesTheHelloNamingTheFile) {
+  Daemon probe;  // for its directory
+  const std::string secrets = probe.dir() + "/secrets";
+  ASSERT_TRUE(std::filesystem::create_directory(secrets));
+  std::filesystem::create_symlink(secrets + "/46", secrets + "/46");
+  Daemon daemon({"--job-secrets-dir", secrets});
+  const int fd = ConnectToLoopback(daemon.address());
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendControl(fd, RawHello(46, 0, 1, 1)));
+  const std::optional<proto::Error> error = NextError(fd);
+  close(fd);
+  ASSERT_TRUE(error) << "the Hello was not refused";
+  EXPECT_EQ(error->code(), proto::ERROR_CODE_UNSPECIFIED) << error->message();  // INTERNAL on the wire
+  EXPECT_NE(error->message().find("job 46 rank 0 (127.0.0.1:"), std::string::npos) << error->message();
+  EXPECT_NE(error->message().find("cannot read the secret of job 46 from " + secrets + "/46"), std::string::npos)
+      << error->message();
 }
 
 // The metrics endpoint serves at most 64 connections at once. It used to accept every connection and keep each

@@ -450,6 +450,119 @@ TEST(WorkerLifecycle, AJobReadyBeforeAuthenticationIsRefused) {
   close(listener);
 }
 
+// A JobReady, or another control message, that contradicts the connection fails the join naming the job, rank and
+// aggregator: a transport other than the connection's, a TCP connection where shared memory was required, a
+// message an aggregator never sends (Goodbye).
+TEST(WorkerLifecycle, AJoinAnswerThatContradictsTheConnectionFailsTheJoin) {
+  struct Case {
+    std::string transport;  // the worker's
+    proto::ControlMessage answer;
+    std::string code, text;
+  };
+  proto::ControlMessage shm_ready;
+  shm_ready.mutable_job_ready()->set_protocol_version(kProtocolVersion);
+  shm_ready.mutable_job_ready()->set_transport("shm");
+  proto::ControlMessage tcp_ready;
+  tcp_ready.mutable_job_ready()->set_protocol_version(kProtocolVersion);
+  tcp_ready.mutable_job_ready()->set_transport("tcp");
+  proto::ControlMessage goodbye;
+  goodbye.mutable_goodbye()->set_reason("bye");
+  const std::vector<Case> cases = {
+      {"tcp", shm_ready, "PROTOCOL_VIOLATION", "reports transport 'shm' but the connection is on tcp"},
+      {"shm", tcp_ready, "UNAVAILABLE", "did not offer shared memory (transport \"shm\" was required)"},
+      {"tcp", goodbye, "PROTOCOL_VIOLATION", "sent an unexpected control message (field"},
+  };
+  for (const Case& c : cases) {
+    uint16_t port = 0;
+    const int listener = ListenOnLoopback(&port);
+    ASSERT_GE(listener, 0);
+    WorkerOptions options;
+    options.aggregators = {"127.0.0.1:" + std::to_string(port)};
+    options.job = 57;
+    options.world_size = 1;
+    options.transport = c.transport;
+    options.connect_timeout = options.join_timeout = 10s;
+    auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+    const int fd = AcceptWithin(listener, 10s);
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(ReadFrame(fd));  // Hello
+    ASSERT_TRUE(SendControl(fd, c.answer));
+    ASSERT_EQ(joined.wait_for(10s), std::future_status::ready) << c.text;
+    try {
+      joined.get();
+      ADD_FAILURE() << "joined; expected: " << c.text;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), c.code) << e.what();
+      EXPECT_NE(std::string(e.what()).find("job 57 rank 0: aggregator 0 (127.0.0.1:" + std::to_string(port) + ")"),
+                std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find(c.text), std::string::npos) << e.what();
+    }
+    close(fd);
+    close(listener);
+  }
+}
+
+// A second JobReady after the job formed breaks the Worker: its connection is closed and the next collective fails
+// saying why, instead of the duplicate being ignored.
+TEST(WorkerLifecycle, ASecondJobReadyBreaksTheWorker) {
+  Joined j;
+  ASSERT_NO_FATAL_FAILURE(Join(OneBlockShape(58), &j));
+  proto::ControlMessage ready;
+  ready.mutable_job_ready()->set_protocol_version(kProtocolVersion);
+  ready.mutable_job_ready()->set_transport("tcp");
+  ASSERT_TRUE(SendControl(j.fd, ready));
+  EXPECT_TRUE(ReadUntilClosed(j.fd)) << "the worker kept the connection";
+  std::vector<float> tensor(4, 1.0f);
+  try {
+    j.worker->allreduce(std::span(tensor));
+    ADD_FAILURE() << "the collective ran after a second JobReady";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "PROTOCOL_VIOLATION") << e.what();
+    EXPECT_NE(std::string(e.what()).find("aggregator 0 (127.0.0.1:"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("sent JobReady twice"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(tensor, std::vector<float>(4, 1.0f));
+}
+
+// docs/PROTOCOL.md §10.1: a worker of transport "auto" whose shared-memory offer names a socket it cannot reach (the
+// aggregator runs on another host) declines on TCP, saying why, and joins on TCP.
+TEST(WorkerLifecycle, AnUnreachableSharedMemoryOfferIsDeclinedAndTheJoinGoesOnOverTcp) {
+  uint16_t port = 0;
+  const int listener = ListenOnLoopback(&port);
+  ASSERT_GE(listener, 0);
+  WorkerOptions options;
+  options.aggregators = {"127.0.0.1:" + std::to_string(port)};
+  options.job = 59;
+  options.world_size = 1;
+  options.transport = "auto";
+  options.connect_timeout = options.join_timeout = 10s;
+  auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  const int fd = AcceptWithin(listener, 10s);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(ReadFrame(fd));  // Hello
+  ASSERT_TRUE(SendControl(fd, ShmOffer(UniqueName("nobody-listens"))));
+  const std::optional<RawFrame> answer = ReadFrame(fd);
+  ASSERT_TRUE(answer) << "no answer to the offer";
+  Result<proto::ControlMessage> decline = DecodeControl(answer->payload);
+  ASSERT_TRUE(decline.ok()) << decline.status().ToString();
+  ASSERT_TRUE(decline->has_transport_decline()) << decline->ShortDebugString();
+  EXPECT_FALSE(decline->transport_decline().reason().empty());
+  proto::ControlMessage ready;
+  ready.mutable_job_ready()->set_protocol_version(kProtocolVersion);
+  ready.mutable_job_ready()->set_transport("tcp");
+  ASSERT_TRUE(SendControl(fd, ready));
+  ASSERT_EQ(joined.wait_for(10s), std::future_status::ready);
+  std::unique_ptr<Worker> worker;
+  EXPECT_NO_THROW(worker = joined.get());
+  if (worker) {
+    EXPECT_EQ(worker->transports(), std::vector<std::string>{"tcp"});
+  }
+  worker.reset();
+  close(fd);
+  close(listener);
+}
+
 // What a misbehaving aggregator may send during a one-block collective, after the worker's three frames.
 enum class Misstep { kAcceptedOutOfOrder, kResultForABlockNeverAnnounced, kResultAfterError };
 

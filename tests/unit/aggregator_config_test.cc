@@ -116,6 +116,9 @@ TEST_F(ConfigTest, InvalidConfigurationExitsWithCode2) {
   unsetenv("SPARSEREDUCE_CONFIG");
   ExpectExit2({"--listen", "nohostport"}, "--listen");
   ExpectExit2({"--allow-network", "10.0.0.0/33"}, "10.0.0.0/33");
+  ExpectExit2({"--allow-network", "fd00::1/8"}, "allowed network fd00::1/8 has host bits set; did you mean fd00::/8?");
+  ExpectExit2({"--metrics-listen", "nohostport"}, "--metrics-listen");
+  ExpectExit2({"--transports", "tcp,udp"}, "--transports: unknown transport 'udp' (tcp, shm, rdma)");
   ExpectExit2({"--require-auth"}, "--job-secrets-dir");
   ExpectExit2({"--job-secrets-dir", dir_ + "/nope"}, "nope");
   ExpectExit2({"--log-level", "loud"}, "loud");
