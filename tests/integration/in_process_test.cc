@@ -1049,6 +1049,23 @@ int JoinByHand(const std::string& address, uint64_t job, uint32_t rank, uint32_t
   return fd;
 }
 
+// Both ranks of a two-rank job joined by hand, once the daemon has answered each with JobReady; {-1, -1} (and a
+// failure) if it did not.
+std::array<int, 2> FormPairByHand(const std::string& address, uint64_t job) {
+  const std::array<int, 2> fds{JoinByHand(address, job, 0, 2), JoinByHand(address, job, 1, 2)};
+  for (int fd : fds) {
+    const std::optional<proto::ControlMessage> ready = fd >= 0 ? ReadControlFrame(fd) : std::nullopt;
+    if (!ready || !ready->has_job_ready()) {
+      ADD_FAILURE() << "job " << job << " did not form";
+      for (int f : fds) {
+        if (f >= 0) close(f);
+      }
+      return {-1, -1};
+    }
+  }
+  return fds;
+}
+
 // The first Error the daemon sends on `fd`, passing by JobReady and CollectiveAccepted; nullopt if none comes.
 std::optional<proto::Error> NextError(int fd) {
   while (std::optional<proto::ControlMessage> message = ReadControlFrame(fd)) {
@@ -1148,14 +1165,8 @@ TEST(InProcess, ACollectiveBeginOutOfTurnIsRefusedNamingTheRank) {
     ExpectNamedError(error, c.code, c.job, 0, c.text);
   }
   // Rank 0 of a two-rank job begins collective 1 twice while it waits for rank 1.
-  const int fd0 = JoinByHand(address, 78, 0, 2);
-  const int fd1 = JoinByHand(address, 78, 1, 2);
+  const auto [fd0, fd1] = FormPairByHand(address, 78);
   ASSERT_GE(fd0, 0);
-  ASSERT_GE(fd1, 0);
-  for (int fd : {fd0, fd1}) {
-    const std::optional<proto::ControlMessage> ready = ReadControlFrame(fd);
-    ASSERT_TRUE(ready && ready->has_job_ready());
-  }
   ASSERT_TRUE(SendControl(fd0, BeginOf(1)));
   ASSERT_TRUE(SendControl(fd0, BeginOf(1)));
   const std::optional<proto::Error> error = NextError(fd0);
@@ -1173,14 +1184,8 @@ TEST(InProcess, AGoodbyeDuringACollectiveEndsItNamingTheRankAndItsReason) {
   auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
   ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
   const std::string address = (*daemon)->AddressList();
-  const int fd0 = JoinByHand(address, 79, 0, 2);
-  const int fd1 = JoinByHand(address, 79, 1, 2);
+  const auto [fd0, fd1] = FormPairByHand(address, 79);
   ASSERT_GE(fd0, 0);
-  ASSERT_GE(fd1, 0);
-  for (int fd : {fd0, fd1}) {
-    const std::optional<proto::ControlMessage> ready = ReadControlFrame(fd);
-    ASSERT_TRUE(ready && ready->has_job_ready());
-  }
   ASSERT_TRUE(SendControl(fd0, BeginOf(1)));
   ASSERT_TRUE(SendControl(fd1, BeginOf(1)));
   for (int fd : {fd0, fd1}) {
@@ -1237,14 +1242,8 @@ TEST(InProcess, ARankThatRejoinsAFormedJobStartsAFreshFormation) {
   auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
   ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
   const std::string address = (*daemon)->AddressList();
-  const int fd0 = JoinByHand(address, 81, 0, 2);
-  const int fd1 = JoinByHand(address, 81, 1, 2);
+  const auto [fd0, fd1] = FormPairByHand(address, 81);
   ASSERT_GE(fd0, 0);
-  ASSERT_GE(fd1, 0);
-  for (int fd : {fd0, fd1}) {
-    const std::optional<proto::ControlMessage> ready = ReadControlFrame(fd);
-    ASSERT_TRUE(ready && ready->has_job_ready());
-  }
   proto::ControlMessage goodbye;
   goodbye.mutable_goodbye()->set_reason("restarting");
   ASSERT_TRUE(SendControl(fd1, goodbye));
