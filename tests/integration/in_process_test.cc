@@ -676,9 +676,7 @@ TEST(InProcess, CollectiveEndsOnlyWhenItsFramesAreWritten) {
   ASSERT_GE(fd, 0);
   auto send = [fd](const ByteBuffer& frame) { return WriteAll(fd, std::span(frame.data(), frame.size())); };
   ASSERT_TRUE(ReadFrame(fd));  // Hello
-  proto::ControlMessage ready;
-  ready.mutable_job_ready()->set_protocol_version(kProtocolVersion);
-  ready.mutable_job_ready()->set_transport("tcp");
+  const proto::ControlMessage ready = RawJobReady("tcp");
   ASSERT_TRUE(send(EncodeControl(ready)));
   std::unique_ptr<Worker> worker = joined.get();
 
@@ -770,9 +768,7 @@ TEST(InProcess, ATransportOfferAfterJobReadyFailsTheWorker) {
   const int fd = AcceptWithin(listener);
   ASSERT_GE(fd, 0);
   ASSERT_TRUE(ReadFrame(fd));  // Hello
-  proto::ControlMessage ready;
-  ready.mutable_job_ready()->set_protocol_version(kProtocolVersion);
-  ready.mutable_job_ready()->set_transport("tcp");
+  const proto::ControlMessage ready = RawJobReady("tcp");
   proto::ControlMessage offer;
   offer.mutable_transport_offer()->set_kind("shm");
   offer.mutable_transport_offer()->set_shm_socket("sparsereduce/late");
@@ -813,9 +809,7 @@ TEST(InProcess, ALongErrorReachesTheOtherAggregatorCutInAGoodbye) {
     fds[a] = AcceptWithin(listeners[a]);
     ASSERT_GE(fds[a], 0);
     ASSERT_TRUE(ReadFrame(fds[a]));  // Hello
-    proto::ControlMessage ready;
-    ready.mutable_job_ready()->set_protocol_version(kProtocolVersion);
-    ready.mutable_job_ready()->set_transport("tcp");
+    const proto::ControlMessage ready = RawJobReady("tcp");
     ASSERT_TRUE(SendControl(fds[a], ready));
   }
   std::unique_ptr<Worker> worker = joined.get();

@@ -108,6 +108,13 @@ bool SendControl(int fd, const proto::ControlMessage& message) {
   return WriteAll(fd, std::span(frame.data(), frame.size()));
 }
 
+proto::ControlMessage RawJobReady(const std::string& transport) {
+  proto::ControlMessage message;
+  message.mutable_job_ready()->set_protocol_version(kProtocolVersion);
+  message.mutable_job_ready()->set_transport(transport);
+  return message;
+}
+
 proto::ControlMessage RawHello(uint64_t job, uint32_t rank, uint32_t world_size, uint32_t num_aggregators,
                                const WorkerOptions& shape) {
   proto::ControlMessage message;

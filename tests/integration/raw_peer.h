@@ -43,6 +43,9 @@ bool SendControl(int fd, const proto::ControlMessage& message);
 proto::ControlMessage RawHello(uint64_t job, uint32_t rank, uint32_t world_size, uint32_t num_aggregators,
                                const WorkerOptions& shape = WorkerOptions{});
 
+// A JobReady as an aggregator answers a Hello on `transport` ("tcp", "shm", "rdma").
+proto::ControlMessage RawJobReady(const std::string& transport);
+
 // Reads exactly `n` bytes; false on EOF, an error, or `idle_timeout` without data.
 bool ReadExactly(int fd, void* out, size_t n, std::chrono::milliseconds idle_timeout = std::chrono::seconds(20));
 

@@ -179,9 +179,7 @@ void Join(WorkerOptions options, Joined* out, int receive_buffer = 0) {
   out->fd = AcceptWithin(out->listener, 10s);
   ASSERT_GE(out->fd, 0);
   ASSERT_TRUE(ReadFrame(out->fd));  // Hello
-  proto::ControlMessage ready;
-  ready.mutable_job_ready()->set_protocol_version(kProtocolVersion);
-  ready.mutable_job_ready()->set_transport("tcp");
+  const proto::ControlMessage ready = RawJobReady("tcp");
   ASSERT_TRUE(SendControl(out->fd, ready));
   ASSERT_EQ(joined.wait_for(10s), std::future_status::ready);
   out->worker = joined.get();
@@ -434,9 +432,7 @@ TEST(WorkerLifecycle, AJobReadyBeforeAuthenticationIsRefused) {
   const int fd = AcceptWithin(listener, 10s);
   ASSERT_GE(fd, 0);
   ASSERT_TRUE(ReadFrame(fd));  // Hello
-  proto::ControlMessage ready;
-  ready.mutable_job_ready()->set_protocol_version(kProtocolVersion);
-  ready.mutable_job_ready()->set_transport("tcp");
+  const proto::ControlMessage ready = RawJobReady("tcp");
   ASSERT_TRUE(SendControl(fd, ready));
   ASSERT_EQ(joined.wait_for(10s), std::future_status::ready);
   try {
@@ -459,12 +455,8 @@ TEST(WorkerLifecycle, AJoinAnswerThatContradictsTheConnectionFailsTheJoin) {
     proto::ControlMessage answer;
     std::string code, text;
   };
-  proto::ControlMessage shm_ready;
-  shm_ready.mutable_job_ready()->set_protocol_version(kProtocolVersion);
-  shm_ready.mutable_job_ready()->set_transport("shm");
-  proto::ControlMessage tcp_ready;
-  tcp_ready.mutable_job_ready()->set_protocol_version(kProtocolVersion);
-  tcp_ready.mutable_job_ready()->set_transport("tcp");
+  const proto::ControlMessage shm_ready = RawJobReady("shm");
+  const proto::ControlMessage tcp_ready = RawJobReady("tcp");
   proto::ControlMessage goodbye;
   goodbye.mutable_goodbye()->set_reason("bye");
   const std::vector<Case> cases = {
@@ -508,9 +500,7 @@ TEST(WorkerLifecycle, AJoinAnswerThatContradictsTheConnectionFailsTheJoin) {
 TEST(WorkerLifecycle, ASecondJobReadyBreaksTheWorker) {
   Joined j;
   ASSERT_NO_FATAL_FAILURE(Join(OneBlockShape(58), &j));
-  proto::ControlMessage ready;
-  ready.mutable_job_ready()->set_protocol_version(kProtocolVersion);
-  ready.mutable_job_ready()->set_transport("tcp");
+  const proto::ControlMessage ready = RawJobReady("tcp");
   ASSERT_TRUE(SendControl(j.fd, ready));
   EXPECT_TRUE(ReadUntilClosed(j.fd)) << "the worker kept the connection";
   std::vector<float> tensor(4, 1.0f);
@@ -548,9 +538,7 @@ TEST(WorkerLifecycle, AnUnreachableSharedMemoryOfferIsDeclinedAndTheJoinGoesOnOv
   ASSERT_TRUE(decline.ok()) << decline.status().ToString();
   ASSERT_TRUE(decline->has_transport_decline()) << decline->ShortDebugString();
   EXPECT_FALSE(decline->transport_decline().reason().empty());
-  proto::ControlMessage ready;
-  ready.mutable_job_ready()->set_protocol_version(kProtocolVersion);
-  ready.mutable_job_ready()->set_transport("tcp");
+  const proto::ControlMessage ready = RawJobReady("tcp");
   ASSERT_TRUE(SendControl(fd, ready));
   ASSERT_EQ(joined.wait_for(10s), std::future_status::ready);
   std::unique_ptr<Worker> worker;
@@ -796,9 +784,7 @@ TEST(WorkerLifecycle, TheLongestTimeoutsDoNotOverflow) {
   const int fd = AcceptWithin(listener, 10s);
   ASSERT_GE(fd, 0) << "the worker did not connect";
   ASSERT_TRUE(ReadFrame(fd));  // Hello
-  proto::ControlMessage ready;
-  ready.mutable_job_ready()->set_protocol_version(kProtocolVersion);
-  ready.mutable_job_ready()->set_transport("tcp");
+  const proto::ControlMessage ready = RawJobReady("tcp");
   ASSERT_TRUE(SendControl(fd, ready));
   ASSERT_EQ(joined.wait_for(10s), std::future_status::ready);
   std::unique_ptr<Worker> worker;
