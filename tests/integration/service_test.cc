@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
@@ -142,26 +143,37 @@ std::pair<std::string, std::string> JoinError(const std::string& address, uint64
   }
 }
 
-// A daemon that exits at startup (here: its metrics address is taken) is reported at once, with its exit status,
-// not after the wait for its port file times out: the exited child is a zombie until reaped.
+// A daemon that exits at startup (here: its data-plane or its metrics address is taken) is reported at once, with
+// its exit status, not after the wait for its port file times out: the exited child is a zombie until reaped. Its
+// log names the address it could not listen on.
 TEST(Service, DaemonThatCannotStartIsReportedAtOnce) {
   boost::asio::io_context io;
   boost::asio::ip::tcp::acceptor taken(io, {boost::asio::ip::make_address("127.0.0.1"), 0});
-  auto temp_dir = tools::TempDir::Create("sr-svc-early-");
-  ASSERT_TRUE(temp_dir.ok()) << temp_dir.status().ToString();
-  const std::string dir = temp_dir->path();
-  auto daemon = tools::Subprocess::Spawn(
-      {SPARSEREDUCE_AGGREGATOR_BIN, "--listen", "127.0.0.1:0", "--port-file", dir + "/port", "--metrics-listen",
-       "127.0.0.1:" + std::to_string(taken.local_endpoint().port()), "--log-level", "off"},
-      false);
-  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
-  const auto start = std::chrono::steady_clock::now();
-  auto port = tools::WaitForFileLine(dir + "/port", 60s, daemon->get());
-  EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
-  ASSERT_FALSE(port.ok()) << "the daemon started although its metrics address was taken";
-  EXPECT_EQ(port.status().code(), StatusCode::kUnavailable) << port.status().ToString();
-  // 1, not 2: an address that cannot be bound may be free after a restart (systemd retries exit code 1 only).
-  EXPECT_NE(port.status().ToString().find("exit code 1"), std::string::npos) << port.status().ToString();
+  const std::string taken_address = "127.0.0.1:" + std::to_string(taken.local_endpoint().port());
+  for (const std::string& flag : {std::string("--listen"), std::string("--metrics-listen")}) {
+    SCOPED_TRACE(flag + " " + taken_address);
+    auto temp_dir = tools::TempDir::Create("sr-svc-early-");
+    ASSERT_TRUE(temp_dir.ok()) << temp_dir.status().ToString();
+    const std::string dir = temp_dir->path();
+    std::vector<std::string> argv = {SPARSEREDUCE_AGGREGATOR_BIN, "--listen", "127.0.0.1:0", "--metrics-listen",
+                                     "127.0.0.1:0", "--port-file", dir + "/port", "--log-level", "critical"};
+    *(std::find(argv.begin(), argv.end(), flag) + 1) = taken_address;
+    auto daemon = tools::Subprocess::Spawn(argv, /*capture_stdout=*/true);
+    ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+    const auto start = std::chrono::steady_clock::now();
+    auto port = tools::WaitForFileLine(dir + "/port", 60s, daemon->get());
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 30s);
+    ASSERT_FALSE(port.ok()) << "the daemon started although the address was taken";
+    EXPECT_EQ(port.status().code(), StatusCode::kUnavailable) << port.status().ToString();
+    // 1, not 2: an address that cannot be bound may be free after a restart (systemd retries exit code 1 only).
+    EXPECT_NE(port.status().ToString().find("exit code 1"), std::string::npos) << port.status().ToString();
+    Result<std::string> log = (*daemon)->ReadStdout(10s);
+    ASSERT_TRUE(log.ok()) << log.status().ToString();
+    EXPECT_NE(log->find("cannot listen on " + std::string(flag == "--listen" ? "listen" : "metrics") + " address " +
+                       taken_address + ": Address already in use"),
+              std::string::npos)
+        << *log;
+  }
 }
 
 // A port file that cannot be written stops the daemon with exit code 2 and says why: whoever asked for the file
@@ -1085,6 +1097,68 @@ TEST(Service, ErrorMemoryOfAllKeysOfAJobStaysWithinTheJobLimit) {
     } catch (const Error&) {
     }
   }
+}
+
+// 3LC's error memory also counts against --max-total-memory, which all jobs share: what one job's key holds after
+// its collective ended refuses another job's plain collective that would not fit beside it, and another job's 3LC
+// collective at its own error memory; it comes back when the job leaves. The limit is a byte short of two keys'
+// error memory (16640 bytes each) and one 3LC collective.
+TEST(Service, ErrorMemoryOfOneJobCountsAgainstTheTotalLimitUntilTheJobLeaves) {
+  constexpr uint64_t kErrorMemoryOfOneKey = 16ull * 256 * 4 + 256;
+  constexpr uint64_t kThreeLcCollective = kEngineMemoryW2 + ResultMemoryW2(56);
+  constexpr uint64_t kTotalLimit = 2 * kErrorMemoryOfOneKey + kThreeLcCollective - 1;
+  const std::string limit = std::to_string(kTotalLimit);
+  Daemon daemon({"--max-job-memory", limit, "--max-total-memory", limit});
+  const std::string reserved = R"(sparsereduce_memory_reserved_bytes\{instance_name="svc"\})";
+  // One 3LC collective (key 1) of a 2-rank job; the first rank's error code, or "" when it succeeded.
+  auto three_lc_pair = [&](std::pair<std::unique_ptr<Worker>, std::unique_ptr<Worker>>& pair) -> std::string {
+    AllreduceOptions options;
+    options.codec = CodecOptions{};
+    options.codec->name = "3lc";
+    options.key = 1;
+    std::vector<float> t0(4000, 0.5f), t1(4000, -0.25f);
+    auto second = std::async(std::launch::async, [&] {
+      try {
+        pair.second->allreduce(std::span(t1), options);
+      } catch (const Error&) {
+      }
+    });
+    std::string error;
+    try {
+      pair.first->allreduce(std::span(t0), options);
+    } catch (const Error& e) {
+      error = e.code() + ": " + e.what();
+    }
+    second.get();
+    return error;
+  };
+  // A plain collective of 12 blocks (94400 bytes: 12 columns instead of the 16 of kCollectiveMemoryW2) fits the
+  // limit alone, not beside the error memory.
+  const tools::SyntheticSpec spec{12 * 256, 256, 0.5, tools::Overlap::kRandom, 2, 3};
+  {
+    auto holder = JoinPair(daemon.address(), 30);
+    ASSERT_EQ(three_lc_pair(holder), "");
+    // The collective's own memory is given back after its last RESULT; the key's error memory stays.
+    ASSERT_TRUE(Eventually([&] { return Sample(daemon.Metrics(), reserved) == kErrorMemoryOfOneKey; }))
+        << daemon.Metrics();
+    for (const auto& e : RunJob(daemon.address(), 31, spec)) {
+      EXPECT_NE(e.find("RESOURCE_EXHAUSTED"), std::string::npos) << e;
+      EXPECT_NE(e.find("the collective needs 94400 bytes but the aggregator's running collectives already hold 16640 "
+                       "of its --max-total-memory"),
+                std::string::npos)
+          << e;
+    }
+    auto other = JoinPair(daemon.address(), 32);
+    const std::string refused = three_lc_pair(other);
+    EXPECT_NE(refused.find("RESOURCE_EXHAUSTED"), std::string::npos) << refused;
+    EXPECT_NE(refused.find("3LC error memory for key 1 needs 16640 bytes but the aggregator's jobs already hold"),
+              std::string::npos)
+        << refused;
+  }  // both jobs' Workers leave: job 30's error memory goes with it
+  EXPECT_TRUE(Eventually([&] { return Sample(daemon.Metrics(), reserved) == 0; })) << daemon.Metrics();
+  for (const auto& e : RunJob(daemon.address(), 33, spec)) EXPECT_EQ(e, "");
+  auto after = JoinPair(daemon.address(), 34);
+  EXPECT_EQ(three_lc_pair(after), "");
 }
 
 // A key whose error memory holds no blocks here (an empty tensor, or none of its blocks on this aggregator) still
