@@ -37,7 +37,8 @@ float TernaryScale(std::span<const std::byte> in);
 
 // Decodes a block of n values: out[j] = scale · q_j, or out[j] += scale · q_j with `accumulate`. Fails on a scale
 // that is negative or infinite (NaN is allowed: a block that is not finite), a wrong number of groups, a padding
-// value that is not zero, or trailing bytes.
+// value that is not zero, or trailing bytes. A failure can come after some values were written (the group count is
+// known only at the end): callers that must not touch `out` on bad input check the block first (CheckTernary).
 Status DecodeTernary(std::span<const std::byte> in, size_t n, float* out, bool accumulate);
 
 // Checks a block of n values as DecodeTernary does, without writing anything.

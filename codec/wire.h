@@ -32,6 +32,7 @@ Status CheckWireBlock(WireFormat format, uint32_t n, uint32_t element_size, std:
 uint32_t EncodeFloats(WireFormat format, const float* values, uint32_t n, std::byte* out);
 
 // Wire bytes -> fp32 values: out[j] = v_j, or out[j] += v_j with `accumulate`. For kRaw the block must be fp32.
+// A ternary block that fails may have written part of `out`: check untrusted bytes first (CheckWireBlock).
 Status DecodeFloats(WireFormat format, std::span<const std::byte> in, uint32_t n, float* out, bool accumulate);
 
 }  // namespace sparsereduce::codec
