@@ -376,7 +376,8 @@ class TopKEncoder final : public TensorEncoder {
       // Every other step strays by a factor of two around the choice, so the cost model sees a spread of sizes to
       // fit its slope to (a model fitted only where it already chooses cannot correct itself).
       if (state_.steps % 4 == 1) k_ = std::max<uint64_t>(1, k_ / 2);
-      if (state_.steps % 4 == 3) k_ = std::min(blocks.count, 2 * k_);
+      if (state_.steps % 4 == 3) k_ = 2 * k_;
+      k_ = std::min(blocks.count, k_);  // ChooseK and the halving give at least 1, more than an empty tensor has
     } else if (k_ < blocks.count) {
       std::nth_element(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k_), order.end(), larger_norm);
     }

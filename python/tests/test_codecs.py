@@ -100,6 +100,27 @@ def test_int32_is_always_exact(aggregator, new_job, codec):
         assert name == "none"
 
 
+@pytest.mark.parametrize("name", ["fp16", "bf16", "3lc", "diana", "topk", "adaptive"])
+def test_empty_and_one_element_tensors_with_every_codec(aggregator, new_job, name):
+    """Four steps (adaptive explores another k each step) of an empty tensor, then of one element, per key. An
+    empty tensor with adaptive killed the process (SIGSEGV on the Worker's I/O thread)."""
+    job = new_job()
+
+    def rank(r):
+        with sparsereduce.Worker([aggregator], job, r, 2, codec=name, **FAST) as w:
+            shapes = []
+            for step in range(4):
+                empty = np.zeros(0, np.float32)
+                w.allreduce(empty, key=1)
+                one = np.array([0.5 * (r + 1)], np.float32)
+                w.allreduce(one, key=2)
+                shapes.append((empty.shape, one.shape, w.last_stats.codec))
+            return shapes
+
+    for shapes in run_ranks(2, rank):
+        assert shapes == [((0,), (1,), name)] * 4
+
+
 def test_int32_refuses_an_invalid_per_call_codec_and_stays_exact(aggregator, job):
     """A codec named per call is checked for int32 arrays as for float32 ones (it used to be dropped unchecked),
     and a valid one leaves the int32 sum exact."""

@@ -59,6 +59,23 @@ TEST(TensorCodec, HalfEncodersSendNonzeroBlocksAndTheShortTailButNotNegativeZero
   }
 }
 
+// An empty tensor sends nothing with any codec, step after step (adaptive's exploration changes k every step).
+// Adaptive chose k = 1 of its 0 blocks and read past the end of its block order: the worker's I/O thread crashed.
+TEST(TensorCodec, EveryCodecSendsNothingOfAnEmptyTensor) {
+  for (Codec codec : {Codec::kFloat16, Codec::kBFloat16, Codec::kThreeLC, Codec::kDiana, Codec::kTopK,
+                      Codec::kAdaptive}) {
+    KeyState state;
+    for (int step = 0; step < 4; ++step) {
+      auto encoder = MakeEncoder({codec}, 4, state, 0, 1, 0);
+      ASSERT_NE(encoder, nullptr) << CodecName(codec);
+      std::vector<uint8_t> send;
+      EXPECT_EQ(encoder->Prepare(std::span<const float>(), send), 0u) << CodecName(codec) << ", step " << step;
+      EXPECT_EQ(encoder->selected_blocks(), 0u) << CodecName(codec) << ", step " << step;
+      encoder->Finish(std::span<float>());
+    }
+  }
+}
+
 // 3LC, M per block: the wire bytes are the quantized T = x + E with M = max|T|·s; the error moves only in Finish
 // (a failed collective keeps the old one), and the next step quantizes x plus that error. A block of zeros is not
 // sent; the tail block (2 of 4 values) has its own M.
