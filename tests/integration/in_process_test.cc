@@ -443,6 +443,10 @@ TEST(InProcess, OptionsThatCannotWorkAreRefusedAtOnce) {
       {[](WorkerOptions& o) { o.rank = 1; }, "rank 1 is out of range for world_size 1"},
       {[](WorkerOptions& o) { o.transport = "udp"; }, "unknown transport 'udp'"},
       {[](WorkerOptions& o) { o.tcp_send_buffer = (1u << 30) + 1; }, "tcp_send_buffer 1073741825 is above"},
+      {[](WorkerOptions& o) { o.rdma_port = 257; }, "rdma_port 257 is outside 1 to 255"},
+      {[](WorkerOptions& o) { o.rdma_port = 0; }, "rdma_port 0 is outside 1 to 255"},
+      {[](WorkerOptions& o) { o.rdma_gid_index = -2; }, "rdma_gid_index -2 is outside -1"},
+      {[](WorkerOptions& o) { o.rdma_gid_index = 256; }, "rdma_gid_index 256 is outside -1"},
       {[](WorkerOptions& o) {
          o.codec.name = "topk";
          o.codec.fraction = 2;

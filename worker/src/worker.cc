@@ -188,6 +188,14 @@ Worker::Impl::Impl(WorkerOptions options)
     }
   }
   if (Status st = ValidateShape(shape_); !st.ok()) throw MakeError(st);
+  // The ranges of the aggregator's --rdma-port and --rdma-gid-index (verbs takes a uint8_t port): 257 was port 1.
+  if (options_.rdma_port < 1 || options_.rdma_port > 255) {
+    throw MakeError(InvalidArgument("rdma_port " + std::to_string(options_.rdma_port) + " is outside 1 to 255"));
+  }
+  if (options_.rdma_gid_index < -1 || options_.rdma_gid_index > 255) {
+    throw MakeError(InvalidArgument("rdma_gid_index " + std::to_string(options_.rdma_gid_index) +
+                                    " is outside -1 (InfiniBand LID addressing) to 255"));
+  }
   if (options_.rank >= options_.world_size) {
     throw MakeError(InvalidArgument("rank " + std::to_string(options_.rank) + " is out of range for world_size " +
                                     std::to_string(options_.world_size)));
