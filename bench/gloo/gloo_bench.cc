@@ -27,6 +27,7 @@
 #include <gloo/rendezvous/file_store.h>
 #include <gloo/rendezvous/prefix_store.h>
 #include <gloo/transport/tcp/device.h>
+#include <netdb.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -143,6 +144,19 @@ struct Row {
   std::optional<uint64_t> wrong;  // empty with --check 0
   uint64_t sent = 0, recv = 0;
 };
+
+// Gloo's TCP device dereferences an empty address list when --hostname does not resolve (SIGSEGV in every rank):
+// resolve it here first, as Gloo will.
+void CheckHostname(const std::string& hostname) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(hostname.c_str(), nullptr, &hints, &found); rc != 0) {
+    throw std::invalid_argument("--hostname " + hostname + ": cannot resolve: " + ::gai_strerror(rc));
+  }
+  ::freeaddrinfo(found);
+}
 
 class GlooRank {
  public:
@@ -541,6 +555,7 @@ int main(int argc, char** argv) {
     if (min_bytes < sizeof(float) || max_bytes < min_bytes) {
       throw std::invalid_argument("need 4 <= --minbytes <= --maxbytes");
     }
+    CheckHostname(o.hostname);
     if (o.spawn > 0) {
       if (o.rank >= 0 || o.world_size > 0 || !o.store_dir.empty()) {
         throw std::invalid_argument("--spawn excludes --rank, --world-size and --store-dir");

@@ -1,6 +1,7 @@
 # gloo_bench.spawn_json (bench/gloo/CMakeLists.txt): a 2-rank, 64 KiB --spawn run with -c 1 exits 0 and writes the
 # JSON fields that sparsereduce-perf writes where they apply (tools/bench/tables.py reads time_us_median); a usage
-# error exits 2 and --help documents the exit statuses (3: wrong results).
+# error (-f 1, a --hostname that does not resolve) exits 2 and --help documents the exit statuses (3: wrong
+# results).
 #   cmake -DBENCH=path/to/sparsereduce-gloo-bench -DWORK=scratch-dir -P spawn_json_test.cmake
 set(json ${WORK}/gloo_bench_test.json)
 file(REMOVE ${json})
@@ -50,6 +51,12 @@ endforeach()
 execute_process(COMMAND ${BENCH} --spawn 2 -f 1 RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET)
 if(NOT rc EQUAL 2)
   message(FATAL_ERROR "-f 1 (a usage error) exited ${rc}, not 2")
+endif()
+# A --hostname that does not resolve is a usage error; Gloo's TCP device crashed every rank on it (SIGSEGV).
+execute_process(COMMAND ${BENCH} --spawn 2 -b 4K -e 4K -n 1 --hostname nosuch.invalid RESULT_VARIABLE rc
+                OUTPUT_QUIET ERROR_VARIABLE err)
+if(NOT rc EQUAL 2 OR NOT err MATCHES "--hostname nosuch.invalid: cannot resolve")
+  message(FATAL_ERROR "--hostname nosuch.invalid exited ${rc}, not 2, or did not say why:\n${err}")
 endif()
 execute_process(COMMAND ${BENCH} --help RESULT_VARIABLE rc OUTPUT_VARIABLE help)
 string(REPLACE "\n" " " help "${help}")
