@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
@@ -194,6 +195,40 @@ TEST(PerfOptions, ZeroTimeoutIsAUsageError) {
                    "--timeout-ms must be at least 1");
 }
 
+// Worker settings the library refuses failed each rank when it created its Worker (exit 1, one message per rank,
+// after the aggregators and ranks had started); --tcp-send-buffer 2G passed the tool's "below 4G" and failed the
+// library's 1 GiB. They are usage errors, found by the library's own checks before anything starts.
+TEST(PerfOptions, WorkerSettingsTheLibraryRefusesAreUsageErrors) {
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--slots", "0"}, "--slots 0: slots must be at least 1"},
+      {{"--window", "0"}, "--window 0: window must be at least 1"},
+      {{"--blocks-per-message", "0"}, "--blocks-per-message 0: blocks_per_message must be at least 1"},
+      {{"--block-size", "100000000"}, "--block-size 100000000: block of 100000000 elements exceeds 16 MiB"},
+      {{"--tcp-send-buffer", "abc"}, "--tcp-send-buffer abc: takes a byte count"},
+      {{"--tcp-send-buffer", "2G"}, "--tcp-send-buffer 2G: takes a byte count (K/M/G suffixes) from 0 to 1073741824"},
+      {{"--codec", "topk", "--fraction", "0"}, "--codec topk --fraction 0: top-k fraction 0 is outside (0, 1]"},
+      {{"--codec", "3lc", "--sparsity", "5"}, "--codec 3lc --sparsity 5: 3LC sparsity multiplier 5 is outside"},
+      {{"--rank", "2", "--world-size", "2"}, "--rank 2 is out of range for --world-size 2"},
+  };
+  for (const auto& [args, says] : cases) ExpectUsageError(SPARSEREDUCE_PERF_BIN, PerfArgs(args), says);
+  ExpectUsageError(SPARSEREDUCE_PERF_BIN, {"--aggregators", "127.0.0.1", "--timeout-ms", "300"},
+                   "--aggregators: aggregator 0: bad address '127.0.0.1': missing port");
+  // With --spawn: once, before any aggregator or rank starts (no "rank 0 failed").
+  const Outcome o = RunTool(SPARSEREDUCE_PERF_BIN, SpawnArgs("2", {"--slots", "0"}));
+  EXPECT_EQ(o.exit_code, 2) << o.output;
+  EXPECT_EQ(o.output, "sparsereduce-perf: --slots 0: slots must be at least 1\n");
+}
+
+// CLI11 read -1 into the 64-bit options as 18446744073709551615 (the JSON recorded "job":18446744073709551615); the
+// 32-bit ones (-n -1) were refused already.
+TEST(PerfOptions, NegativeValuesOf64BitOptionsAreUsageErrors) {
+  for (const std::string option : {"--job", "--seed", "--timeout-ms", "--run-timeout-ms"}) {
+    std::vector<std::string> args = {"--aggregators", "127.0.0.1:9", "-b", "4K", "-e", "4K", option, "-1"};
+    if (option != "--timeout-ms") args.insert(args.end(), {"--timeout-ms", "300"});
+    ExpectUsageError(SPARSEREDUCE_PERF_BIN, args, option + ": Value -1 is negative");
+  }
+}
+
 // A --json file that cannot be written failed silently after the run (exit 0, no file); it fails at once.
 TEST(PerfOptions, AJsonFileThatCannotBeWrittenFailsBeforeTheRun) {
   const auto start = std::chrono::steady_clock::now();
@@ -204,20 +239,79 @@ TEST(PerfOptions, AJsonFileThatCannotBeWrittenFailsBeforeTheRun) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
 }
 
+// The table's rows (float tensors), each as its fields: size, count, type, redop, time, algbw, busbw, ...
+std::vector<std::vector<std::string>> TableRows(const std::string& output) {
+  std::vector<std::vector<std::string>> rows;
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream fields(line);
+    std::vector<std::string> row;
+    for (std::string field; fields >> field;) row.push_back(field);
+    if (line.empty() || line[0] == '#' || row.size() < 3 || row[2] != "float") continue;
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+std::vector<std::string> TableSizes(const std::string& output) {
+  std::vector<std::string> sizes;
+  for (const auto& row : TableRows(output)) sizes.push_back(row[0]);
+  return sizes;
+}
+
 // A step factor below 2 rounds two steps down to one size: each size is run once (4, 6 -> 4, 9 -> 8, 13.5 -> 12).
 TEST(PerfCheck, AFactorBelowTwoRunsEachSizeOnce) {
   const Outcome o = RunTool(SPARSEREDUCE_PERF_BIN, {"--spawn", "2", "--aggregator-bin", SPARSEREDUCE_AGGREGATOR_BIN,
                                                     "-b", "4", "-e", "16", "-f", "1.5", "-n", "1", "-w", "0"});
   EXPECT_EQ(o.exit_code, 0) << o.output;
-  std::vector<std::string> sizes;
-  std::istringstream lines(o.output);
-  for (std::string line; std::getline(lines, line);) {
-    std::istringstream fields(line);
-    std::string size, count, type;
-    if (line.empty() || line[0] == '#' || !(fields >> size >> count >> type) || type != "float") continue;
-    sizes.push_back(size);
-  }
-  EXPECT_EQ(sizes, (std::vector<std::string>{"4", "8", "12"})) << o.output;
+  EXPECT_EQ(TableSizes(o.output), (std::vector<std::string>{"4", "8", "12"})) << o.output;
+}
+
+// -f 1.000000000001 spun at 100 % CPU without a row after the first: the steps that round down to the size before
+// (7e11 of them between 4 and 8 bytes) were taken one at a time. They are skipped in one jump; the sizes stay
+// -b·f^k rounded down to whole elements, each once (4·1.1^k: 4.4 -> 4, ..., 8.6 -> 8, ..., 12.6 -> 12, ...).
+TEST(PerfCheck, AFactorJustAboveOneEndsWithEachSizeOnce) {
+  const auto start = std::chrono::steady_clock::now();
+  const Outcome o = RunTool(SPARSEREDUCE_PERF_BIN,
+                            {"--spawn", "1", "--aggregator-bin", SPARSEREDUCE_AGGREGATOR_BIN, "-b", "4", "-e", "8", "-f",
+                             "1.000000000001", "-n", "1", "-w", "0", "-c", "0", "--run-timeout-ms", "10000"});
+  EXPECT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(TableSizes(o.output), (std::vector<std::string>{"4", "8"})) << o.output;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(8));
+  const Outcome tenth = RunTool(SPARSEREDUCE_PERF_BIN,
+                                {"--spawn", "1", "--aggregator-bin", SPARSEREDUCE_AGGREGATOR_BIN, "-b", "4", "-e", "64",
+                                 "-f", "1.1", "-n", "1", "-w", "0", "-c", "0", "--run-timeout-ms", "10000"});
+  EXPECT_EQ(tenth.exit_code, 0) << tenth.output;
+  EXPECT_EQ(TableSizes(tenth.output), (std::vector<std::string>{"4", "8", "12", "16", "20", "24", "28", "32", "36",
+                                                                "40", "44", "52", "56", "60"}))
+      << tenth.output;
+}
+
+// The JSON's numbers had ostream's 6 significant digits (a time of 3472312.5 us became 3.47231e+06, --density
+// 0.123456789 became 0.123457): they have every digit now. The time reads back as the table's, and algbw is the
+// size over that very time.
+TEST(PerfCheck, TheJsonHasEveryDigitOfItsNumbers) {
+  auto dir = TempDir::Create("sr-perf-options-");
+  ASSERT_TRUE(dir.ok()) << dir.status().ToString();
+  const Outcome o = RunTool(SPARSEREDUCE_PERF_BIN, SpawnArgs("2", {"--density", "0.123456789", "--json",
+                                                               dir->File("r.json")}));
+  EXPECT_EQ(o.exit_code, 0) << o.output;
+  const auto rows = TableRows(o.output);
+  ASSERT_EQ(rows.size(), 1u) << o.output;
+  ASSERT_GE(rows[0].size(), 5u) << o.output;
+  const std::string json = ReadFile(dir->File("r.json"));
+  EXPECT_NE(json.find("\"requested_density\":0.123456789,"), std::string::npos) << json;
+  auto number = [&](const std::string& key) {
+    const size_t at = json.find("\"" + key + "\":");
+    EXPECT_NE(at, std::string::npos) << key << " in " << json;
+    return at == std::string::npos ? 0.0 : std::strtod(json.c_str() + at + key.size() + 3, nullptr);
+  };
+  const double time = number("time_us_median"), algbw = number("algbw");
+  char table_time[32];
+  std::snprintf(table_time, sizeof table_time, "%.1f", time);
+  EXPECT_EQ(table_time, rows[0][4]) << json << "\n" << o.output;
+  ASSERT_GT(time, 0) << json;
+  EXPECT_NEAR(algbw, 4096 / 1e9 / (time / 1e6), 1e-12 * algbw) << json;  // 6 digits are off by up to 5e-6
 }
 
 // The density column is the fraction of blocks rank 0's tensor has nonzero, not --density: with full overlap every
@@ -363,6 +457,55 @@ TEST(PerfSpawn, TheRunTimeoutStopsTheRanks) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
 }
 
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kPerfSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+constexpr bool kPerfSanitized = true;
+#else
+constexpr bool kPerfSanitized = false;
+#endif
+#else
+constexpr bool kPerfSanitized = false;
+#endif
+
+// A size the host cannot allocate (-e 1024G) killed every rank with SIGABRT (an uncaught std::bad_alloc): the run
+// fails (exit 1) with a line naming the size. Here the address space is capped below the 4 GiB tensor, so the
+// allocation fails at once, whatever memory the host has.
+TEST(PerfSpawn, ASizeThatCannotBeAllocatedFailsTheRunWithoutACrash) {
+  if (kPerfSanitized) GTEST_SKIP() << "the sanitizers' shadow memory does not fit a 3 GB address space";
+  const Outcome o = RunTool("/bin/sh", {"-c", "ulimit -v 3000000; exec \"$0\" \"$@\"", SPARSEREDUCE_PERF_BIN,
+                                        "--spawn", "2", "--aggregator-bin", SPARSEREDUCE_AGGREGATOR_BIN, "-b", "4G",
+                                        "-e", "4G", "-n", "1", "-w", "0", "--transport", "tcp"});
+  EXPECT_EQ(o.exit_code, 1) << o.output;
+  EXPECT_NE(o.output.find("rank 0: out of memory at 4294967296 bytes"), std::string::npos) << o.output;
+  EXPECT_EQ(o.output.find("SIGABRT"), std::string::npos) << o.output;
+}
+
+// `sparsereduce-perf --spawn ... | head -2`: the closed pipe killed the tool with SIGPIPE, and the aggregators'
+// temporary directory stayed behind (its ranks and aggregators, orphaned, ended by PR_SET_PDEATHSIG). The write
+// fails with EPIPE now, and the run stops as for a stop signal: ranks and aggregators reaped, the directory
+// removed, exit 128 + SIGPIPE.
+TEST(PerfSpawn, AClosedOutputStopsTheRunAndLeavesNothingBehind) {
+  ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  auto tmp = TempDir::Create("sr-perf-tmpdir-");
+  ASSERT_TRUE(tmp.ok()) << tmp.status().ToString();
+  const auto start = std::chrono::steady_clock::now();
+  const Outcome o = RunTool(
+      "/bin/sh", {"-c", "dir=\"$1\"; shift; { TMPDIR=\"$dir\" \"$0\" \"$@\"; echo \"perf exited $?\" >&2; } | head -2",
+                  SPARSEREDUCE_PERF_BIN, tmp->path(), "--spawn", "2", "--aggregator-bin", SPARSEREDUCE_AGGREGATOR_BIN,
+                  "-b", "4K", "-e", "64M", "-n", "20", "-w", "1", "-c", "0", "--run-timeout-ms", "30000"});
+  EXPECT_EQ(o.exit_code, 0) << o.output;  // head's
+  EXPECT_NE(o.output.find("# sparsereduce-perf: 2 ranks"), std::string::npos) << o.output;
+  EXPECT_NE(o.output.find("perf exited 141"), std::string::npos) << o.output;  // 128 + SIGPIPE
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(25));
+  std::vector<std::string> left;
+  for (const auto& entry : std::filesystem::directory_iterator(tmp->path())) left.push_back(entry.path());
+  EXPECT_TRUE(left.empty()) << "left behind: " << left.front();
+  EXPECT_EQ(ReapLeftovers(), 0) << "processes of the run were left running";
+  ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 0), 0);
+}
+
 // The demo's counts are bounded like perf's, and usage errors exit 2: --workers 0 printed an empty table and "all
 // results bit-exact", and CLI11's errors exited 105.
 TEST(DemoOptions, CountsOutOfRangeAreUsageErrors) {
@@ -370,6 +513,45 @@ TEST(DemoOptions, CountsOutOfRangeAreUsageErrors) {
   ExpectUsageError(SPARSEREDUCE_DEMO_BIN, {"--densities", "0.1,1.5"}, "--densities");
   ExpectUsageError(SPARSEREDUCE_DEMO_BIN, {"--iterations", "0"}, "--iterations");
   ExpectUsageError(SPARSEREDUCE_DEMO_BIN, {"--no-such-flag"}, "--no-such-flag");
+}
+
+// A tensor of less than one float ran with no element and said "all results bit-exact"; a block no frame can carry
+// (with the default 128 blocks per message) failed every worker after they had started.
+TEST(DemoOptions, ATensorOfNoElementAndABlockNoFrameCarriesAreUsageErrors) {
+  ExpectUsageError(SPARSEREDUCE_DEMO_BIN, {"--size-mib", "0.000001"}, "--size-mib 1e-06 is less than one float");
+  ExpectUsageError(SPARSEREDUCE_DEMO_BIN, {"--block-size", "4194304"}, "--block-size 4194304: ");
+}
+
+// SIGINT (Ctrl-C) to the demo stops its workers and its aggregator and removes the aggregator's temporary
+// directory; the demo exits 128 + 2. It handled no signal: it died alone and left the directory behind.
+TEST(DemoSpawn, CtrlCStopsTheWorkersAndTheAggregatorAndLeavesNoDirectory) {
+  ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  auto tmp = TempDir::Create("sr-demo-tmpdir-");
+  ASSERT_TRUE(tmp.ok()) << tmp.status().ToString();
+  auto demo = Subprocess::Spawn({"/usr/bin/env", "TMPDIR=" + tmp->path(), SPARSEREDUCE_DEMO_BIN, "--aggregator-bin",
+                                 SPARSEREDUCE_AGGREGATOR_BIN, "--workers", "2", "--size-mib", "16",
+                                 "--iterations", "1000000", "--densities", "0.1"},
+                                /*capture_stdout=*/true);
+  ASSERT_TRUE(demo.ok()) << demo.status().ToString();
+  std::string output;
+  bool signalled = false;
+  auto read = (*demo)->ReadStdout(std::chrono::seconds(60), [&](std::string_view chunk) {
+    output += chunk;
+    if (!signalled && output.find("sparsereduce demo: 1 aggregator") != std::string::npos) {
+      signalled = true;
+      (*demo)->Signal(SIGINT);
+    }
+  });
+  EXPECT_TRUE(read.ok()) << read.status().ToString() << "\n" << output;
+  EXPECT_TRUE(signalled) << output;
+  auto status = (*demo)->Wait(std::chrono::seconds(30));
+  ASSERT_TRUE(status.ok()) << status.status().ToString();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 128 + SIGINT) << DescribeExit(*status);
+  std::vector<std::string> left;
+  for (const auto& entry : std::filesystem::directory_iterator(tmp->path())) left.push_back(entry.path());
+  EXPECT_TRUE(left.empty()) << "left behind: " << left.front();
+  EXPECT_EQ(ReapLeftovers(), 0) << "processes of the run were left running";
+  ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 0), 0);
 }
 
 // A server address nobody answers on: a run that gets past the options fails with exit code 1 after 5 s of retries.
@@ -404,11 +586,12 @@ TEST(BwOptions, DurationsThatCannotRunAreUsageErrors) {
   }
 }
 
-// A server on -p 0 said "waiting on port 0" while it listened on a port the system picked: it prints that port, and a
-// client reaches the server there.
-TEST(BwServer, PortZeroPrintsTheBoundPort) {
+// Starts a server on -p 0 and runs one client with `client_args` and the port it printed; the client's outcome.
+// The server must end after its one client, with exit code 0.
+Outcome RunBwClientAgainstServer(std::vector<std::string> client_args) {
   auto server = Subprocess::Spawn({SPARSEREDUCE_BW_BIN, "-p", "0"}, /*capture_stdout=*/true);
-  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  EXPECT_TRUE(server.ok()) << server.status().ToString();
+  if (!server.ok()) return {};
   const std::string kWaiting = "waiting on port ";
   std::string output;
   bool client_ran = false;
@@ -423,15 +606,72 @@ TEST(BwServer, PortZeroPrintsTheBoundPort) {
     client_ran = true;
     const std::string port = output.substr(at + kWaiting.size(), end - at - kWaiting.size());
     EXPECT_NE(port, "0") << output;
-    client = RunTool(SPARSEREDUCE_BW_BIN, {"-p", port, "-s", "1K", "-n", "16", "127.0.0.1"});
+    std::vector<std::string> args = {"-p", port};
+    args.insert(args.end(), client_args.begin(), client_args.end());
+    args.push_back("127.0.0.1");
+    client = RunTool(SPARSEREDUCE_BW_BIN, args);
     if (client.exit_code != 0) (*server)->Signal(SIGKILL);  // nobody else would end it
   });
-  ASSERT_TRUE(read.ok()) << read.status().ToString();
-  ASSERT_TRUE(client_ran) << output;
-  EXPECT_EQ(client.exit_code, 0) << client.output;
+  EXPECT_TRUE(read.ok()) << read.status().ToString();
+  EXPECT_TRUE(client_ran) << output;
   auto status = (*server)->Wait(std::chrono::seconds(10));
-  ASSERT_TRUE(status.ok()) << status.status().ToString() << "\n" << output;
-  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << DescribeExit(*status) << "\n" << output;
+  EXPECT_TRUE(status.ok()) << status.status().ToString() << "\n" << output;
+  if (status.ok()) {
+    EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << DescribeExit(*status) << "\n" << output;
+  }
+  return client;
+}
+
+// A server on -p 0 said "waiting on port 0" while it listened on a port the system picked: it prints that port, and a
+// client reaches the server there.
+TEST(BwServer, PortZeroPrintsTheBoundPort) {
+  const Outcome client = RunBwClientAgainstServer({"-s", "1K", "-n", "16"});
+  EXPECT_EQ(client.exit_code, 0) << client.output;
+}
+
+// The table's rows: {#bytes, #iterations, MsgRate[Mpps]} per size.
+std::vector<std::array<double, 3>> BwRows(const std::string& output) {
+  std::vector<std::array<double, 3>> rows;
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream fields(line);
+    double bytes, iterations, peak, average, rate;
+    if (fields >> bytes >> iterations >> peak >> average >> rate) rows.push_back({bytes, iterations, rate});
+  }
+  return rows;
+}
+
+// -D runs the measured part of each size for about that long: the calibration burst of 64 messages was mostly its
+// round trips for small messages, and -s 2 -D 1 measured 0.18 s. Here the time is what the tool measured
+// (#iterations / message rate), bounded below only: a slow machine sends fewer messages, not for less time.
+TEST(BwClient, DurationRunsEachSizeForAboutThatLong) {
+  const Outcome client = RunBwClientAgainstServer({"-s", "2", "-D", "0.5"});
+  ASSERT_EQ(client.exit_code, 0) << client.output;
+  const auto rows = BwRows(client.output);
+  ASSERT_EQ(rows.size(), 1u) << client.output;
+  EXPECT_GE(rows[0][1] / (rows[0][2] * 1e6), 0.3) << client.output;
+}
+
+// The window is rounded up now (1000 messages took 17 acknowledgements, a window of 62, where the README says 16);
+// server and client must round alike, or the client waits for an acknowledgement that never comes (as a first
+// version of that change did): a count that 16 does not divide runs to its end.
+TEST(BwClient, ACountThatSixteenDoesNotDivideRuns) {
+  const Outcome client = RunBwClientAgainstServer({"-s", "1K", "-n", "1001"});
+  ASSERT_EQ(client.exit_code, 0) << client.output;
+  const auto rows = BwRows(client.output);
+  ASSERT_EQ(rows.size(), 1u) << client.output;
+  EXPECT_EQ(rows[0][1], 1001) << client.output;
+}
+
+// Parse errors exited with CLI11's own codes (104, 105, 109) where every other usage error exits 2; a negative -n
+// was read as 2^64 - 5 messages; -s beside -a, and -n beside -D, were ignored without a word.
+TEST(BwOptions, ParseErrorsNegativeCountsAndExclusiveOptionsAreUsageErrors) {
+  ExpectUsageError(SPARSEREDUCE_BW_BIN, {"-p", "70000", "127.0.0.1"}, "--port");
+  ExpectUsageError(SPARSEREDUCE_BW_BIN, {"--transport", "udp", "127.0.0.1"}, "--transport: udp not in");
+  ExpectUsageError(SPARSEREDUCE_BW_BIN, {"-p", "9", "127.0.0.1", "extra"}, "not expected: extra");
+  ExpectUsageError(SPARSEREDUCE_BW_BIN, {"-p", "9", "-n", "-5", "127.0.0.1"}, "--iters: Value -5 is negative");
+  ExpectUsageError(SPARSEREDUCE_BW_BIN, {"-p", "9", "-s", "4K", "-a", "127.0.0.1"}, "excludes");
+  ExpectUsageError(SPARSEREDUCE_BW_BIN, {"-p", "9", "-D", "1", "-n", "5", "127.0.0.1"}, "excludes");
 }
 
 }  // namespace

@@ -31,6 +31,7 @@
 
 #include "protocol/control.h"
 #include "protocol/frame.h"
+#include "tools/common/cli_checks.h"
 #include "tools/common/size_parse.h"
 #include "transport/shm/handoff.h"
 #include "transport/tcp/channel.h"
@@ -51,6 +52,10 @@ using sparsereduce::Status;
 using sparsereduce::transport::Channel;
 
 constexpr uint32_t kWindows = 16;  // acknowledgements per test; the peak is the best window
+
+// Frames per acknowledgement, the same on both sides; rounded up, so a test has at most kWindows of them (1000
+// frames had 17).
+uint64_t AckWindow(uint64_t frames) { return (frames + kWindows - 1) / kWindows; }
 
 void Check(const Status& st, const std::string& what);
 constexpr auto kSetupTimeout = std::chrono::seconds(10);
@@ -225,7 +230,7 @@ asio::awaitable<void> Serve(tcp::socket socket, Config c) {
     Result<FrameHeader> params = co_await channel->ReadHeader();
     if (!params.ok()) break;  // the client is done
     const uint64_t frames = params->seq, payload = params->job;
-    const uint64_t window = std::max<uint64_t>(1, frames / kWindows);
+    const uint64_t window = AckWindow(frames);
     for (uint64_t i = 0; i < frames; ++i) {
       Result<FrameHeader> h = co_await channel->ReadHeader();
       if (!h.ok() || h->payload_length != payload) {
@@ -249,7 +254,7 @@ asio::awaitable<Measurement> RunSize(Channel& channel, uint64_t size, uint64_t f
   auto frame = std::make_shared<std::vector<std::byte>>(sparsereduce::kFrameHeaderSize + size, std::byte{0x5a});
   sparsereduce::EncodeFrameHeader(FrameHeader{FrameType::kContribution, static_cast<uint32_t>(size), 0, 0, 0, 0},
                                   frame->data());
-  const uint64_t window = std::max<uint64_t>(1, frames / kWindows);
+  const uint64_t window = AckWindow(frames);
   std::vector<Clock::time_point> acks;
   const auto start = Clock::now();
   uint64_t sent = 0;
@@ -286,11 +291,21 @@ asio::awaitable<void> Client(tcp::socket socket, Config c, std::vector<uint64_t>
   for (uint64_t sz : sizes) {
     uint64_t frames = c.iters;
     if (c.duration > 0) {
-      // Calibrate with a short burst, then scale to the requested duration.
-      const auto t0 = Clock::now();
-      (void)co_await RunSize(*channel, sz, 64);
-      const double per_frame = std::chrono::duration<double>(Clock::now() - t0).count() / 64;
-      frames = std::max<uint64_t>(16, static_cast<uint64_t>(c.duration / std::max(per_frame, 1e-9)));
+      // Calibrate with bursts that grow until one takes about a tenth of the duration, then scale to the duration.
+      // One burst of 64 messages was mostly its 16 acknowledgement round trips for small messages, so -D 1 ran
+      // 0.2 s of 2-byte messages.
+      const double target = c.duration / 10;
+      uint64_t probe = 64;
+      double seconds = 0;
+      for (;;) {
+        const auto t0 = Clock::now();
+        (void)co_await RunSize(*channel, sz, probe);
+        seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+        if (seconds >= target / 2 || probe >= (uint64_t{1} << 40)) break;
+        probe *= static_cast<uint64_t>(std::clamp(target / std::max(seconds, 1e-9), 2.0, 64.0));
+      }
+      const double per_frame = seconds / static_cast<double>(probe);
+      frames = std::max<uint64_t>(kWindows, static_cast<uint64_t>(c.duration / std::max(per_frame, 1e-12)));
     }
     const Measurement m = co_await RunSize(*channel, sz, frames);
     // As perftest prints them: MB/sec is 2^20 bytes per second (its format_factor 0x100000), Gb/sec 10^9 bits.
@@ -372,11 +387,14 @@ int main(int argc, char** argv) {
   Config c;
   CLI::App app{"sparsereduce-bw: point-to-point transport bandwidth (ib_write_bw style)"};
   app.add_option("-p,--port", c.port, "TCP port")->capture_default_str();
-  app.add_option("-s,--size", c.size, "Message size (K/M/G suffixes)")->capture_default_str();
-  app.add_flag("-a,--all", c.all_sizes, "All sizes 2 B .. 8 MiB");
-  app.add_option("-n,--iters", c.iters, "Messages per size")->capture_default_str();
+  CLI::Option* size = app.add_option("-s,--size", c.size, "Message size (K/M/G suffixes)")->capture_default_str();
+  app.add_flag("-a,--all", c.all_sizes, "All sizes 2 B .. 8 MiB")->excludes(size);
+  CLI::Option* iters = app.add_option("-n,--iters", c.iters, "Messages per size")
+                           ->check(sparsereduce::tools::kNotNegative)
+                           ->capture_default_str();
   app.add_option("-D,--duration", c.duration_text,
-                 "Run each size for about this many seconds (above 0, at most 86400) instead of -n");
+                 "Run each size for about this many seconds (above 0, at most 86400) instead of -n")
+      ->excludes(iters);
   app.add_flag("--report_gbits", c.gbits, "Report Gbit/s instead of MB/s");
   app.add_option("--transport", c.transport,
                  "Client: tcp, shm (shared memory; the server must run on the same host) or rdma")
@@ -387,7 +405,11 @@ int main(int argc, char** argv) {
   app.add_option("-x,--gid-index", c.gid_index, "GID index for RoCE (RoCEv2: usually 3); -1: InfiniBand LID")
       ->capture_default_str();
   app.add_option("server", c.server, "Server address (client mode)");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;  // --help is 0; a usage error is 2, as for the tool's own checks
+  }
   try {
     return Main(c);
   } catch (const std::exception& e) {

@@ -14,8 +14,10 @@
 #include <map>
 #include <sstream>
 
+#include "protocol/layout.h"
 #include "sparsereduce/worker.h"
 #include "tools/common/local_cluster.h"
+#include "tools/common/stop_signals.h"
 #include "tools/common/subprocess.h"
 #include "tools/common/synthetic_tensor.h"
 
@@ -92,6 +94,9 @@ std::string Mib(double bytes) {
 }
 
 int RunDriver(const Config& c, const std::string& self) {
+  // Ctrl-C (or SIGTERM, SIGHUP) stops the workers, so that the run ends as usual: the aggregator is stopped and its
+  // temporary directory removed (the demo died alone, leaving the directory behind).
+  sparsereduce::tools::StopSignals signals;
   auto cluster = sparsereduce::tools::LocalAggregators::Start(c.aggregator_bin, 1);
   if (!cluster.ok()) {
     std::fprintf(stderr, "demo: %s\n", cluster.status().ToString().c_str());
@@ -100,6 +105,7 @@ int RunDriver(const Config& c, const std::string& self) {
   const std::string address = (*cluster)->AddressList();
   std::printf("sparsereduce demo: 1 aggregator (%s), %u workers, %.0f MiB fp32 tensor, block %u, "
               "median of %u iterations\n\n", address.c_str(), c.workers, c.size_mib, c.block_size, c.iterations);
+  std::fflush(stdout);  // before the run, which takes a while
   std::ostringstream densities;
   for (size_t i = 0; i < c.densities.size(); ++i) densities << (i ? "," : "") << c.densities[i];
   std::vector<std::unique_ptr<Subprocess>> workers;
@@ -115,12 +121,15 @@ int RunDriver(const Config& c, const std::string& self) {
       return 1;
     }
     workers.push_back(std::move(*w));
+    if (!signals.Track(workers.back()->pid())) break;
   }
   bool failed = false;
   std::string rank0;
-  for (uint32_t r = 0; r < c.workers; ++r) {
+  for (uint32_t r = 0; r < workers.size(); ++r) {
     auto out = workers[r]->ReadStdout(std::chrono::minutes(10));
+    signals.Untrack(workers[r]->pid());
     auto status = workers[r]->Wait(std::chrono::seconds(30));
+    if (signals.caught()) continue;  // stopped on purpose: one line below, not one per worker
     if (!out.ok() || !status.ok() || !WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
       std::fprintf(stderr, "demo: worker %u failed (%s)\n", r,
                    !status.ok() ? status.status().ToString().c_str()
@@ -143,6 +152,10 @@ int RunDriver(const Config& c, const std::string& self) {
   if (!(*cluster)->Stop()) {
     std::fprintf(stderr, "demo: aggregator did not stop cleanly\n");
     failed = true;
+  }
+  if (const int sig = signals.caught()) {
+    std::fprintf(stderr, "demo: stopped by signal %d (%s); workers and aggregator stopped\n", sig, strsignal(sig));
+    return 128 + sig;
   }
 
   const double tensor_bytes = c.size_mib * 1024 * 1024;
@@ -197,6 +210,22 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;  // --help is 0; a usage error is 2, as for the other tools
   }
   if (c.worker) return RunWorker(c);
+  // Checked here, not by a worker after the aggregator and the workers started: a tensor of no element ran and
+  // said "all results bit-exact", and a block that no frame can carry failed every worker.
+  if (c.size_mib * 1024 * 1024 < sizeof(float)) {
+    std::fprintf(stderr, "sparsereduce-demo: --size-mib %g is less than one float (4 bytes)\n", c.size_mib);
+    return 2;
+  }
+  const sparsereduce::CollectiveSpec spec{0, sparsereduce::DType::kFloat32, sparsereduce::ReduceOp::kSum,
+                                          c.block_size};
+  sparsereduce::Status st = sparsereduce::ValidateSpec(spec);
+  sparsereduce::JobShape shape;
+  shape.blocks_per_message = sparsereduce::WorkerOptions{}.blocks_per_message;  // the demo's Workers use the default
+  if (st.ok()) st = sparsereduce::ValidateFrameSize(shape, spec);
+  if (!st.ok()) {
+    std::fprintf(stderr, "sparsereduce-demo: --block-size %u: %s\n", c.block_size, st.message().c_str());
+    return 2;
+  }
   const std::string self = std::filesystem::canonical("/proc/self/exe");
   if (c.aggregator_bin.empty())
     c.aggregator_bin = sparsereduce::tools::FindToolBinary("sparsereduce-aggregator", "aggregator");

@@ -12,22 +12,31 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cerrno>
+#include <charconv>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <new>
 #include <optional>
 #include <regex>
 #include <sstream>
+#include <stdexcept>
 
+#include "codec/codec_spec.h"
+#include "protocol/layout.h"
 #include "sparsereduce/worker.h"
+#include "tools/common/cli_checks.h"
 #include "tools/common/json_output.h"
 #include "tools/common/local_cluster.h"
 #include "tools/common/size_parse.h"
 #include "tools/common/stop_signals.h"
 #include "tools/common/subprocess.h"
 #include "tools/common/synthetic_tensor.h"
+#include "worker/src/worker_environment.h"
 
 namespace {
 
@@ -91,9 +100,30 @@ tools::SyntheticSpec Spec(const Config& c, uint64_t count, uint64_t seed) {
 // The fraction of nonzero blocks per rank the tensors have: --density, except that disjoint overlap caps it at 1/W.
 double UsedDensity(const Config& c) { return tools::RankDensity(Spec(c, 0, 0)); }
 
+// The codec of the run, as the Worker builds it from CodecOptions (only the named codec's fields count).
+sparsereduce::Result<sparsereduce::CodecSpec> RunCodec(const Config& c) {
+  sparsereduce::Result<sparsereduce::Codec> codec = sparsereduce::ParseCodec(c.codec.name);
+  if (!codec.ok()) return codec.status();
+  return sparsereduce::WithoutUnusedFields(sparsereduce::CodecSpec{
+      *codec, 0, c.codec.sparsity, c.codec.fp32_results, c.codec.fraction, c.codec.alpha, c.codec.l2_norm,
+      c.codec.tensor_scale});
+}
+
+// The option that sets the named codec's parameter, for messages: "--codec topk --fraction 0".
+std::string CodecOptionText(const Config& c) {
+  std::ostringstream text;
+  text << "--codec " << c.codec.name;
+  if (c.codec.name == "3lc") text << " --sparsity " << c.codec.sparsity;
+  if (c.codec.name == "topk") text << " --fraction " << c.codec.fraction;
+  if (c.codec.name == "diana") text << " --alpha " << c.codec.alpha;
+  return text.str();
+}
+
 // Usage errors a run would only meet later (or never: -b 0 loops forever, -n 0 reads past the times, a block
-// size of 0 divides by zero); prints each and returns false if there is one.
-bool ValidateOptions(const Config& c) {
+// size of 0 divides by zero), among them the worker settings the library refuses when a rank creates its Worker
+// (checked here by the library's own checks, so that they fail once, before aggregators and ranks start);
+// prints each and returns false if there is one. `spawning`: --spawn sets the aggregators, rank and world size.
+bool ValidateOptions(const Config& c, bool spawning) {
   bool ok = true;
   auto fail = [&ok](const std::string& message) {
     std::fprintf(stderr, "sparsereduce-perf: %s\n", message.c_str());
@@ -117,6 +147,60 @@ bool ValidateOptions(const Config& c) {
   }
   // Block size, world size and density, as the synthetic tensors need them.
   if (const sparsereduce::Status st = tools::ValidateSpec(Spec(c, 0, 0)); !st.ok()) fail(st.message());
+  // The worker's settings, as the Worker checks them (worker.cc: ValidateShape, ValidateSpec, ValidateFrameSize,
+  // ValidateCodec, CheckAggregatorAddresses, the TCP send buffer's limit), one option at a time so that each
+  // message names its option.
+  struct ShapeOption {
+    const char* name;
+    uint32_t Config::*value;
+    uint32_t sparsereduce::JobShape::*field;
+  };
+  for (const ShapeOption& o : {ShapeOption{"--slots", &Config::slots, &sparsereduce::JobShape::slots},
+                               ShapeOption{"--blocks-per-message", &Config::blocks_per_message,
+                                           &sparsereduce::JobShape::blocks_per_message},
+                               ShapeOption{"--window", &Config::window, &sparsereduce::JobShape::window}}) {
+    sparsereduce::JobShape shape;  // every field 1 but this option's
+    shape.*o.field = c.*o.value;
+    if (const sparsereduce::Status st = sparsereduce::ValidateShape(shape); !st.ok()) {
+      fail(std::string(o.name) + " " + std::to_string(c.*o.value) + ": " + st.message());
+    }
+  }
+  if (c.block_size != 0) {  // 0: said above
+    sparsereduce::JobShape shape;
+    shape.blocks_per_message = c.blocks_per_message;
+    for (sparsereduce::DType dtype : {sparsereduce::DType::kFloat32, sparsereduce::DType::kInt32}) {
+      const sparsereduce::CollectiveSpec spec{0, dtype, sparsereduce::ReduceOp::kSum, c.block_size};
+      if (const sparsereduce::Status st = sparsereduce::ValidateSpec(spec); !st.ok()) {
+        fail("--block-size " + std::to_string(c.block_size) + ": " + st.message());
+        break;
+      }
+      if (c.blocks_per_message == 0) break;  // said above
+      if (const sparsereduce::Status st = sparsereduce::ValidateFrameSize(shape, spec); !st.ok()) {
+        fail("--blocks-per-message " + std::to_string(c.blocks_per_message) + " with --block-size " +
+             std::to_string(c.block_size) + ": " + st.message());
+        break;
+      }
+    }
+  }
+  if (auto codec = RunCodec(c); !codec.ok()) {
+    fail("--codec " + c.codec.name + ": " + codec.status().message());
+  } else if (const sparsereduce::Status st = sparsereduce::ValidateCodec(*codec); !st.ok()) {
+    fail(CodecOptionText(c) + ": " + st.message());
+  }
+  auto tcp_send_buffer = tools::ParseByteSize(c.tcp_send_buffer);
+  if (!tcp_send_buffer.ok() || *tcp_send_buffer > sparsereduce::worker::kMaxTcpSendBuffer) {
+    fail("--tcp-send-buffer " + c.tcp_send_buffer + ": takes a byte count (K/M/G suffixes) from 0 to " +
+         std::to_string(sparsereduce::worker::kMaxTcpSendBuffer));
+  }
+  if (!spawning) {
+    if (const sparsereduce::Status st = sparsereduce::worker::CheckAggregatorAddresses(c.aggregators); !st.ok()) {
+      fail("--aggregators: " + st.message());
+    }
+    if (c.world_size != 0 && c.rank >= c.world_size) {
+      fail("--rank " + std::to_string(c.rank) + " is out of range for --world-size " + std::to_string(c.world_size) +
+           " (ranks are 0 to " + std::to_string(c.world_size - 1) + ")");
+    }
+  }
   return ok;
 }
 
@@ -243,6 +327,15 @@ void PrintRow(const Config& c, const Row& r) {
   std::fflush(stdout);
 }
 
+// A JSON number with every digit the double has (the shortest text that reads back as the same double): ostream's
+// default 6 significant digits turned a time of 3472312.5 us into 3.47231e+06. null where JSON has no number.
+std::string JsonNumber(double value) {
+  if (!std::isfinite(value)) return "null";
+  char text[64];
+  const auto [end, ec] = std::to_chars(text, text + sizeof text, value);
+  return ec == std::errc() ? std::string(text, end) : "null";
+}
+
 // The --json document of what was measured so far ("complete": false until the sweep has ended well).
 // `tcp_send_buffer` is the value in effect (the flag, else the environment).
 std::string JsonText(const Config& c, uint32_t tcp_send_buffer, const std::vector<std::string>& transports,
@@ -251,7 +344,8 @@ std::string JsonText(const Config& c, uint32_t tcp_send_buffer, const std::vecto
   std::string used;
   for (const std::string& t : transports) used += std::string(used.empty() ? "" : ",") + "\"" + t + "\"";
   out << "{\"tool\":\"sparsereduce\",\"world_size\":" << c.world_size << ",\"aggregators\":" << c.aggregators.size()
-      << ",\"dtype\":\"" << c.dtype << "\",\"density\":" << UsedDensity(c) << ",\"requested_density\":" << c.density
+      << ",\"dtype\":\"" << c.dtype << "\",\"density\":" << JsonNumber(UsedDensity(c))
+      << ",\"requested_density\":" << JsonNumber(c.density)
       << ",\"overlap\":\"" << c.overlap << "\",\"block_size\":" << c.block_size << ",\"codec\":\"" << c.codec.name
       << "\",\"slots\":" << c.slots << ",\"blocks_per_message\":" << c.blocks_per_message << ",\"window\":" << c.window
       << ",\"tcp_send_buffer\":" << tcp_send_buffer
@@ -263,24 +357,60 @@ std::string JsonText(const Config& c, uint32_t tcp_send_buffer, const std::vecto
   for (size_t i = 0; i < rows.size(); ++i) {
     const Row& r = rows[i];
     out << (i ? "," : "") << "{\"size\":" << r.size << ",\"count\":" << r.count
-        << ",\"time_us_median\":" << r.time_us_median << ",\"time_us_min\":" << r.time_us_min
-        << ",\"time_us_max\":" << r.time_us_max << ",\"algbw\":" << r.algbw << ",\"busbw\":" << r.busbw
-        << ",\"wrong\":" << (ChecksBitExactly(c) ? std::to_string(r.wrong) : "null") << ",\"density\":" << r.density
-        << ",\"union_density\":" << r.union_density << ",\"bytes_sent\":" << r.sent
+        << ",\"time_us_median\":" << JsonNumber(r.time_us_median) << ",\"time_us_min\":" << JsonNumber(r.time_us_min)
+        << ",\"time_us_max\":" << JsonNumber(r.time_us_max) << ",\"algbw\":" << JsonNumber(r.algbw)
+        << ",\"busbw\":" << JsonNumber(r.busbw)
+        << ",\"wrong\":" << (ChecksBitExactly(c) ? std::to_string(r.wrong) : "null")
+        << ",\"density\":" << JsonNumber(r.density) << ",\"union_density\":" << JsonNumber(r.union_density)
+        << ",\"bytes_sent\":" << r.sent
         << ",\"bytes_received\":" << r.received << "}";
   }
   out << "]}\n";
   return out.str();
 }
 
+// The sizes of the sweep: -b·f^k (k = 0, 1, ...) rounded down to whole elements, up to -e; a step that rounds down
+// to the size before it is skipped (-b 4 -f 1.5: 4, 6 -> 4, 9 -> 8, 13.5 -> 12). Such steps are skipped in one jump,
+// not one at a time: with -f 1.000000000001 there were 7·10^11 of them between 4 and 8 bytes, and the tool spun.
+class SizeSweep {
+ public:
+  SizeSweep(uint64_t min_bytes, uint64_t max_bytes, double factor, uint64_t element_bytes)
+      : size_(static_cast<double>(min_bytes)),
+        limit_(static_cast<double>(max_bytes) * 1.0000001),  // -b·f^k may miss -e by a rounding error
+        max_bytes_(max_bytes),
+        factor_(factor),
+        element_bytes_(element_bytes) {}
+
+  // The next size, or nullopt once the sweep has passed -e.
+  std::optional<uint64_t> Next() {
+    if (!(size_ <= limit_)) return std::nullopt;
+    const uint64_t whole = size_ >= static_cast<double>(max_bytes_) ? max_bytes_ : static_cast<uint64_t>(size_);
+    const uint64_t bytes = whole / element_bytes_ * element_bytes_;
+    if (bytes <= previous_) return std::nullopt;  // only where -e capped the size: the last one was -e's
+    previous_ = bytes;
+    // The first step that rounds down to more than `bytes`: at least bytes + one element.
+    const double above = static_cast<double>(bytes) + static_cast<double>(element_bytes_);
+    size_ *= factor_;
+    if (size_ < above) {
+      const double steps = std::ceil(std::log(above / size_) / std::log1p(factor_ - 1));
+      size_ = std::max(size_ * std::pow(factor_, steps), above);  // max: pow's rounding must not fall short
+    }
+    return bytes;
+  }
+
+ private:
+  double size_;
+  const double limit_;
+  const uint64_t max_bytes_;
+  const double factor_;
+  const uint64_t element_bytes_;
+  uint64_t previous_ = 0;
+};
+
 int RunRank(const Config& c) {  // c has passed ValidateOptions
   auto min_bytes = tools::ParseByteSize(c.min_bytes);
   auto max_bytes = tools::ParseByteSize(c.max_bytes);
-  auto tcp_send_buffer = tools::ParseByteSize(c.tcp_send_buffer);
-  if (!tcp_send_buffer.ok() || *tcp_send_buffer > UINT32_MAX) {
-    std::fprintf(stderr, "sparsereduce-perf: --tcp-send-buffer: a byte count (K/M suffixes) below 4G\n");
-    return 2;
-  }
+  auto tcp_send_buffer = tools::ParseByteSize(c.tcp_send_buffer);  // at most worker::kMaxTcpSendBuffer
   sparsereduce::WorkerOptions options;
   options.aggregators = c.aggregators;
   options.job = c.job;
@@ -314,19 +444,16 @@ int RunRank(const Config& c) {  // c has passed ValidateOptions
     json.Write(JsonText(c, tcp_send_buffer_in_effect, transports, rows, complete));
   };
   int rc = 0;
+  uint64_t bytes = 0;  // the size being run
   try {
     sparsereduce::Worker worker(options);
     transports = worker.transports();
     tcp_send_buffer_in_effect = worker.options().tcp_send_buffer;
     if (c.rank == 0) PrintHeader(c, transports, tcp_send_buffer_in_effect);
     write_json(false);
-    uint64_t previous_bytes = 0;
-    for (double size = static_cast<double>(*min_bytes); size <= static_cast<double>(*max_bytes) * 1.0000001;
-         size *= c.step_factor) {
-      const uint64_t elem = ElementBytes(c);
-      const uint64_t bytes = static_cast<uint64_t>(size) / elem * elem;
-      if (bytes == previous_bytes) continue;  // a factor below 2 rounds two steps down to one size
-      previous_bytes = bytes;
+    SizeSweep sweep(*min_bytes, *max_bytes, c.step_factor, ElementBytes(c));
+    for (std::optional<uint64_t> size = sweep.Next(); size; size = sweep.Next()) {
+      bytes = *size;
       Row row = c.dtype == "int32" ? RunSize<int32_t>(worker, c, bytes) : RunSize<float>(worker, c, bytes);
       if (row.own_wrong != 0) {
         std::fprintf(stderr, "sparsereduce-perf: rank %u: %llu elements differ from the reference at %llu bytes\n",
@@ -341,10 +468,28 @@ int RunRank(const Config& c) {  // c has passed ValidateOptions
   } catch (const sparsereduce::Error& e) {
     std::fprintf(stderr, "sparsereduce-perf: %s\n", e.what());
     rc = 1;
+  } catch (const std::bad_alloc& e) {
+    // A size too large for this host's memory (each rank holds the input, a working copy and, with -c 1, the
+    // reference of that size): a failed run, not a crash of every rank.
+    std::fprintf(stderr, "sparsereduce-perf: rank %u: out of memory at %llu bytes (each rank holds %s of that size): "
+                 "%s\n", c.rank, static_cast<unsigned long long>(bytes),
+                 ChecksBitExactly(c) ? "the input, a working copy and the reference" : "the input and a working copy",
+                 e.what());
+    rc = 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "sparsereduce-perf: rank %u at %llu bytes: %s\n", c.rank,
+                 static_cast<unsigned long long>(bytes), e.what());
+    rc = 1;
   }
   write_json(rc == 0);
   if (json.failed()) rc = rc ? rc : 1;
   return rc ? rc : any_wrong ? 3 : 0;
+}
+
+// A wait of `ms` milliseconds for the spawner, at most a year (a deadline of now + ~0 ms overflowed: no limit).
+constexpr std::chrono::milliseconds kAYear = std::chrono::hours(24 * 365);
+std::chrono::milliseconds AtMostAYear(uint64_t ms) {
+  return ms >= static_cast<uint64_t>(kAYear.count()) ? kAYear : std::chrono::milliseconds(ms);
 }
 
 // Ranks and aggregators of --spawn W[,A]: W up to the aggregators' default --max-world-size, A up to 256.
@@ -411,14 +556,22 @@ int Spawn(Config c, char** argv, int argc) {
     ranks.push_back(std::move(*p));
     if (!signals.Track(ranks.back()->pid())) break;
   }
+  // A closed stdout (`| head`) must not kill the tool with SIGPIPE, which left the aggregators' temporary directory
+  // behind: the write fails with EPIPE instead, and the run is stopped as by a stop signal. Ignored only now that
+  // every child has started (an ignored signal stays ignored across exec).
+  std::signal(SIGPIPE, SIG_IGN);
   // Rank 0's table streams through as it is printed (a long sweep shows its rows as they come, and a run cut off
   // by the deadline keeps the rows it had).
   int rc = 0;
-  const std::chrono::milliseconds run_timeout = c.run_timeout_ms ? std::chrono::milliseconds(c.run_timeout_ms)
-                                                                  : std::chrono::hours(24 * 365);
-  auto out = ranks[0]->ReadStdout(run_timeout, [](std::string_view chunk) {
-    std::fwrite(chunk.data(), 1, chunk.size(), stdout);
-    std::fflush(stdout);
+  int output_errno = 0;  // writing stdout failed: the run was stopped
+  const std::chrono::milliseconds run_timeout = c.run_timeout_ms ? AtMostAYear(c.run_timeout_ms) : kAYear;
+  auto out = ranks[0]->ReadStdout(run_timeout, [&](std::string_view chunk) {
+    if (output_errno) return;  // the rest until rank 0 ends
+    errno = 0;
+    if (std::fwrite(chunk.data(), 1, chunk.size(), stdout) != chunk.size() || std::fflush(stdout) != 0) {
+      output_errno = errno ? errno : EIO;
+      for (auto& rank : ranks) rank->Signal(SIGTERM);
+    }
   });
   if (!out.ok()) {
     std::fprintf(stderr, "sparsereduce-perf: rank 0's output: %s (--run-timeout-ms %llu); stopping the ranks\n",
@@ -428,7 +581,7 @@ int Spawn(Config c, char** argv, int argc) {
   }
   bool stopped_after_rank0 = false;
   for (uint32_t r = 0; r < ranks.size(); ++r) {
-    auto status = ranks[r]->Wait(std::chrono::milliseconds(c.timeout_ms));
+    auto status = ranks[r]->Wait(AtMostAYear(c.timeout_ms));
     const bool finished = status.ok() && WIFEXITED(*status) && (WEXITSTATUS(*status) == 0 || WEXITSTATUS(*status) == 3);
     if (r == 0 && !finished) {
       // Rank 0 failed (3, wrong results, ends a finished sweep): the others would wait for it until their timeout
@@ -436,7 +589,7 @@ int Spawn(Config c, char** argv, int argc) {
       for (auto& rank : ranks) rank->Signal(SIGTERM);
       stopped_after_rank0 = true;
     }
-    if (signals.caught()) continue;  // stopped on purpose: one line below, not one per rank
+    if (signals.caught() || output_errno) continue;  // stopped on purpose: one line below, not one per rank
     const bool stopped_here = status.ok() && WIFSIGNALED(*status) && WTERMSIG(*status) == SIGTERM;
     if (r > 0 && stopped_after_rank0 && stopped_here) continue;
     if (!status.ok() || !WIFEXITED(*status) || WEXITSTATUS(*status) != 0) {
@@ -454,12 +607,18 @@ int Spawn(Config c, char** argv, int argc) {
                  strsignal(sig));
     return 128 + sig;
   }
+  if (output_errno == EPIPE) return 128 + SIGPIPE;  // the reader left: quietly, as a tool killed by SIGPIPE ends
+  if (output_errno) {
+    std::fprintf(stderr, "sparsereduce-perf: writing the output failed: %s; ranks and aggregators stopped\n",
+                 std::strerror(output_errno));
+    return 1;
+  }
   return rc;
 }
 
-}  // namespace
+using tools::kNotNegative;
 
-int main(int argc, char** argv) {
+int Main(int argc, char** argv) {
   Config c;
   CLI::App app{"sparsereduce-perf: allreduce bandwidth and latency, nccl-tests style"};
   app.add_option("-b,--minbytes", c.min_bytes, "Smallest size (K/M/G suffixes)")->capture_default_str();
@@ -486,7 +645,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   auto* aggregators = app.add_option("--aggregators", c.aggregators, "HOST:PORT,... of the job's aggregators")
                           ->delimiter(',');
-  app.add_option("--job", c.job, "Job id")->capture_default_str();
+  app.add_option("--job", c.job, "Job id")->check(kNotNegative)->capture_default_str();
   auto* rank = app.add_option("--rank", c.rank, "This process's rank")->capture_default_str();
   auto* world_size = app.add_option("--world-size", c.world_size, "Number of ranks")->capture_default_str();
   // --spawn sets each rank's --aggregators, --rank and --world-size itself.
@@ -496,11 +655,13 @@ int main(int argc, char** argv) {
       ->excludes(world_size);
   app.add_option("--run-timeout-ms", c.run_timeout_ms,
                  "With --spawn: bound on the whole run, after which the ranks are stopped; 0: none")
+      ->check(kNotNegative)
       ->capture_default_str();
   app.add_option("--aggregator-bin", c.aggregator_bin, "sparsereduce-aggregator to use with --spawn");
   app.add_option("--json", c.json, "Also write the results as JSON to this file");
-  app.add_option("--seed", c.seed, "Seed of the synthetic tensors")->capture_default_str();
+  app.add_option("--seed", c.seed, "Seed of the synthetic tensors")->check(kNotNegative)->capture_default_str();
   app.add_option("--timeout-ms", c.timeout_ms, "Connect, join and each collective's timeout (at least 1)")
+      ->check(kNotNegative)
       ->capture_default_str();
   app.add_option("--transport", c.transport,
                  "auto (shared memory with aggregators on this host, else TCP), tcp, shm or rdma; default "
@@ -533,11 +694,22 @@ int main(int argc, char** argv) {
     // --help exits 0; every usage error exits 2, as the checks below do (CLI11's own codes are 100 and up).
     return app.exit(e) == 0 ? 0 : 2;
   }
-  if (!ValidateOptions(c)) return 2;
+  if (!ValidateOptions(c, spawn->count() > 0)) return 2;
   if (spawn->count() > 0) return Spawn(c, argv, argc);
   if (c.aggregators.empty()) {
     std::fprintf(stderr, "sparsereduce-perf: give --aggregators (or --spawn W[,A])\n");
     return 2;
   }
   return RunRank(c);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return Main(argc, argv);
+  } catch (const std::exception& e) {  // what a run's own catches do not expect: a failed run, not an abort
+    std::fprintf(stderr, "sparsereduce-perf: %s\n", e.what());
+    return 1;
+  }
 }

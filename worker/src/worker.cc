@@ -146,7 +146,7 @@ class Worker::Impl : public AggregatorLink::Handler {
   CollectiveStats last_stats_;
 };
 
-namespace {
+namespace worker {
 
 // Each address parses, names a port to connect to, and appears once: two entries for the same aggregator made the
 // job's ranks meet it twice, as two aggregator indexes, and fail with JOB_FULL or JOB_CONFIG_MISMATCH.
@@ -169,7 +169,7 @@ Status CheckAggregatorAddresses(const std::vector<std::string>& aggregators) {
   return Status::Ok();
 }
 
-}  // namespace
+}  // namespace worker
 
 Worker::Impl::Impl(WorkerOptions options)
     : options_(std::move(options)),
@@ -178,7 +178,7 @@ Worker::Impl::Impl(WorkerOptions options)
       work_(io_.get_executor()),
       deadline_(io_) {
   if (options_.aggregators.empty()) throw MakeError(InvalidArgument("no aggregators given"));
-  if (Status st = CheckAggregatorAddresses(options_.aggregators); !st.ok()) throw MakeError(st);
+  if (Status st = worker::CheckAggregatorAddresses(options_.aggregators); !st.ok()) throw MakeError(st);
   for (const auto& [name, timeout] : {std::pair{"connect_timeout", options_.connect_timeout},
                                       std::pair{"join_timeout", options_.join_timeout},
                                       std::pair{"collective_timeout", options_.collective_timeout}}) {

@@ -28,9 +28,6 @@ std::vector<std::string> SplitList(const std::string& text) {
   return out;
 }
 
-// SO_SNDBUF takes an int, which the kernel doubles.
-constexpr uint64_t kMaxTcpSendBuffer = uint64_t{1} << 30;
-
 }  // namespace
 
 Result<WorkerOptions> ApplyEnvironment(WorkerOptions options) {
