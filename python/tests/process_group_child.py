@@ -1,0 +1,227 @@
+"""One rank of test_process_group.py's multi-process scenarios (spawned processes import it by name).
+
+Each scenario runs on a "sparsereduce" default group and returns what it saw; run() saves it for the parent to
+check against references it computes itself.
+"""
+
+import os
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+import sparsereduce
+import sparsereduce.process_group as spg
+
+TIMEOUT_S = 20  # the groups' timeout, which is also the Worker's join and collective timeout
+DDP_STEPS = 4
+
+
+def float32_input(rank):
+    """Mostly zero (so that sparsereduce skips blocks), an odd length (a partial last block)."""
+    g = torch.Generator().manual_seed(100 + rank)
+    x = torch.randn(5000, generator=g)
+    x[torch.rand(5000, generator=g) < 0.7] = 0
+    return x
+
+
+def int32_input(rank):
+    g = torch.Generator().manual_seed(200 + rank)
+    return torch.randint(-1000, 1000, (3001,), generator=g, dtype=torch.int32)
+
+
+def float64_input(rank):
+    return torch.randn(300, generator=torch.Generator().manual_seed(300 + rank), dtype=torch.float64)
+
+
+def _group():
+    return dist.distributed_c10d._get_default_group()
+
+
+def _seq(group):
+    stats = group.worker.last_stats
+    return stats.seq if stats is not None else 0
+
+
+def collectives(rank, world_size, out_dir):
+    group = _group()
+    out = {"backend": dist.get_backend(), "group_type": type(group).__name__, "job": group.worker.job}
+
+    t = float32_input(rank)
+    dist.all_reduce(t)
+    out["float32"], out["seq_after_float32"] = t, _seq(group)
+    t = int32_input(rank)
+    dist.all_reduce(t)
+    out["int32"] = t
+    t = float32_input(rank)
+    work = dist.all_reduce(t, async_op=True)
+    out["async_work_is_ours"] = isinstance(work, spg.Work)
+    out["async_wait"] = work.wait()
+    out["async_completed"] = work.is_completed()
+    out["async"] = t
+    # A transposed view: reduced through a contiguous copy, the sum written back into the view.
+    t = float32_input(rank)[:4998].reshape(2, 2499).t()
+    dist.all_reduce(t)
+    out["transposed"], out["seq_after_sparsereduce"] = t.clone(), _seq(group)
+
+    # Delegated to gloo: none of these may move the Worker's collective count.
+    t = float32_input(rank)
+    dist.broadcast(t, src=1)
+    out["broadcast"] = t
+    gathered = [torch.empty(5000) for _ in range(world_size)]
+    dist.all_gather(gathered, float32_input(rank))
+    out["allgather"] = gathered
+    t = float32_input(rank)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    out["max"] = t
+    t = float64_input(rank)
+    dist.all_reduce(t)
+    out["float64"] = t
+    work = dist.all_reduce(float64_input(rank), async_op=True)
+    out["float64_async_work_is_ours"] = isinstance(work, spg.Work)
+    work.wait()
+    dist.barrier()
+    out["seq_after_delegated"] = _seq(group)
+
+    # A second group on the same store draws its own job, the same on every rank, and works.
+    second = dist.new_group(backend="sparsereduce")
+    out["second_job"] = second.worker.job
+    t = int32_input(rank)
+    dist.all_reduce(t, group=second)
+    out["second_int32"] = t
+    return out
+
+
+def size_mismatch(rank, world_size, out_dir):
+    """Rank 1 sends 24 more elements: the aggregator refuses the collective on every rank (SPEC_MISMATCH)."""
+    group = _group()
+    out = {"job": group.worker.job}
+    t = float32_input(rank)[:1000 + 24 * rank].clone()
+    before = t.clone()
+    start = time.monotonic()
+    work = dist.all_reduce(t, async_op=True)
+    try:
+        work.wait()
+        out["raised"] = None
+    except Exception as e:  # noqa: BLE001  (the parent checks what it was)
+        out["raised"] = (type(e).__name__, isinstance(e, sparsereduce.Error), getattr(e, "code", None), str(e))
+        out["work_error_is_raised"] = work.error is e and group.error is e
+    out["wait_seconds"] = time.monotonic() - start
+    out["unchanged"] = torch.equal(t, before)
+    out["completed"] = work.is_completed()
+    try:  # a second wait raises the same
+        work.wait()
+        out["raised_again"] = None
+    except sparsereduce.Error as e:
+        out["raised_again"] = e.code
+    try:  # a future asked for after the failure fails too
+        work.get_future().wait()
+        out["future"] = None
+    except RuntimeError as e:
+        out["future"] = str(e)
+    worker = group.worker
+    del group, work
+    start = time.monotonic()
+    dist.destroy_process_group()
+    out["destroy_seconds"] = time.monotonic() - start
+    out["closed"] = worker.closed
+    return out
+
+
+def destroy_in_flight(rank, world_size, out_dir):
+    """Rank 0 starts an allreduce that rank 1 never joins and destroys the group: that must not wait for rank 1
+    (nor for the 20 s collective timeout); the Work then fails. Rank 1 stays in the job until rank 0 is done."""
+    group = _group()
+    out = {"job": group.worker.job}
+    worker = group.worker
+    flag = os.path.join(out_dir, "rank0-destroyed")
+    if rank == 0:
+        work = dist.all_reduce(float32_input(rank), async_op=True)
+        time.sleep(0.2)  # submitted and sent
+        out["completed_before"] = work.is_completed()
+        del group
+        start = time.monotonic()
+        dist.destroy_process_group()
+        out["destroy_seconds"] = time.monotonic() - start
+        open(flag, "w").close()
+        try:
+            work.wait()
+            out["raised"] = None
+        except sparsereduce.Error as e:
+            out["raised"] = (e.code, str(e))
+    else:
+        deadline = time.monotonic() + TIMEOUT_S
+        while not os.path.exists(flag) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        out["saw_flag"] = os.path.exists(flag)
+        del group
+        start = time.monotonic()
+        dist.destroy_process_group()
+        out["destroy_seconds"] = time.monotonic() - start
+    out["closed"] = worker.closed
+    return out
+
+
+class _SmallModel(nn.Module):
+    def __init__(self, with_unused):
+        super().__init__()
+        self.table = nn.EmbeddingBag(3000, 8, mode="sum")  # dense gradient, mostly zero rows
+        self.mlp = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
+        if with_unused:
+            self.unused = nn.Linear(4, 4)  # no gradient ever: DDP's find_unused_parameters path
+
+    def forward(self, ids, offsets):
+        return self.mlp(self.table(ids, offsets)).squeeze(1)
+
+
+def _train(rank, group, steps, find_unused):
+    torch.manual_seed(0)
+    model = _SmallModel(with_unused=find_unused)
+    ddp = DistributedDataParallel(model, process_group=group, bucket_cap_mb=0.05,
+                                  find_unused_parameters=find_unused)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.5)
+    g = torch.Generator().manual_seed(rank)
+    losses = []
+    for _ in range(steps):
+        ids = torch.randint(0, 3000, (64,), generator=g)
+        offsets = torch.arange(0, 64, 4)
+        labels = torch.randint(0, 2, (16,), generator=g).float()
+        optimizer.zero_grad()
+        loss = nn.functional.binary_cross_entropy_with_logits(ddp(ids, offsets), labels)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return {"losses": losses, "params": [p.detach().clone() for p in model.parameters()]}
+
+
+def ddp(rank, world_size, out_dir):
+    """DDP without a comm hook on the sparsereduce group, against DDP on a gloo group, with and without
+    find_unused_parameters (whose used-parameter map DDP reduces as int32 and waits on from C++)."""
+    group = _group()
+    gloo = dist.new_group(backend="gloo")
+    out = {}
+    for find_unused in (False, True):
+        before = _seq(group)
+        out[("sparsereduce", find_unused)] = _train(rank, group, DDP_STEPS, find_unused)
+        out[("collectives", find_unused)] = _seq(group) - before
+        out[("gloo", find_unused)] = _train(rank, gloo, DDP_STEPS, find_unused)
+    out["error"] = None if group.error is None else str(group.error)
+    return out
+
+
+SCENARIOS = {f.__name__: f for f in (collectives, size_mismatch, destroy_in_flight, ddp)}
+
+
+def run(rank, world_size, scenario, store_path, environment, out_dir):
+    torch.set_num_threads(1)  # two ranks on a small machine
+    os.environ.update(environment)
+    assert spg.BACKEND == "sparsereduce"
+    dist.init_process_group("sparsereduce", init_method=f"file://{store_path}", rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=TIMEOUT_S))
+    result = SCENARIOS[scenario](rank, world_size, out_dir)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
