@@ -158,10 +158,13 @@ SPARSEREDUCE_CLONES bool QuantizeStochastic(const float* delta, const float* dra
 // fp16 / bf16: a block is sent when it has a nonzero element; the sums come back in the same format.
 class HalfEncoder final : public TensorEncoder {
  public:
-  HalfEncoder(WireFormat format, uint32_t block_size, KeyState& state)
-      : format_(format), block_size_(block_size), state_(state) {}
+  HalfEncoder(Codec codec, WireFormat format, uint32_t block_size, KeyState& state)
+      : codec_(codec), format_(format), block_size_(block_size), state_(state) {}
 
   uint64_t Prepare(std::span<const float> tensor, std::span<uint8_t> send) override {
+    // No state of its own, but the key's 3LC error or top-k residual ends here as on any change of codec (the
+    // aggregators drop theirs): it came back when the key returned to that codec.
+    Fit(state_, codec_, tensor.size());
     const Blocks blocks = Split(tensor.size(), block_size_);
     const uint64_t count = ScanBlocks(reinterpret_cast<const std::byte*>(tensor.data()), tensor.size(), block_size_,
                                       *FindDType(DType::kFloat32), send);
@@ -178,6 +181,7 @@ class HalfEncoder final : public TensorEncoder {
   void Finish(std::span<float>) override {}
 
  private:
+  Codec codec_;
   WireFormat format_;
   uint32_t block_size_;
   KeyState& state_;
@@ -474,8 +478,8 @@ float DianaDefaultAlpha(uint32_t block_size) { return 1.0f / std::sqrt(static_ca
 std::unique_ptr<TensorEncoder> MakeEncoder(const CodecSpec& spec, uint32_t block_size, KeyState& state, uint32_t rank,
                                            uint32_t world_size, uint64_t seed) {
   switch (spec.codec) {
-    case Codec::kFloat16: return std::make_unique<HalfEncoder>(WireFormat::kFloat16, block_size, state);
-    case Codec::kBFloat16: return std::make_unique<HalfEncoder>(WireFormat::kBFloat16, block_size, state);
+    case Codec::kFloat16: return std::make_unique<HalfEncoder>(Codec::kFloat16, WireFormat::kFloat16, block_size, state);
+    case Codec::kBFloat16: return std::make_unique<HalfEncoder>(Codec::kBFloat16, WireFormat::kBFloat16, block_size, state);
     case Codec::kThreeLC: return std::make_unique<ThreeLcEncoder>(spec, block_size, state);
     case Codec::kDiana: return std::make_unique<DianaEncoder>(spec, block_size, state, rank, world_size, seed);
     case Codec::kTopK:

@@ -151,6 +151,32 @@ TEST(TensorCodec, KeyStateStartsAfreshWhenTheSizeOrCodecChanges) {
   EXPECT_EQ(state.steps, 0u);
 }
 
+// An fp16 or bf16 collective is a change of codec too: the 3LC error of the key ends there, as the aggregators' does
+// (they drop their 3LC memory for a key that runs another codec). The half encoders left the state alone, and a
+// key back on 3LC sent its old error (2 blocks of an all-zero tensor).
+TEST(TensorCodec, AHalfPrecisionCollectiveEndsTheKeysThreeLcError) {
+  for (Codec half : {Codec::kFloat16, Codec::kBFloat16}) {
+    KeyState state;
+    std::vector<float> x = {1.0f, 0.25f, 0.0f, 0.0f};
+    std::vector<uint8_t> send(2);
+    std::vector<float> result(4);
+    auto first = MakeEncoder({Codec::kThreeLC, 1, 1.0f}, 2, state, 0, 1, 0);
+    first->Prepare(x, send);
+    first->Finish(result);
+    ASSERT_EQ(state.error, std::vector<float>({0.0f, 0.25f, 0.0f, 0.0f}));
+
+    const std::vector<float> zeros(4, 0.0f);
+    auto between = MakeEncoder({half}, 2, state, 0, 1, 0);
+    EXPECT_EQ(between->Prepare(zeros, send), 0u) << CodecName(half);
+    between->Finish(result);
+    EXPECT_EQ(state.codec, half);
+
+    auto again = MakeEncoder({Codec::kThreeLC, 1, 1.0f}, 2, state, 0, 1, 0);
+    EXPECT_EQ(again->Prepare(zeros, send), 0u) << CodecName(half) << ": the old 3LC error was sent";
+    EXPECT_EQ(state.error, std::vector<float>(4, 0.0f)) << CodecName(half);
+  }
+}
+
 // Top-k ranks blocks by the 2-norm of T = x + R, breaks ties by index, never sends a block of zeros even when k
 // leaves room for it, and keeps what it did not send as R: the next step sends those blocks.
 TEST(TensorCodec, TopKTiesGoToTheLowerIndexAndTheResidualIsSentLater) {
