@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cstdlib>
 #include <memory>
+#include <type_traits>
 
 #include "aggregator/network_allowlist.h"
 #include "transport/ring/byte_ring.h"
@@ -35,10 +36,23 @@ class EnvironmentOverridesFile : public CLI::ConfigTOML {
   }
 };
 
+// CLI11 reads "-1" into an unsigned 64-bit setting as 2^64 - 1 (a 32-bit one refuses it), so a negative limit
+// was taken as no limit at all: refused before the conversion, from every source.
+const CLI::Validator kNotNegative(
+    [](std::string& text) -> std::string {
+      const size_t first = text.find_first_not_of(" \t\n\v\f\r");
+      if (first != std::string::npos && text[first] == '-') return "Value " + text + " is negative; it takes 0 or more";
+      return {};
+    },
+    "NONNEGATIVE");
+
 // Adds --flag with its SPARSEREDUCE_* variable, so every setting has all three sources.
 template <typename T>
 CLI::Option* Add(CLI::App& app, const std::string& flag, T& value, const std::string& help) {
-  return app.add_option("--" + flag, value, help)->envname(EnvironmentVariableFor(flag))->capture_default_str();
+  CLI::Option* option =
+      app.add_option("--" + flag, value, help)->envname(EnvironmentVariableFor(flag))->capture_default_str();
+  if constexpr (std::is_integral_v<T> && std::is_unsigned_v<T>) option->check(kNotNegative);
+  return option;
 }
 
 // The longest timeout taken: a deadline is the steady clock plus the timeout in nanoseconds, and a value that
@@ -120,6 +134,37 @@ std::string SourceHint(const std::string& error, bool config_error, const std::v
   }
   if (EnvironmentHas(flag.substr(2))) return " (from " + EnvironmentVariableFor(flag.substr(2)) + ")";
   return in_file;
+}
+
+// Where each setting that a check after parsing names came from: " (given on the command line)" for one setting,
+// " (--max-job-memory: the default; --max-total-memory: from SPARSEREDUCE_MAX_TOTAL_MEMORY)" for several. A
+// conflict between two settings blamed the config file for both when neither was in it.
+std::string SettingSources(const std::string& message, CLI::App& app, const std::vector<std::string>& args,
+                           const std::string& config_path) {
+  std::vector<std::pair<std::string, std::string>> sources;
+  for (size_t at = message.find("--"); at != std::string::npos; at = message.find("--", at + 2)) {
+    const size_t end = message.find_first_of(" =,:()", at);
+    const std::string flag = message.substr(at, end == std::string::npos ? std::string::npos : end - at);
+    if (std::any_of(sources.begin(), sources.end(), [&](const auto& s) { return s.first == flag; })) continue;
+    const CLI::Option* option = app.get_option_no_throw(flag);
+    if (option == nullptr) continue;
+    std::string source;
+    if (std::any_of(args.begin(), args.end(), [&](const std::string& a) { return a == flag || a.starts_with(flag + "="); })) {
+      source = "given on the command line";
+    } else if (EnvironmentHas(flag.substr(2))) {
+      source = "from " + EnvironmentVariableFor(flag.substr(2));
+    } else if (option->count() > 0) {
+      source = "in the config file " + config_path;
+    } else {
+      source = "the default";
+    }
+    sources.emplace_back(flag, source);
+  }
+  if (sources.empty()) return "";
+  if (sources.size() == 1) return " (" + sources[0].second + ")";
+  std::string text = " (";
+  for (size_t i = 0; i < sources.size(); ++i) text += (i ? "; " : "") + sources[i].first + ": " + sources[i].second;
+  return text + ")";
 }
 
 }  // namespace
@@ -239,7 +284,7 @@ std::variant<DaemonConfig, int> ParseDaemonConfig(const std::vector<std::string>
   if (Status st = Validate(config); !st.ok()) {
     // The checks after parsing name the flag; where its value came from is told as for a parse error.
     err << "sparsereduce-aggregator: invalid configuration: " << st.message()
-        << SourceHint(st.message(), false, args, ConfigPath(args, config_from_env ? env_config : nullptr)) << "\n";
+        << SettingSources(st.message(), app, args, ConfigPath(args, config_from_env ? env_config : nullptr)) << "\n";
     return 2;
   }
   return config;

@@ -540,7 +540,8 @@ Result<Job::Admission> Job::Admit(const CollectiveSpec& spec) {
     return Status(StatusCode::kResourceExhausted,
                   "the collective needs " + std::to_string(memory) + " bytes but the aggregator's running " +
                       "collectives already hold " + std::to_string(context_.memory.reserved()) + " of its " +
-                      "--max-total-memory of " + std::to_string(context_.memory.limit()) + "; retry later");
+                      "--max-total-memory of " + std::to_string(context_.memory.limit()) +
+                      "; the job ends: rejoin (new Workers) and retry once others finish");
   }
   congestion_limit_ = congestion_frames;
   return Admission{MemoryReservation(context_.memory, engine), MemoryReservation(context_.memory, results)};

@@ -113,6 +113,17 @@ void RaiseOpenFileLimit() {
 // itself is wrong (unparsable, unresolvable: RestartPreventExitStatus=2 stops the retries).
 int ListenFailureExitCode(const Status& status) { return status.code() == StatusCode::kUnavailable ? 1 : 2; }
 
+// The same for the RDMA device: 1 where it is not there yet (no device, driver or active port: a restart once the
+// NIC's driver has loaded may succeed), 2 for what no restart changes (a build without RDMA, the memlock limit, a
+// bad GID index).
+int RdmaFailureExitCode(const Status& status) { return status.code() == StatusCode::kUnavailable ? 1 : 2; }
+
+// HOST:PORT of a bound endpoint, an IPv6 host in brackets ([::1]:34843), as --listen takes it and URLs write it.
+std::string EndpointText(const boost::asio::ip::tcp::endpoint& endpoint) {
+  const std::string host = endpoint.address().to_string();
+  return (endpoint.address().is_v6() ? "[" + host + "]" : host) + ":" + std::to_string(endpoint.port());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -129,7 +140,7 @@ int main(int argc, char** argv) {
   Server server(io, config.server);
   if (const Status st = OpenRdma(config.server, server.context()); !st.ok()) {
     spdlog::critical("--transports rdma: {}", st.ToString());
-    return 2;
+    return RdmaFailureExitCode(st);
   }
   HttpEndpoint http(io, {[&server] { return server.context().RenderMetrics(); }, [&server] { return server.ready(); }});
   // Signals, the drain deadline and the watchdog run on one strand, so stopping them is never concurrent with
@@ -143,7 +154,7 @@ int main(int argc, char** argv) {
       spdlog::critical("{}", bound.status().ToString());
       return ListenFailureExitCode(bound.status());
     }
-    spdlog::info("metrics, health and readiness on http://{}:{}/", bound->address().to_string(), bound->port());
+    spdlog::info("metrics, health and readiness on http://{}/", EndpointText(*bound));
     if (Status st = WritePortFile("metrics-port-file", config.metrics_port_file, bound->port()); !st.ok()) {
       spdlog::critical("{}", st.ToString());
       return 2;
@@ -156,7 +167,7 @@ int main(int argc, char** argv) {
     return ListenFailureExitCode(bound.status());
   }
   for (const auto& endpoint : *bound) {
-    spdlog::info("{}: listening on {}:{}", config.server.name, endpoint.address().to_string(), endpoint.port());
+    spdlog::info("{}: listening on {}", config.server.name, EndpointText(endpoint));
   }
   if (Status st = WritePortFile("port-file", config.port_file, bound->front().port()); !st.ok()) {
     spdlog::critical("{}", st.ToString());

@@ -157,6 +157,33 @@ TEST_F(ConfigTest, TimeoutsOutsideTheirRangeAreRefused) {
   EXPECT_EQ(ParseOk({"--max-handshakes-per-address", "500"}).server.max_handshakes_per_address, 500u);
 }
 
+// CLI11 read "-1" into the 64-bit byte settings as 2^64 - 1: a negative limit was no limit, from any source. Each is
+// refused, naming the setting and where it came from.
+TEST_F(ConfigTest, NegativeByteSettingsAreRefusedFromEverySource) {
+  for (const char* flag : {"max-tensor-bytes", "max-job-memory", "max-total-memory", "buffer-pool-bytes", "ring-bytes"}) {
+    const std::string option = std::string("--") + flag;
+    ExpectExit2({option, "-1"}, option + ": Value -1 is negative; it takes 0 or more (given on the command line)");
+    SetEnv(EnvironmentVariableFor(flag), "-1");
+    ExpectExit2({}, option + ": Value -1 is negative");
+    EXPECT_NE(err_.str().find("(from " + EnvironmentVariableFor(flag) + ")"), std::string::npos) << err_.str();
+    unsetenv(EnvironmentVariableFor(flag).c_str());
+    ExpectExit2({"--config", WriteConfig(std::string(flag) + " = -1\n")}, option + ": Value -1 is negative");
+  }
+}
+
+// A check between two settings names where each came from: the config file was blamed for both when neither was in
+// it (the message's first flag decided).
+TEST_F(ConfigTest, AConflictBetweenTwoSettingsNamesTheSourceOfEach) {
+  const std::string file = WriteConfig("name = \"x\"\n");
+  ExpectExit2({"--config", file, "--max-total-memory", "1000"},
+              "--max-job-memory (1073741824) exceeds --max-total-memory (1000) (--max-job-memory: the default; "
+              "--max-total-memory: given on the command line)");
+  SetEnv("SPARSEREDUCE_MAX_TOTAL_MEMORY", "1000");
+  ExpectExit2({"--config", WriteConfig("max-job-memory = 2000\n")},
+              "(--max-job-memory: in the config file " + dir_ + "/aggregator.toml; --max-total-memory: from "
+              "SPARSEREDUCE_MAX_TOTAL_MEMORY)");
+}
+
 // A job's members are a table of world_size entries, made at its first Hello by whoever sends it. With
 // --max-world-size 4000000000 a Hello for 4e9 ranks failed to allocate the table: the exception ended the Hello's
 // session without an Error (co_spawn's detached handler drops it) while its job kept its place. The limit is
