@@ -1,6 +1,8 @@
 #include "aggregator/http_endpoint.h"
 
+#include <fcntl.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -88,6 +90,11 @@ asio::awaitable<void> Serve(std::shared_ptr<beast::tcp_stream> connection, const
   }
   boost::system::error_code ignored;
   stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
+  stream.socket().close(ignored);  // now, so that the completion handler can take the descriptor back as the spare
+}
+
+bool OutOfDescriptors(const boost::system::error_code& ec) {
+  return ec == asio::error::no_descriptors || ec == boost::system::errc::too_many_files_open_in_system;
 }
 
 }  // namespace
@@ -99,7 +106,23 @@ Result<tcp::endpoint> HttpEndpoint::Listen(const std::string& address) {
   auto acceptor = sparsereduce::tcp::OpenListener(strand_, address, "metrics address");
   if (!acceptor.ok()) return acceptor.status();
   acceptor_ = std::move(*acceptor);
+  // Accepts in the spare's place are synchronous (right after the spare is closed) and must not block.
+  boost::system::error_code ec;
+  acceptor_->non_blocking(true, ec);
+  if (ec) return Status(StatusCode::kInternal, "metrics endpoint: non-blocking listener: " + ec.message());
+  ReserveSpare();
   return acceptor_->local_endpoint();
+}
+
+HttpEndpoint::~HttpEndpoint() { ReleaseSpare(); }
+
+void HttpEndpoint::ReserveSpare() {
+  if (spare_ < 0) spare_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);  // -1 at the limit: tried again later
+}
+
+void HttpEndpoint::ReleaseSpare() {
+  if (spare_ >= 0) ::close(spare_);
+  spare_ = -1;
 }
 
 void HttpEndpoint::Start() {
@@ -117,14 +140,31 @@ void HttpEndpoint::Stop() {
   asio::dispatch(strand_, [this] {
     boost::system::error_code ignored;
     if (acceptor_) acceptor_->close(ignored);
+    ReleaseSpare();
   });
   connections_.CloseAll();
 }
 
 asio::awaitable<void> HttpEndpoint::AcceptLoop() {
   while (acceptor_ && acceptor_->is_open()) {
-    auto [ec, socket] = co_await acceptor_->async_accept(asio::make_strand(io_), asio::as_tuple(asio::use_awaitable));
-    if (ec == asio::error::operation_aborted || !acceptor_->is_open()) break;
+    ReserveSpare();  // if a connection used it, and has ended or some other descriptor was freed since
+    // Waits for a pending connection, then accepts it without blocking. (Not async_accept: out of descriptors,
+    // accept() fails with EMFILE before it looks at the queue, so that fails also with none pending, and spare_
+    // could not tell a probe from nothing.)
+    auto [wait_error] = co_await acceptor_->async_wait(tcp::acceptor::wait_read, asio::as_tuple(asio::use_awaitable));
+    if (wait_error == asio::error::operation_aborted || !acceptor_->is_open()) break;
+    boost::system::error_code ec;  // (any other wait_error shows in the accept too)
+    auto socket = acceptor_->accept(asio::make_strand(io_), ec);
+    if (ec == asio::error::would_block || ec == asio::error::try_again) continue;  // gone meanwhile
+    if (OutOfDescriptors(ec) && spare_ >= 0) {
+      // Out of descriptors (the data-plane connections have taken them all): the spare makes room for this one
+      // connection, accepted at once, before anything else can take the freed descriptor (an I/O thread could in
+      // the moment between, and then this accept fails as it would have). So the kubelet's liveness and readiness
+      // probes are answered while the data-plane listeners pause; the spare is taken back when a connection ends.
+      ReleaseSpare();
+      ec = {};
+      socket = acceptor_->accept(asio::make_strand(io_), ec);
+    }
     if (ec) {
       // Pause instead of spinning (sparsereduce::tcp::kAcceptRetryDelay), as the data-plane listeners do.
       spdlog::warn("metrics endpoint: accept failed: {}; retrying in {} ms", ec.message(),
@@ -150,9 +190,13 @@ asio::awaitable<void> HttpEndpoint::AcceptLoop() {
       continue;
     }
     asio::co_spawn(executor, Serve(std::move(connection), handlers_, connections_, *id),
-                   [](std::exception_ptr error) {  // the connection closes as the coroutine's frame goes
+                   [this](std::exception_ptr error) {  // the connection closes as the coroutine's frame goes
                      if (error) spdlog::error("metrics endpoint: a connection ended by an exception: {}",
                                               ExceptionText(error));
+                     // Its descriptor is free: the spare, if a connection used it, takes it back.
+                     asio::dispatch(strand_, [this] {
+                       if (acceptor_ && acceptor_->is_open()) ReserveSpare();
+                     });
                    });
   }
 }

@@ -56,7 +56,45 @@ Server::Server(asio::io_context& io, ServerOptions options)
       acceptor_strand_(asio::make_strand(io)),
       options_(std::move(options)),
       context_(options_, ParseAllowlist(options_.allow_networks, &allowlist_status_)),
-      registry_(io, context_) {}
+      registry_(io, context_) {
+  context_.refusal_log.OnHeldBack([this](LogThrottle::TimePoint end) {
+    ArmLogReport(context_.refusal_log, refusal_log_timer_, end);
+  });
+  context_.early_close_log.OnHeldBack([this](LogThrottle::TimePoint end) {
+    ArmLogReport(context_.early_close_log, early_close_log_timer_, end);
+  });
+  context_.accept_failure_log.OnHeldBack([this](LogThrottle::TimePoint end) {
+    ArmLogReport(context_.accept_failure_log, accept_failure_log_timer_, end);
+  });
+}
+
+Server::~Server() {
+  // The I/O threads have ended: nothing calls Admit any more.
+  context_.refusal_log.OnHeldBack(nullptr);
+  context_.early_close_log.OnHeldBack(nullptr);
+  context_.accept_failure_log.OnHeldBack(nullptr);
+  ReportHeldBackLogs();
+}
+
+// A LogThrottle writes its line about held-back messages when a later message gets through; after a burst and then
+// silence none does, so this timer writes it when the window ends (docs/OPERATIONS.md, Logs). Called from any
+// thread (the Admit that held back the first message).
+void Server::ArmLogReport(LogThrottle& throttle, asio::steady_timer& timer, LogThrottle::TimePoint window_end) {
+  asio::dispatch(acceptor_strand_, [this, &throttle, &timer, window_end] {
+    if (log_timers_stopped_) return;  // Stop reports what is held back, and ~Server what comes after
+    timer.expires_at(window_end);
+    timer.async_wait([this, &throttle, &timer](const boost::system::error_code& ec) {
+      if (ec) return;  // cancelled: re-armed, or stopping
+      if (const auto later = throttle.ReportHeldBack()) ArmLogReport(throttle, timer, *later);
+    });
+  });
+}
+
+void Server::ReportHeldBackLogs() {
+  context_.refusal_log.ReportHeldBack(/*final=*/true);
+  context_.early_close_log.ReportHeldBack(/*final=*/true);
+  context_.accept_failure_log.ReportHeldBack(/*final=*/true);
+}
 
 Result<std::vector<tcp::endpoint>> Server::Listen() {
   if (!allowlist_status_.ok()) return allowlist_status_.WithContext("--allow-network");
@@ -66,6 +104,8 @@ Result<std::vector<tcp::endpoint>> Server::Listen() {
     if (!acceptor.ok()) return acceptor.status();
     std::unique_ptr<tcp::acceptor>& opened = *acceptor;
     bound.push_back(opened->local_endpoint());
+    bound_text_.push_back(
+        sparsereduce::tcp::HostPort{bound.back().address().to_string(), bound.back().port()}.ToString());
     acceptors_.push_back(std::move(opened));
     accept_retry_.push_back(std::make_unique<asio::steady_timer>(acceptor_strand_));
   }
@@ -85,9 +125,12 @@ void Server::Accept(size_t listener) {
     if (stopping_ || ec == asio::error::operation_aborted) return;
     if (ec) {
       // Pause (sparsereduce::tcp::kAcceptRetryDelay), and let closing connections free descriptors meanwhile.
+      // Rate limited: out of descriptors this fails every pause for as long as the connections hold them.
       const auto delay = sparsereduce::tcp::kAcceptRetryDelay;
-      spdlog::warn("accept on {} failed: {}; retrying in {} ms", options_.listen[listener], ec.message(),
-                   delay.count());
+      if (context_.accept_failure_log.Admit()) {
+        spdlog::warn("accept on {} failed: {}; retrying in {} ms", bound_text_[listener], ec.message(),
+                     delay.count());
+      }
       context_.metrics.Error(StatusCode::kResourceExhausted);
       accept_retry_[listener]->expires_after(delay);
       accept_retry_[listener]->async_wait([this, listener](const boost::system::error_code& wait_ec) {
@@ -123,6 +166,14 @@ void Server::CloseAcceptors() {
   for (auto& timer : accept_retry_) timer->cancel();
 }
 
+void Server::StopLogTimers() {  // on acceptor_strand_
+  log_timers_stopped_ = true;
+  refusal_log_timer_.cancel();
+  early_close_log_timer_.cancel();
+  accept_failure_log_timer_.cancel();
+  ReportHeldBackLogs();
+}
+
 void Server::Drain(std::function<void()> on_drained) {
   asio::dispatch(acceptor_strand_, [this, on_drained = std::move(on_drained)]() mutable {
     if (stopping_) return;
@@ -138,6 +189,7 @@ void Server::Stop() {
     context_.draining = true;
     context_.shm_offers.Stop();  // offers a hoarding peer never received must not keep the daemon from exiting
     CloseAcceptors();
+    StopLogTimers();  // a pending report would keep io.run() from returning for up to a window
     context_.handshakes.CloseAll();  // connections that joined no job yet would otherwise wait for their deadline
     for (auto& job : registry_.Snapshot()) {
       asio::dispatch(job->strand(), [job] {

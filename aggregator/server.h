@@ -8,6 +8,7 @@
 #include <atomic>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "aggregator/job_registry.h"
@@ -20,6 +21,8 @@ namespace sparsereduce::aggregator {
 class Server {
  public:
   Server(boost::asio::io_context& io, ServerOptions options);
+  // Reports the log lines still held back (LogThrottle).
+  ~Server();
 
   // Binds every listen address; returns the bound endpoints (with the real port when 0 was asked for).
   Result<std::vector<boost::asio::ip::tcp::endpoint>> Listen();
@@ -39,6 +42,10 @@ class Server {
  private:
   void Accept(size_t listener);
   void CloseAcceptors();
+  // Arms `timer` (on acceptor_strand_) to report what `throttle` held back when its window ends.
+  void ArmLogReport(LogThrottle& throttle, boost::asio::steady_timer& timer, LogThrottle::TimePoint window_end);
+  void ReportHeldBackLogs();  // all of them, at once
+  void StopLogTimers();
 
   boost::asio::io_context& io_;
   boost::asio::strand<boost::asio::io_context::executor_type> acceptor_strand_;  // acceptors and stopping_
@@ -49,6 +56,13 @@ class Server {
   std::vector<std::unique_ptr<boost::asio::ip::tcp::acceptor>> acceptors_;
   // Per listener: the pause after a failed accept (e.g. out of file descriptors) before the next one.
   std::vector<std::unique_ptr<boost::asio::steady_timer>> accept_retry_;
+  std::vector<std::string> bound_text_;  // per listener: its bound address, for the log
+  // One per LogThrottle of context_: the line about held-back messages is written when their window ends, even if
+  // no later message comes. On acceptor_strand_; cancelled by Stop, so that they do not delay the exit.
+  boost::asio::steady_timer refusal_log_timer_{acceptor_strand_};
+  boost::asio::steady_timer early_close_log_timer_{acceptor_strand_};
+  boost::asio::steady_timer accept_failure_log_timer_{acceptor_strand_};
+  bool log_timers_stopped_ = false;  // on acceptor_strand_
   bool stopping_ = false;
   std::atomic<bool> listening_{false};
 };

@@ -59,6 +59,8 @@ struct ServiceContext {
                           kConnectionLogBurst, kConnectionLogWindow};
   LogThrottle early_close_log{"connections closed during their handshake", spdlog::level::info, kConnectionLogBurst,
                               kConnectionLogWindow};
+  // Failed accepts (out of descriptors: one per listener every sparsereduce::tcp::kAcceptRetryDelay).
+  LogThrottle accept_failure_log{"failed accepts", spdlog::level::warn, kConnectionLogBurst, kConnectionLogWindow};
 
   std::string RenderMetrics() { return metrics.Render(memory.reserved(), draining.load()); }
 };

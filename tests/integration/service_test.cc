@@ -230,6 +230,51 @@ TEST(Service, RefusedConnectionsCannotFloodTheLog) {
   }
 }
 
+// Makes the daemon refuse `count` connections (garbage instead of a Hello), each closed by it.
+void RefuseConnections(const Daemon& daemon, int count) {
+  const std::vector<std::byte> garbage(64, std::byte{0xff});
+  for (int i = 0; i < count; ++i) {
+    const int fd = ConnectToLoopback(daemon.address());
+    ASSERT_GE(fd, 0);
+    ASSERT_TRUE(WriteAll(fd, garbage));
+    ASSERT_TRUE(ReadUntilClosed(fd)) << "connection " << i << " was not closed within 10 s";
+    close(fd);
+  }
+}
+
+constexpr const char* kTenRefusalsHeldBack =
+    "10 more messages about connections refused or timed out before joining a job were not logged";
+
+// The line about refusals held back came only with the next refusal let through, which may never come: a burst of
+// 30 logged 20 lines and nothing more (the next refusal, 11 s later, brought the line). It comes when the window
+// ends, with nothing else happening.
+TEST(Service, RefusalsHeldBackAreReportedWhenTheWindowEnds) {
+  Daemon daemon({}, {}, /*capture_log=*/true);
+  ASSERT_NE(daemon.process(), nullptr);
+  const auto start = std::chrono::steady_clock::now();
+  RefuseConnections(daemon, 30);
+  std::string log;
+  const auto deadline = start + 10s + 5s;  // the window (from the first refusal), and a margin
+  while (log.find(kTenRefusalsHeldBack) == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+    (void)daemon.process()->ReadStdout(100ms, [&](std::string_view chunk) { log.append(chunk); });
+  }
+  EXPECT_NE(log.find(kTenRefusalsHeldBack), std::string::npos) << "not within 15 s:\n" << log;
+  daemon.process()->Signal(SIGTERM);
+  ASSERT_TRUE(daemon.process()->Wait(30s).ok()) << "the daemon did not stop";
+}
+
+// And what is held back when the daemon stops is reported as it stops.
+TEST(Service, RefusalsHeldBackAreReportedAtExit) {
+  Daemon daemon({}, {}, /*capture_log=*/true);
+  ASSERT_NE(daemon.process(), nullptr);
+  RefuseConnections(daemon, 30);
+  daemon.process()->Signal(SIGTERM);
+  ASSERT_TRUE(daemon.process()->Wait(30s).ok()) << "the daemon did not stop";
+  Result<std::string> log = daemon.process()->ReadStdout(10s);
+  ASSERT_TRUE(log.ok()) << log.status().ToString();
+  EXPECT_NE(log->find(kTenRefusalsHeldBack), std::string::npos) << *log;
+}
+
 // SIGHUP, which operators send daemons to reload them, is ignored with a warning: the daemon serves on. It used to
 // end the daemon at once, without a drain, and systemd counts that a clean exit, so it did not restart it.
 TEST(Service, SighupIsIgnoredWithAWarning) {
@@ -538,6 +583,93 @@ TEST(Service, OutOfDescriptorsTheListenersPauseInsteadOfSpinning) {
   for (int fd : idle) close(fd);
   const tools::SyntheticSpec spec{3000, 256, 0.5, tools::Overlap::kRandom, 2, 7};
   for (const auto& e : RunJob(daemon.address(), 27, spec)) EXPECT_EQ(e, "");
+}
+
+// A daemon under a limit of 48 open files, with 64 connections that never say Hello holding its descriptors (their
+// handshake deadline is far): all 48 open, seen from outside.
+class DaemonOutOfDescriptors {
+ public:
+  explicit DaemonOutOfDescriptors(bool capture_log)
+      : daemon_({"--handshake-timeout-ms", "60000"}, {"/bin/sh", "-c", "ulimit -n 48 && exec \"$@\"", "sh"},
+                capture_log) {}
+  ~DaemonOutOfDescriptors() {
+    for (int fd : idle_) close(fd);
+  }
+  Daemon& daemon() { return daemon_; }
+  // False if the daemon did not run out.
+  bool Flood() {
+    for (int i = 0; i < 64; ++i) {
+      const int fd = ConnectToLoopback(daemon_.address());
+      if (fd < 0) return false;
+      idle_.push_back(fd);
+    }
+    const std::string fds = "/proc/" + std::to_string(daemon_.process()->pid()) + "/fd";
+    return Eventually([&] {
+      std::error_code ec;
+      auto it = std::filesystem::directory_iterator(fds, ec);
+      return !ec && std::distance(it, std::filesystem::directory_iterator()) >= 48;
+    });
+  }
+
+ private:
+  Daemon daemon_;
+  std::vector<int> idle_;
+};
+
+// The status of a GET, or -1 if it got no answer within 5 s. (Not HttpGet: its deadline holds only for
+// asynchronous operations, and it waited for as long as the daemon had no descriptor for it.)
+int StatusOf(const Daemon& daemon, const std::string& path) {
+  const int fd = ConnectToLoopback(daemon.metrics_port());
+  if (fd < 0) return -1;
+  const std::string request = "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+  const bool written = WriteAll(fd, std::as_bytes(std::span(request.data(), request.size())));
+  const std::optional<std::string> answer = written ? ReadUntilClosed(fd, 5s) : std::nullopt;
+  close(fd);
+  if (!answer || answer->rfind("HTTP/1.1 ", 0) != 0 || answer->size() < 12) return -1;
+  return std::stoi(answer->substr(9, 3));
+}
+
+// Out of descriptors, the metrics endpoint failed its accepts too, so /healthz went unanswered until connections
+// were closed (or timed out in their handshake), and the liveness probe restarted the daemon, ending every job. It
+// keeps a descriptor in reserve for them: the probes are answered at once, one after the other.
+TEST(Service, OutOfDescriptorsTheProbesAreStillAnswered) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the sanitizer runtimes need descriptors of their own";
+#endif
+  DaemonOutOfDescriptors out(/*capture_log=*/false);
+  ASSERT_FALSE(out.daemon().address().empty());
+  ASSERT_TRUE(out.Flood()) << "the daemon did not run out of descriptors";
+  EXPECT_EQ(StatusOf(out.daemon(), "/healthz"), 200);
+  EXPECT_EQ(StatusOf(out.daemon(), "/readyz"), 200);
+  EXPECT_EQ(StatusOf(out.daemon(), "/healthz"), 200) << "the reserve was not taken back";
+}
+
+// Out of descriptors, the data-plane listener fails an accept every 100 ms: it logged each (90 lines in 5 s), naming
+// the configured address ("127.0.0.1:0"). They are rate limited like the refusals, and name the bound address.
+TEST(Service, OutOfDescriptorsFailedAcceptsAreRateLimitedAndNameTheBoundAddress) {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the sanitizer runtimes need descriptors of their own";
+#endif
+  DaemonOutOfDescriptors out(/*capture_log=*/true);
+  Daemon& daemon = out.daemon();
+  ASSERT_FALSE(daemon.address().empty());
+  ASSERT_TRUE(out.Flood()) << "the daemon did not run out of descriptors";
+  std::this_thread::sleep_for(3s);  // the window measured (30 failed accepts), not a synchronization
+  daemon.process()->Signal(SIGTERM);
+  ASSERT_TRUE(daemon.process()->Wait(30s).ok()) << "the daemon did not stop";
+  Result<std::string> log = daemon.process()->ReadStdout(10s);
+  ASSERT_TRUE(log.ok()) << log.status().ToString();
+  size_t lines = 0, naming_it = 0;
+  for (size_t pos = 0; (pos = log->find("accept on ", pos)) != std::string::npos; ++pos) {
+    ++lines;
+    if (log->compare(pos, 10 + daemon.address().size() + 8, "accept on " + daemon.address() + " failed:") == 0) {
+      ++naming_it;
+    }
+  }
+  EXPECT_GE(lines, 1u) << *log;
+  EXPECT_LE(lines, 20u) << *log;
+  EXPECT_EQ(naming_it, lines) << "not every line names " << daemon.address() << ":\n" << *log;
+  EXPECT_NE(log->find("more messages about failed accepts were not logged"), std::string::npos) << *log;
 }
 
 // One client address may have --max-handshakes-per-address (here 16) connections in their handshake at once: the next

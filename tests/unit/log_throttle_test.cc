@@ -6,8 +6,10 @@
 
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
+#include <vector>
 
 namespace sparsereduce::aggregator {
 namespace {
@@ -96,6 +98,54 @@ TEST(LogThrottle, ReportsAtTheLevelOfTheMessages) {
   clock.now += 1s;
   EXPECT_TRUE(throttle.Admit());
   EXPECT_EQ(log.text(), "info 1 more message about x was not logged (at most 1 are logged per 1 s)\n");
+}
+
+// After a burst and then silence, no later message brings the line about those held back: the owner is told when
+// the window ends (once per report, not per message), and ReportHeldBack writes the line then, not before.
+TEST(LogThrottle, ReportsWhatItHeldBackWhenTheWindowEndsWithoutALaterMessage) {
+  CapturedLog log;
+  FakeClock clock;
+  LogThrottle throttle("x", spdlog::level::warn, 2, 10s, [&] { return clock.now; });
+  std::vector<std::chrono::steady_clock::time_point> notified;
+  throttle.OnHeldBack([&](std::chrono::steady_clock::time_point end) { notified.push_back(end); });
+  const auto window_end = clock.now + 10s;
+  EXPECT_FALSE(throttle.ReportHeldBack().has_value()) << "nothing held back";
+  EXPECT_TRUE(throttle.Admit());
+  clock.now += 1s;
+  EXPECT_TRUE(throttle.Admit());
+  for (int i = 0; i < 3; ++i) EXPECT_FALSE(throttle.Admit()) << i;
+  ASSERT_EQ(notified.size(), 1u) << "told once, at the first message held back";
+  EXPECT_EQ(notified[0], window_end);
+
+  clock.now += 8999ms;  // 1 ms before the window ends
+  EXPECT_EQ(throttle.ReportHeldBack(), std::optional(window_end)) << "too early: wait until the window ends";
+  EXPECT_EQ(log.text(), "");
+  clock.now += 1ms;
+  EXPECT_FALSE(throttle.ReportHeldBack().has_value());
+  EXPECT_EQ(log.text(), "warning 3 more messages about x were not logged (at most 2 are logged per 10 s)\n");
+  EXPECT_FALSE(throttle.ReportHeldBack().has_value());
+  EXPECT_TRUE(throttle.Admit()) << "a new window";
+  EXPECT_EQ(log.text(), "warning 3 more messages about x were not logged (at most 2 are logged per 10 s)\n")
+      << "reported once";
+
+  // The next window's burst used up: told again, with that window's end.
+  EXPECT_TRUE(throttle.Admit());
+  EXPECT_FALSE(throttle.Admit());
+  ASSERT_EQ(notified.size(), 2u);
+  EXPECT_EQ(notified[1], clock.now + 10s);
+}
+
+// At shutdown what is held back is reported at once, whether or not its window is over.
+TEST(LogThrottle, AFinalReportDoesNotWaitForTheWindow) {
+  CapturedLog log;
+  FakeClock clock;
+  LogThrottle throttle("x", spdlog::level::warn, 1, 10s, [&] { return clock.now; });
+  EXPECT_TRUE(throttle.Admit());
+  EXPECT_FALSE(throttle.Admit());
+  EXPECT_FALSE(throttle.ReportHeldBack(/*final=*/true).has_value());
+  EXPECT_EQ(log.text(), "warning 1 more message about x was not logged (at most 1 are logged per 10 s)\n");
+  EXPECT_FALSE(throttle.ReportHeldBack(/*final=*/true).has_value());
+  EXPECT_EQ(log.text(), "warning 1 more message about x was not logged (at most 1 are logged per 10 s)\n");
 }
 
 }  // namespace
