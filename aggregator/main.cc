@@ -23,6 +23,7 @@
 #include "aggregator/logging.h"
 #include "aggregator/server.h"
 #include "aggregator/systemd_notifier.h"
+#include "transport/tcp/endpoint.h"
 
 namespace {
 
@@ -108,20 +109,15 @@ void RaiseOpenFileLimit() {
                limit.rlim_max);
 }
 
-// The exit code of a listener that cannot be opened: 1 where it cannot be bound (the address is taken, or not yet
-// configured on this host: a restart may succeed, and systemd's Restart=on-failure retries), 2 where the address
-// itself is wrong (unparsable, unresolvable: RestartPreventExitStatus=2 stops the retries).
-int ListenFailureExitCode(const Status& status) { return status.code() == StatusCode::kUnavailable ? 1 : 2; }
-
-// The same for the RDMA device: 1 where it is not there yet (no device, driver or active port: a restart once the
-// NIC's driver has loaded may succeed), 2 for what no restart changes (a build without RDMA, the memlock limit, a
-// bad GID index).
-int RdmaFailureExitCode(const Status& status) { return status.code() == StatusCode::kUnavailable ? 1 : 2; }
+// The exit code of a listener or an RDMA device that cannot be opened: 1 where it is not there yet (the address is
+// taken or not yet configured on this host; no RDMA device, driver or active port: a restart may succeed, and
+// systemd's Restart=on-failure retries), 2 for what no restart changes (an unparsable or unresolvable address, a
+// build without RDMA, the memlock limit: RestartPreventExitStatus=2 stops the retries).
+int StartFailureExitCode(const Status& status) { return status.code() == StatusCode::kUnavailable ? 1 : 2; }
 
 // HOST:PORT of a bound endpoint, an IPv6 host in brackets ([::1]:34843), as --listen takes it and URLs write it.
 std::string EndpointText(const boost::asio::ip::tcp::endpoint& endpoint) {
-  const std::string host = endpoint.address().to_string();
-  return (endpoint.address().is_v6() ? "[" + host + "]" : host) + ":" + std::to_string(endpoint.port());
+  return sparsereduce::tcp::HostPort{endpoint.address().to_string(), endpoint.port()}.ToString();
 }
 
 }  // namespace
@@ -140,7 +136,7 @@ int main(int argc, char** argv) {
   Server server(io, config.server);
   if (const Status st = OpenRdma(config.server, server.context()); !st.ok()) {
     spdlog::critical("--transports rdma: {}", st.ToString());
-    return RdmaFailureExitCode(st);
+    return StartFailureExitCode(st);
   }
   HttpEndpoint http(io, {[&server] { return server.context().RenderMetrics(); }, [&server] { return server.ready(); }});
   // Signals, the drain deadline and the watchdog run on one strand, so stopping them is never concurrent with
@@ -152,7 +148,7 @@ int main(int argc, char** argv) {
     auto bound = http.Listen(config.metrics_listen);
     if (!bound.ok()) {
       spdlog::critical("{}", bound.status().ToString());
-      return ListenFailureExitCode(bound.status());
+      return StartFailureExitCode(bound.status());
     }
     spdlog::info("metrics, health and readiness on http://{}/", EndpointText(*bound));
     if (Status st = WritePortFile("metrics-port-file", config.metrics_port_file, bound->port()); !st.ok()) {
@@ -164,7 +160,7 @@ int main(int argc, char** argv) {
   auto bound = server.Listen();
   if (!bound.ok()) {
     spdlog::critical("{}", bound.status().ToString());
-    return ListenFailureExitCode(bound.status());
+    return StartFailureExitCode(bound.status());
   }
   for (const auto& endpoint : *bound) {
     spdlog::info("{}: listening on {}", config.server.name, EndpointText(endpoint));
