@@ -74,11 +74,14 @@ def _run_dirs(pid):
     return dirs
 
 
-def _reap_leftovers():
-    """Kills and reaps this process's children left by the run (it is their subreaper); returns how many there were
-    that had not exited yet (zombies are reaped, not counted)."""
+def _reap_leftovers(before):
+    """Kills and reaps this process's children left by the run (it is their subreaper), not those of `before` (its
+    children from before the run, e.g. a test session's aggregator); returns how many there were that had not
+    exited yet (zombies are reaped, not counted)."""
     running = 0
     for pid in _children_of(os.getpid()):
+        if pid in before:
+            continue
         try:
             with open(f"/proc/{pid}/stat") as f:
                 stat = f.read()
@@ -130,6 +133,7 @@ def stop_spawner(cmd, sig):
     rank_status (pid -> 'exited' for a rank reaped by the spawner, its waitpid status if this process reaped it, None
     if it was still running after the deadline), dirs (the run's /tmp/sparsereduce-* directories), dirs_left (those
     still there after the run), leftovers (processes of the run still running at the end: killed), row (a row came)."""
+    before = set(_children_of(os.getpid()))
     _set_subreaper(True)
     err_file = tempfile.TemporaryFile()
     spawner = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err_file)
@@ -169,7 +173,7 @@ def stop_spawner(cmd, sig):
         if spawner.poll() is None:
             spawner.kill()
             spawner.wait()
-        result["leftovers"] = _reap_leftovers()
+        result["leftovers"] = _reap_leftovers(before)
         for pidfd in pidfds.values():
             os.close(pidfd)
         spawner.stdout.close()
