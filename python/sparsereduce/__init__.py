@@ -37,6 +37,13 @@ def as_buffer(array):
     The sum is written into the tensor outside torch, so this also moves the tensor's version counter, as any
     in-place operation does: autograd then refuses (RuntimeError "... modified by an inplace operation") a
     backward that saved the tensor before it was reduced, instead of silently using the sum."""
+    view = _view_of(array)
+    _mark_modified(array)
+    return view
+
+
+def _view_of(array):
+    """as_buffer without the version bump: the checks and the NumPy view."""
     torch = sys.modules.get("torch")  # no torch import unless the caller already uses torch
     if torch is None or not isinstance(array, torch.Tensor):
         return array
@@ -56,11 +63,16 @@ def as_buffer(array):
     if array.is_neg():
         raise ValueError("sparsereduce: the tensor is a lazily negated view (its negative bit is set); its memory "
                          "does not hold its values: pass tensor.resolve_neg() and copy the result back")
-    view = array.detach().numpy()  # shares the tensor's memory; before the version bump, in case it raises
-    if not array.is_inference():  # inference tensors have no version counter (and cannot be saved for backward)
-        with torch.no_grad():
-            array.view(-1)[:0].zero_()  # an in-place op on no element: bumps the (shared) version counter
-    return view
+    return array.detach().numpy()  # shares the tensor's memory
+
+
+def _mark_modified(array):
+    """Bumps a torch tensor's version counter (see as_buffer); nothing for other arrays."""
+    torch = sys.modules.get("torch")
+    if torch is None or not isinstance(array, torch.Tensor) or array.is_inference():
+        return  # inference tensors have no version counter (and cannot be saved for backward)
+    with torch.no_grad():
+        array.view(-1)[:0].zero_()  # an in-place op on no element: bumps the (shared) version counter
 
 
 class Worker(_Worker):
@@ -102,13 +114,17 @@ class Worker(_Worker):
         calls issued in different orders, e.g. by threads sharing this Worker, into SPEC_MISMATCH instead of
         mixed sums); `codec` (a Codec or its name) overrides the Worker's. Every rank must issue its calls in
         the same order."""
-        super().allreduce(as_buffer(array), key, _codec(codec))
+        self.allreduce_async(array, key, codec).wait()
         return array
 
     def allreduce_async(self, array, key=0, codec=None):
         """Starts an allreduce of `array` in place and returns a Handle (wait(), done(), stats). The array must
         not be touched until the handle is done."""
-        return super().allreduce_async(as_buffer(array), key, _codec(codec))
+        # A call refused (closed Worker, bad codec, key or array) leaves a tensor's version counter alone: it is
+        # moved once the library took the array, before the caller can look at it again.
+        handle = super().allreduce_async(_view_of(array), key, _codec(codec))
+        _mark_modified(array)
+        return handle
 
     def __enter__(self):
         return self

@@ -23,13 +23,12 @@ workers = join_two_ranks(aggregator, job)
 w0, w1 = workers
 
 # SIGINT once the main thread calls into the extension's blocking function (a profile hook sees the C call), so
-# the signal arrives while it blocks, not in Python code before it.
+# the signal arrives while it blocks, not in Python code before it. Worker.allreduce blocks in Handle.wait too.
 blocking = threading.Event()
-target = "allreduce" if mode == "allreduce" else "wait"
 
 
 def profile(frame, event, arg):
-    if event == "c_call" and getattr(arg, "__name__", "") == target:
+    if event == "c_call" and getattr(arg, "__name__", "") == "wait":
         blocking.set()
 
 

@@ -73,6 +73,24 @@ def test_bad_tensors_are_refused(aggregator, job, tensor, error, message):
         assert tensor._version == version
 
 
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["allreduce", "allreduce_async"])
+def test_refused_calls_leave_the_version_counter_alone(aggregator, job, asynchronous):
+    """A good tensor in a call the Worker refuses (unknown codec, negative key, closed Worker) is not written,
+    so autograd must not be told it was (the counter moved before the refusal)."""
+    t = torch.ones(8)
+    before = t._version
+    w = sparsereduce.Worker(aggregator, job, 0, 1, **FAST)
+    call = w.allreduce_async if asynchronous else w.allreduce
+    with pytest.raises(sparsereduce.Error, match="unknown codec 'gzip'"):
+        call(t, codec="gzip")
+    with pytest.raises(TypeError):
+        call(t, key=-1)
+    w.close()
+    with pytest.raises(ValueError, match="closed"):
+        call(t)
+    assert t._version == before
+
+
 class FakeBucket:
     """What the hook uses of torch.distributed.GradBucket."""
 
