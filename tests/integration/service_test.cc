@@ -833,6 +833,25 @@ TEST(Service, AggregatorsAndSecretFromEnvironmentAndDnsNames) {
   unsetenv("SPARSEREDUCE_SECRET_FILE");
 }
 
+// A secret given in WorkerOptions drops one trailing newline, as the aggregator's secret files and the worker's
+// environment do: a caller that passed a secret file's contents (newline included) could never authenticate.
+TEST(Service, AnExplicitSecretDropsOneTrailingNewlineAsSecretFilesDo) {
+  Daemon probe;
+  const std::string secrets = probe.dir() + "/secrets";
+  std::filesystem::create_directories(secrets);
+  std::ofstream(secrets + "/86") << "s3cret\n";
+  Daemon daemon({"--job-secrets-dir", secrets});
+  auto [code, what] = JoinError(daemon.address(), 86, "s3cret\n");
+  EXPECT_EQ(code, "") << what;
+  std::tie(code, what) = JoinError(daemon.address(), 86, "s3cret\r\n");
+  EXPECT_EQ(code, "") << what;
+  std::tie(code, what) = JoinError(daemon.address(), 86, "s3cret\n\n");  // only one newline is dropped
+  EXPECT_EQ(code, "UNAUTHENTICATED") << what;
+  std::tie(code, what) = JoinError(daemon.address(), 86, "\n");
+  EXPECT_EQ(code, "INVALID_ARGUMENT") << what;
+  EXPECT_NE(what.find("the job secret from WorkerOptions::secret is empty"), std::string::npos) << what;
+}
+
 TEST(Service, RequireAuthRefusesJobsWithoutSecret) {
   Daemon probe;
   const std::string secrets = probe.dir() + "/secrets";

@@ -58,7 +58,14 @@ Result<WorkerOptions> ApplyEnvironment(WorkerOptions options) {
     return InvalidArgument("tcp_send_buffer " + std::to_string(options.tcp_send_buffer) + " is above " +
                            std::to_string(kMaxTcpSendBuffer) + " bytes");
   }
-  if (!options.secret.empty()) return options;
+  if (!options.secret.empty()) {
+    // The aggregator drops one trailing newline from its secret files, so a secret that ends in one could never
+    // match: the same rule here lets a caller pass a secret file's contents as they are.
+    Result<std::string> normalized = auth::NormalizeSecret(std::move(options.secret), "WorkerOptions::secret");
+    if (!normalized.ok()) return normalized.status();
+    options.secret = std::move(*normalized);
+    return options;
+  }
   if (std::string secret = Get("SPARSEREDUCE_SECRET"); !secret.empty()) {
     Result<std::string> normalized = auth::NormalizeSecret(std::move(secret), "SPARSEREDUCE_SECRET");
     if (!normalized.ok()) return normalized.status();

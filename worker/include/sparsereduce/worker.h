@@ -62,8 +62,9 @@ struct WorkerOptions {
   uint32_t world_size = 1;
   // The job's shared secret, when the aggregators require authentication (docs/SECURITY.md). It never crosses the
   // wire: worker and aggregator prove knowledge of it by HMAC challenge-response. Empty: taken from
-  // SPARSEREDUCE_SECRET, else from the file named by SPARSEREDUCE_SECRET_FILE (one trailing newline dropped), else
-  // none. A worker with a secret refuses aggregators that cannot prove they hold the same one.
+  // SPARSEREDUCE_SECRET, else from the file named by SPARSEREDUCE_SECRET_FILE, else none. From every source one
+  // trailing newline is dropped, as the aggregator does with its secret files. A worker with a secret refuses
+  // aggregators that cannot prove they hold the same one.
   std::string secret;
   uint32_t block_size = 256;         // elements per block
   uint32_t slots = 8;                // independent streams of blocks per aggregator connection
