@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Click-through prediction with a large embedding table under DDP: naturally sparse gradients.
 
 Each sample is a bag of item ids drawn with a power-law (Zipf) popularity, as in recommendation logs; ids are

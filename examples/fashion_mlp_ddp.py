@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """A small dense model under DDP: an MLP on Fashion-MNIST (the Debian package dataset-fashion-mnist).
 
 Every gradient block is nonzero here, so this is sparsereduce's worst case: it shows the cost of the hook when

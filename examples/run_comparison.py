@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Runs each training example with DDP's built-in gloo allreduce and with the sparsereduce hook (4 CPU processes
 each, one aggregator) and prints, per step: the loss of both runs (mean over the ranks), the largest difference
 between the runs over the ranks' losses, the block density of the gradient buckets (each rank's own, mean over

@@ -100,16 +100,18 @@ check(config['max-total-memory'] + config['buffer-pool-bytes'] < memoryLimit,
   `max-total-memory ${config['max-total-memory']} + buffer-pool-bytes ${config['buffer-pool-bytes']} ` +
   `does not fit in the memory limit ${container.resources.limits.memory}`);
 
-// Stop deadlines: the drain must finish before Kubernetes or systemd kill the daemon.
-check(pod.spec.terminationGracePeriodSeconds * 1000 > config['drain-timeout-ms'],
+// Stop deadlines: the drain, and then the 5 s an aborted job's workers get to read their Error (the session's close
+// grace, docs/OPERATIONS.md), must end before Kubernetes or systemd kill the daemon.
+const closeGraceMs = 5000;
+check(pod.spec.terminationGracePeriodSeconds * 1000 > config['drain-timeout-ms'] + closeGraceMs,
   `terminationGracePeriodSeconds ${pod.spec.terminationGracePeriodSeconds} s <= ` +
-  `drain-timeout-ms ${config['drain-timeout-ms']}`);
+  `drain-timeout-ms ${config['drain-timeout-ms']} + ${closeGraceMs} ms close grace`);
 const unit = read('systemd/sparsereduce-aggregator.service');
 const stop = unit.match(/^TimeoutStopSec=(\d+)(s|min)?$/m);
 check(stop, 'TimeoutStopSec= missing or not in s/min');
 const stopMs = stop ? Number(stop[1]) * (stop[2] === 'min' ? 60000 : 1000) : 0;
-check(stopMs > example['drain-timeout-ms'],
-  `TimeoutStopSec ${stopMs} ms <= drain-timeout-ms ${example['drain-timeout-ms']}`);
+check(stopMs > example['drain-timeout-ms'] + closeGraceMs,
+  `TimeoutStopSec ${stopMs} ms <= drain-timeout-ms ${example['drain-timeout-ms']} + ${closeGraceMs} ms close grace`);
 const execConfig = (unit.match(/^ExecStart=.* --config (\S+)/m) || [])[1];
 check(execConfig === '/etc/sparsereduce/aggregator.toml',
   `ExecStart reads ${execConfig}, the package installs /etc/sparsereduce/aggregator.toml`);
