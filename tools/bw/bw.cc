@@ -247,6 +247,7 @@ asio::awaitable<void> Serve(tcp::socket socket, Config c) {
 struct Measurement {
   uint64_t bytes, iters;
   double peak, average, msg_rate;  // bytes/s, bytes/s, messages/s
+  double seconds;                  // from the first send to the last acknowledgement
 };
 
 asio::awaitable<Measurement> RunSize(Channel& channel, uint64_t size, uint64_t frames) {
@@ -276,7 +277,36 @@ asio::awaitable<Measurement> RunSize(Channel& channel, uint64_t size, uint64_t f
     prev = acks[i];
   }
   co_return Measurement{size, frames, peak, static_cast<double>(frames * size) / total,
-                        static_cast<double>(frames) / total};
+                        static_cast<double>(frames) / total, total};
+}
+
+// -D: measured runs of `size` until together they took at least `duration` seconds. Each run is sized (from bursts
+// that grow until one takes about a twentieth of the duration) to take about a quarter of it, so the total is a
+// little over the duration however the machine's speed changes meanwhile. (Scaling one calibration burst to the
+// whole duration ran short whenever the measured part went slower than the burst: -s 2 -D 1 measured 0.18 s with a
+// burst of 64 messages, and a 0.5 s run measured 0.297 s on a loaded machine.)
+asio::awaitable<Measurement> RunForDuration(Channel& channel, uint64_t size, double duration) {
+  const double target = duration / 20;
+  uint64_t probe = 64;
+  double seconds = 0;
+  for (;;) {
+    seconds = (co_await RunSize(channel, size, probe)).seconds;
+    if (seconds >= target / 2 || probe >= (uint64_t{1} << 40)) break;
+    probe *= static_cast<uint64_t>(std::clamp(target / std::max(seconds, 1e-9), 2.0, 64.0));
+  }
+  const double per_frame = seconds / static_cast<double>(probe);
+  const uint64_t frames =
+      std::max<uint64_t>(kWindows, static_cast<uint64_t>(duration / 4 / std::max(per_frame, 1e-12)));
+  Measurement total{size, 0, 0, 0, 0, 0};
+  while (total.seconds < duration) {
+    const Measurement m = co_await RunSize(channel, size, frames);
+    total.iters += m.iters;
+    total.seconds += m.seconds;
+    total.peak = std::max(total.peak, m.peak);
+  }
+  total.average = static_cast<double>(total.iters * size) / total.seconds;
+  total.msg_rate = static_cast<double>(total.iters) / total.seconds;
+  co_return total;
 }
 
 asio::awaitable<void> Client(tcp::socket socket, Config c, std::vector<uint64_t> sizes) {
@@ -289,25 +319,8 @@ asio::awaitable<void> Client(tcp::socket socket, Config c, std::vector<uint64_t>
   std::printf("---------------------------------------------------------------------------------------\n");
   std::printf(" #bytes     #iterations    BW peak[%s]    BW average[%s]   MsgRate[Mpps]\n", unit, unit);
   for (uint64_t sz : sizes) {
-    uint64_t frames = c.iters;
-    if (c.duration > 0) {
-      // Calibrate with bursts that grow until one takes about a tenth of the duration, then scale to the duration.
-      // One burst of 64 messages was mostly its 16 acknowledgement round trips for small messages, so -D 1 ran
-      // 0.2 s of 2-byte messages.
-      const double target = c.duration / 10;
-      uint64_t probe = 64;
-      double seconds = 0;
-      for (;;) {
-        const auto t0 = Clock::now();
-        (void)co_await RunSize(*channel, sz, probe);
-        seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-        if (seconds >= target / 2 || probe >= (uint64_t{1} << 40)) break;
-        probe *= static_cast<uint64_t>(std::clamp(target / std::max(seconds, 1e-9), 2.0, 64.0));
-      }
-      const double per_frame = seconds / static_cast<double>(probe);
-      frames = std::max<uint64_t>(kWindows, static_cast<uint64_t>(c.duration / std::max(per_frame, 1e-12)));
-    }
-    const Measurement m = co_await RunSize(*channel, sz, frames);
+    const Measurement m = c.duration > 0 ? co_await RunForDuration(*channel, sz, c.duration)
+                                         : co_await RunSize(*channel, sz, c.iters);
     // As perftest prints them: MB/sec is 2^20 bytes per second (its format_factor 0x100000), Gb/sec 10^9 bits.
     const double scale = c.gbits ? 8.0 / 1e9 : 1.0 / (1u << 20);
     std::printf(" %-10llu %-14llu %-17.2f %-20.2f %-10.6f\n", static_cast<unsigned long long>(m.bytes),
@@ -393,7 +406,7 @@ int main(int argc, char** argv) {
                            ->check(sparsereduce::tools::kNotNegative)
                            ->capture_default_str();
   app.add_option("-D,--duration", c.duration_text,
-                 "Run each size for about this many seconds (above 0, at most 86400) instead of -n")
+                 "Run each size for at least this many seconds, a little more (above 0, at most 86400) instead of -n")
       ->excludes(iters);
   app.add_flag("--report_gbits", c.gbits, "Report Gbit/s instead of MB/s");
   app.add_option("--transport", c.transport,
