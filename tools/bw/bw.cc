@@ -152,8 +152,10 @@ tcp::socket TakeSocket(sparsereduce::tcp::TcpChannel& channel) {
   return std::move(*socket);
 }
 
-// The server's end: the client's Hello names the transport, which is offered like the daemon does.
-asio::awaitable<std::unique_ptr<Channel>> Accept(tcp::socket socket, Config c, std::string* transport) {
+// The server's end: the client's Hello names the transport, which is offered like the daemon does. (`c` is used only
+// by the RDMA transport.)
+asio::awaitable<std::unique_ptr<Channel>> Accept(tcp::socket socket, [[maybe_unused]] Config c,
+                                                 std::string* transport) {
   const auto executor = co_await asio::this_coro::executor;
   auto tcp_channel = std::make_unique<sparsereduce::tcp::TcpChannel>(std::move(socket), executor);
   const sparsereduce::proto::ControlMessage hello = co_await ReadControl(*tcp_channel);
