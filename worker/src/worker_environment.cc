@@ -58,18 +58,14 @@ Result<WorkerOptions> ApplyEnvironment(WorkerOptions options) {
     return InvalidArgument("tcp_send_buffer " + std::to_string(options.tcp_send_buffer) + " is above " +
                            std::to_string(kMaxTcpSendBuffer) + " bytes");
   }
+  // The secret and where it came from (named in errors). Every source gets the rule of the aggregator's secret
+  // files, one trailing newline dropped: a secret that ends in one could never match theirs.
+  std::string source;
   if (!options.secret.empty()) {
-    // The aggregator drops one trailing newline from its secret files, so a secret that ends in one could never
-    // match: the same rule here lets a caller pass a secret file's contents as they are.
-    Result<std::string> normalized = auth::NormalizeSecret(std::move(options.secret), "WorkerOptions::secret");
-    if (!normalized.ok()) return normalized.status();
-    options.secret = std::move(*normalized);
-    return options;
-  }
-  if (std::string secret = Get("SPARSEREDUCE_SECRET"); !secret.empty()) {
-    Result<std::string> normalized = auth::NormalizeSecret(std::move(secret), "SPARSEREDUCE_SECRET");
-    if (!normalized.ok()) return normalized.status();
-    options.secret = std::move(*normalized);
+    source = "WorkerOptions::secret";
+  } else if (std::string secret = Get("SPARSEREDUCE_SECRET"); !secret.empty()) {
+    options.secret = std::move(secret);
+    source = "SPARSEREDUCE_SECRET";
   } else if (std::string path = Get("SPARSEREDUCE_SECRET_FILE"); !path.empty()) {
     std::ifstream file(path, std::ios::binary);
     if (!file) {
@@ -77,10 +73,13 @@ Result<WorkerOptions> ApplyEnvironment(WorkerOptions options) {
     }
     std::ostringstream contents;
     contents << file.rdbuf();
-    Result<std::string> normalized = auth::NormalizeSecret(contents.str(), path);
-    if (!normalized.ok()) return normalized.status();
-    options.secret = std::move(*normalized);
+    options.secret = contents.str();
+    source = path;
   }
+  if (source.empty()) return options;
+  Result<std::string> normalized = auth::NormalizeSecret(std::move(options.secret), source);
+  if (!normalized.ok()) return normalized.status();
+  options.secret = std::move(*normalized);
   return options;
 }
 
