@@ -377,12 +377,21 @@ int ReapLeftovers() {
   return found;
 }
 
+// What a directory holds (the tools' temporary directories must be gone after a stop).
+std::vector<std::string> EntriesIn(const std::string& directory) {
+  std::vector<std::string> entries;
+  for (const auto& entry : std::filesystem::directory_iterator(directory)) entries.push_back(entry.path());
+  return entries;
+}
+
 // Runs `sparsereduce-perf --spawn 3,2` (this process a subreaper, so that whatever it leaves becomes this
-// process's child) with a long sweep, sends it `signal` once its table's header is out (the ranks have joined and
-// time their collectives), reads its output to the end and returns its exit status.
-int SignalPerfSpawnOnceItTimes(int signal) {
+// process's child; TMPDIR=`tmpdir`, so that its temporary directory is made there) with a long sweep, sends it
+// `signal` once its table's header is out (the ranks have joined and time their collectives), reads its output to
+// the end and returns its exit status.
+int SignalPerfSpawnOnceItTimes(int signal, const std::string& tmpdir) {
   EXPECT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
-  auto perf = Subprocess::Spawn({SPARSEREDUCE_PERF_BIN, "--spawn", "3,2", "--aggregator-bin",
+  auto perf = Subprocess::Spawn({"/usr/bin/env", "TMPDIR=" + tmpdir, SPARSEREDUCE_PERF_BIN, "--spawn", "3,2",
+                                 "--aggregator-bin",
                                  SPARSEREDUCE_AGGREGATOR_BIN, "-b", "64K", "-e", "64K", "-n", "1000000", "-w", "0"},
                                 /*capture_stdout=*/true);
   EXPECT_TRUE(perf.ok()) << perf.status().ToString();
@@ -414,16 +423,23 @@ TEST(DescribeExit, NamesTheExitCodeOrTheSignalByNumberAndName) {
 // SIGTERM (or Ctrl-C) to `sparsereduce-perf --spawn` stops its ranks and aggregators and removes their temporary
 // directory, and it exits 128 + 15. It used to die alone, leaving them all running (and the directory behind).
 TEST(PerfSpawn, AStopSignalStopsTheRanksAndAggregators) {
-  const int status = SignalPerfSpawnOnceItTimes(SIGTERM);
+  auto tmp = TempDir::Create("sr-perf-tmpdir-");
+  ASSERT_TRUE(tmp.ok()) << tmp.status().ToString();
+  const int status = SignalPerfSpawnOnceItTimes(SIGTERM, tmp->path());
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM) << DescribeExit(status);
+  const std::vector<std::string> left = EntriesIn(tmp->path());
+  EXPECT_TRUE(left.empty()) << "left behind: " << left.front();
   EXPECT_EQ(ReapLeftovers(), 0) << "processes of the run were left running";
   ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 0), 0);
 }
 
 // `sparsereduce-perf --spawn` killed outright (SIGKILL, no handler runs): its ranks and aggregators end by
-// themselves (PR_SET_PDEATHSIG). They used to keep running, holding their ports, until killed by hand.
+// themselves (PR_SET_PDEATHSIG). They used to keep running, holding their ports, until killed by hand. The killed
+// tool cannot remove its temporary directory; it is made inside this test's, which goes at the end.
 TEST(PerfSpawn, KilledOutrightItLeavesNothingRunning) {
-  const int status = SignalPerfSpawnOnceItTimes(SIGKILL);
+  auto tmp = TempDir::Create("sr-perf-tmpdir-");
+  ASSERT_TRUE(tmp.ok()) << tmp.status().ToString();
+  const int status = SignalPerfSpawnOnceItTimes(SIGKILL, tmp->path());
   EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << DescribeExit(status);
   // perf's children (3 ranks, 2 aggregators) are now this test's (a subreaper). Each must exit on its own; waitpid
   // blocks until the last did, and a watchdog kills whatever is left after 30 s so that the test fails, not hangs.
@@ -499,8 +515,7 @@ TEST(PerfSpawn, AClosedOutputStopsTheRunAndLeavesNothingBehind) {
   EXPECT_NE(o.output.find("# sparsereduce-perf: 2 ranks"), std::string::npos) << o.output;
   EXPECT_NE(o.output.find("perf exited 141"), std::string::npos) << o.output;  // 128 + SIGPIPE
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(25));
-  std::vector<std::string> left;
-  for (const auto& entry : std::filesystem::directory_iterator(tmp->path())) left.push_back(entry.path());
+  const std::vector<std::string> left = EntriesIn(tmp->path());
   EXPECT_TRUE(left.empty()) << "left behind: " << left.front();
   EXPECT_EQ(ReapLeftovers(), 0) << "processes of the run were left running";
   ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 0), 0);
@@ -547,8 +562,7 @@ TEST(DemoSpawn, CtrlCStopsTheWorkersAndTheAggregatorAndLeavesNoDirectory) {
   auto status = (*demo)->Wait(std::chrono::seconds(30));
   ASSERT_TRUE(status.ok()) << status.status().ToString();
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 128 + SIGINT) << DescribeExit(*status);
-  std::vector<std::string> left;
-  for (const auto& entry : std::filesystem::directory_iterator(tmp->path())) left.push_back(entry.path());
+  const std::vector<std::string> left = EntriesIn(tmp->path());
   EXPECT_TRUE(left.empty()) << "left behind: " << left.front();
   EXPECT_EQ(ReapLeftovers(), 0) << "processes of the run were left running";
   ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 0), 0);
