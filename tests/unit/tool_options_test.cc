@@ -667,6 +667,16 @@ TEST(BwClient, DurationRunsEachSizeForAtLeastThatLong) {
   EXPECT_GE(rows[0][1] / (rows[0][2] * 1e6), 0.5 * (1 - 1e-4)) << client.output;  // the rate has 6 digits
 }
 
+// The shared-memory transport end to end: the server offers a segment, the client attaches and measures over it.
+TEST(BwClient, SharedMemoryTransportRuns) {
+  const Outcome client = RunBwClientAgainstServer({"--transport", "shm", "-s", "64K", "-n", "64"});
+  ASSERT_EQ(client.exit_code, 0) << client.output;
+  const auto rows = BwRows(client.output);
+  ASSERT_EQ(rows.size(), 1u) << client.output;
+  EXPECT_EQ(rows[0][0], 65536) << client.output;
+  EXPECT_EQ(rows[0][1], 64) << client.output;
+}
+
 // The window is rounded up now (1000 messages took 17 acknowledgements, a window of 62, where the README says 16);
 // server and client must round alike, or the client waits for an acknowledgement that never comes (as a first
 // version of that change did): a count that 16 does not divide runs to its end.

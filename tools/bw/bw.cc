@@ -155,7 +155,7 @@ tcp::socket TakeSocket(sparsereduce::tcp::TcpChannel& channel) {
 // The server's end: the client's Hello names the transport, which is offered like the daemon does. (`c` is used only
 // by the RDMA transport.)
 asio::awaitable<std::unique_ptr<Channel>> Accept(tcp::socket socket, [[maybe_unused]] Config c,
-                                                 std::string* transport) {
+                                                 sparsereduce::shm::PendingOffers& pending, std::string* transport) {
   const auto executor = co_await asio::this_coro::executor;
   auto tcp_channel = std::make_unique<sparsereduce::tcp::TcpChannel>(std::move(socket), executor);
   const sparsereduce::proto::ControlMessage hello = co_await ReadControl(*tcp_channel);
@@ -176,8 +176,6 @@ asio::awaitable<std::unique_ptr<Channel>> Accept(tcp::socket socket, [[maybe_unu
   }
 #endif
   if (*transport != "shm") throw std::runtime_error("the client asked for transport " + *transport);
-  // One client at a time: a tool-wide cap of pending offers (static: it outlives the io_context).
-  static sparsereduce::shm::PendingOffers pending(sparsereduce::shm::PendingOffers::kDefaultCap);
   auto offer = sparsereduce::shm::ShmOffer::Create(executor, kRingBytes, pending);
   Check(offer.status(), "creating the shm segment");
   sparsereduce::proto::ControlMessage message;
@@ -223,9 +221,9 @@ asio::awaitable<std::unique_ptr<Channel>> Connect(tcp::socket socket, Config c) 
   co_return attached->MakeChannel(TakeSocket(*tcp_channel), executor);
 }
 
-asio::awaitable<void> Serve(tcp::socket socket, Config c) {
+asio::awaitable<void> Serve(tcp::socket socket, Config c, sparsereduce::shm::PendingOffers& pending) {
   std::string transport;
-  std::unique_ptr<Channel> channel = co_await Accept(std::move(socket), c, &transport);
+  std::unique_ptr<Channel> channel = co_await Accept(std::move(socket), c, pending, &transport);
   std::printf("sparsereduce-bw server: client connected over %s\n", transport.c_str());
   std::fflush(stdout);
   while (true) {
@@ -342,6 +340,9 @@ void Run(asio::io_context& io, asio::awaitable<void> task) {
 }
 
 int Main(Config c) {
+  // The cap on shared-memory offers not yet taken (the server's one client takes at most one); declared before the
+  // io_context, whose handlers hold offers, so that it outlives them.
+  sparsereduce::shm::PendingOffers pending_shm_offers(sparsereduce::shm::PendingOffers::kDefaultCap);
   asio::io_context io;
   if (c.iters == 0) {  // RunSize waits for at least one acknowledgement
     std::fprintf(stderr, "sparsereduce-bw: -n must be at least 1\n");
@@ -356,7 +357,7 @@ int Main(Config c) {
     std::fflush(stdout);
     tcp::socket socket = acceptor.accept();
     socket.set_option(tcp::no_delay(true));
-    Run(io, Serve(std::move(socket), c));
+    Run(io, Serve(std::move(socket), c, pending_shm_offers));
     return 0;
   }
   std::vector<uint64_t> sizes;
