@@ -377,7 +377,7 @@ int RunSpawn(const Options& o) {
   std::string self = std::filesystem::canonical("/proc/self/exe", self_error).string();
   if (self_error) self = "/proc/self/exe";
   // From here on a stop signal is handled: the ranks are stopped and the directory removed.
-  sparsereduce::tools::StopSignals signals;
+  sparsereduce::tools::StopSignals signals("sparsereduce-gloo-bench");
   char dir_template[] = "/tmp/sparsereduce-gloo-bench-XXXXXX";
   if (mkdtemp(dir_template) == nullptr) {
     std::fprintf(stderr, "sparsereduce-gloo-bench: mkdtemp: %s\n", std::strerror(errno));

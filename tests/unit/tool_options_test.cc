@@ -1,16 +1,21 @@
 // sparsereduce-perf and sparsereduce-bw run as the user runs them: options that cannot work are usage errors (exit
 // code 2, a message naming the option) before anything connects, and the table says when a check proves little.
 #include <gtest/gtest.h>
+#include <poll.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
+#include <iterator>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -385,31 +390,49 @@ std::vector<std::string> EntriesIn(const std::string& directory) {
 }
 
 // Runs `sparsereduce-perf --spawn 3,2` (this process a subreaper, so that whatever it leaves becomes this
-// process's child; TMPDIR=`tmpdir`, so that its temporary directory is made there) with a long sweep, sends it
-// `signal` once its table's header is out (the ranks have joined and time their collectives), reads its output to
-// the end and returns its exit status.
-int SignalPerfSpawnOnceItTimes(int signal, const std::string& tmpdir) {
+// process's child; TMPDIR=`tmpdir`, so that its temporary directory is made there) with a long sweep, calls `stop`
+// with it once its table's header is out (the ranks have joined and time their collectives), reads its output
+// (stdout and stderr) to the end into `output` and returns its exit status.
+int StopPerfSpawnOnceItTimes(const std::function<void(Subprocess& perf)>& stop, const std::string& tmpdir,
+                             std::string* output = nullptr) {
   EXPECT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
-  auto perf = Subprocess::Spawn({"/usr/bin/env", "TMPDIR=" + tmpdir, SPARSEREDUCE_PERF_BIN, "--spawn", "3,2",
-                                 "--aggregator-bin",
-                                 SPARSEREDUCE_AGGREGATOR_BIN, "-b", "64K", "-e", "64K", "-n", "1000000", "-w", "0"},
+  // exec keeps the pid: the signals go to perf itself.
+  auto perf = Subprocess::Spawn({"/bin/sh", "-c", "exec \"$@\" 2>&1", "sh", "/usr/bin/env", "TMPDIR=" + tmpdir,
+                                 SPARSEREDUCE_PERF_BIN, "--spawn", "3,2", "--aggregator-bin", SPARSEREDUCE_AGGREGATOR_BIN,
+                                 "-b", "64K", "-e", "64K", "-n", "1000000", "-w", "0"},
                                 /*capture_stdout=*/true);
   EXPECT_TRUE(perf.ok()) << perf.status().ToString();
   if (!perf.ok()) return -1;
-  std::string output;
-  bool signalled = false;
+  std::string text;
+  bool stopped = false;
   auto read = (*perf)->ReadStdout(std::chrono::seconds(60), [&](std::string_view chunk) {
-    output += chunk;
-    if (!signalled && output.find("#       size") != std::string::npos) {
-      signalled = true;
-      (*perf)->Signal(signal);
+    text += chunk;
+    if (!stopped && text.find("#       size") != std::string::npos) {
+      stopped = true;
+      stop(**perf);
     }
   });
-  EXPECT_TRUE(read.ok()) << read.status().ToString() << "\n" << output;
-  EXPECT_TRUE(signalled) << output;
+  EXPECT_TRUE(read.ok()) << read.status().ToString() << "\n" << text;
+  EXPECT_TRUE(stopped) << text;
   auto status = (*perf)->Wait(std::chrono::seconds(30));
   EXPECT_TRUE(status.ok()) << status.status().ToString();
+  if (output) *output = text;
   return status.ok() ? *status : -1;
+}
+
+int SignalPerfSpawnOnceItTimes(int signal, const std::string& tmpdir) {
+  return StopPerfSpawnOnceItTimes([signal](Subprocess& perf) { perf.Signal(signal); }, tmpdir);
+}
+
+// The pid of rank `rank` among the children of `parent` (whose command line has `--rank N`), or 0.
+int RankPid(int parent, int rank) {
+  std::ifstream children("/proc/" + std::to_string(parent) + "/task/" + std::to_string(parent) + "/children");
+  for (int child = 0; children >> child;) {
+    std::ifstream cmdline("/proc/" + std::to_string(child) + "/cmdline");
+    std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
+    if (args.find(std::string("--rank") + '\0' + std::to_string(rank) + '\0') != std::string::npos) return child;
+  }
+  return 0;
 }
 
 // The tools, the Gloo bench and the torch baseline describe a rank's end in the same words (the Gloo bench had its
@@ -458,6 +481,64 @@ TEST(PerfSpawn, KilledOutrightItLeavesNothingRunning) {
   watchdog.join();
   EXPECT_EQ(killed_by_watchdog, 0);
   EXPECT_EQ(exited, 5);
+  ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 0), 0);
+}
+
+// Waits (at most 10 s) until process `pid`, not necessarily a child, is stopped (SIGSTOP). False at the deadline.
+bool WaitUntilStopped(int pid) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("State:", 0) == 0 && line.find("T (stopped)") != std::string::npos) return true;
+    }
+    std::this_thread::yield();
+  }
+  return false;
+}
+
+// Waits (at most 10 s) until process `pid`, not necessarily a child, has exited, all its threads (its pidfd is
+// readable then, whether or not it was reaped). False at the deadline.
+bool WaitUntilExited(int pid) {
+  const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  if (pidfd < 0) return errno == ESRCH;  // gone already
+  pollfd exited{pidfd, POLLIN, 0};
+  const bool ok = poll(&exited, 1, 10000) == 1;
+  close(pidfd);
+  return ok;
+}
+
+// A rank that does not end on the stop signal's SIGTERM (here: stopped, SIGSTOP) is killed at a second stop signal
+// (Ctrl-C twice), or 10 s after the first. The stop used to wait on such a rank for its --timeout-ms (2 minutes by
+// default), and on rank 0 for as long as the run's deadline (none by default).
+TEST(PerfSpawn, ARankThatOutlastsTheStopSignalIsKilledAtTheSecond) {
+  auto tmp = TempDir::Create("sr-perf-tmpdir-");
+  ASSERT_TRUE(tmp.ok()) << tmp.status().ToString();
+  std::string output;
+  const auto start = std::chrono::steady_clock::now();
+  const int status = StopPerfSpawnOnceItTimes(
+      [](Subprocess& perf) {
+        const int rank1 = RankPid(perf.pid(), 1);
+        ASSERT_GT(rank1, 0) << "no rank 1 among perf's children";
+        const int rank0 = RankPid(perf.pid(), 0), rank2 = RankPid(perf.pid(), 2);
+        ASSERT_TRUE(rank0 > 0 && rank2 > 0) << "no rank 0 or 2 among perf's children";
+        ASSERT_EQ(kill(rank1, SIGSTOP), 0);
+        ASSERT_TRUE(WaitUntilStopped(rank1));
+        perf.Signal(SIGTERM);
+        // The second signal once the first has ended what it could (ranks 0 and 2).
+        ASSERT_TRUE(WaitUntilExited(rank0));
+        ASSERT_TRUE(WaitUntilExited(rank2));
+        perf.Signal(SIGINT);
+      },
+      tmp->path(), &output);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 128 + SIGTERM) << DescribeExit(status) << "\n" << output;
+  EXPECT_NE(output.find("sparsereduce-perf: 1 process still running at a second stop signal (INT): killed (SIGKILL)"),
+            std::string::npos)
+      << output;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+  const std::vector<std::string> left = EntriesIn(tmp->path());
+  EXPECT_TRUE(left.empty()) << "left behind: " << left.front();
+  EXPECT_EQ(ReapLeftovers(), 0) << "processes of the run were left running";
   ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 0), 0);
 }
 

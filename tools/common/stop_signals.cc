@@ -1,42 +1,111 @@
 #include "tools/common/stop_signals.h"
 
+#include <poll.h>
 #include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <utility>
 
 namespace sparsereduce::tools {
+namespace {
 
-StopSignals::StopSignals() {
+// The signal from `set` that came (waiting at most until `deadline`, if given), or 0 when the deadline passed.
+int NextSignal(const sigset_t& set, const std::chrono::steady_clock::time_point* deadline) {
+  while (true) {
+    if (deadline == nullptr) {
+      int sig = 0;
+      if (sigwait(&set, &sig) == 0) return sig;
+      continue;
+    }
+    const auto left = std::max(*deadline - std::chrono::steady_clock::now(), std::chrono::steady_clock::duration(0));
+    const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(left);
+    const timespec timeout{static_cast<time_t>(seconds.count()),
+                           static_cast<long>(std::chrono::duration_cast<std::chrono::nanoseconds>(left - seconds).count())};
+    const int sig = sigtimedwait(&set, nullptr, &timeout);
+    if (sig > 0) return sig;
+    if (errno == EAGAIN) return 0;
+  }
+}
+
+}  // namespace
+
+StopSignals::StopSignals(std::string tool, std::chrono::milliseconds kill_after)
+    : tool_(std::move(tool)), kill_after_(kill_after) {
   sigemptyset(&set_);
   for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) sigaddset(&set_, sig);
   pthread_sigmask(SIG_BLOCK, &set_, &previous_);
-  waiter_ = std::thread([this] {
-    int sig = 0;
-    while (sigwait(&set_, &sig) != 0) {
-    }
-    if (sig == SIGUSR1) return;  // the destructor's wake-up
-    std::lock_guard lock(mutex_);
-    caught_ = sig;
-    for (int pid : pids_) kill(pid, SIGTERM);
-  });
+  waiter_ = std::thread([this] { WaitForSignals(); });
 }
 
 StopSignals::~StopSignals() {
   pthread_kill(waiter_.native_handle(), SIGUSR1);  // pending for that thread if it already returned: harmless
   waiter_.join();
   pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
+  for (const Rank& rank : ranks_) {
+    if (rank.pidfd >= 0) close(rank.pidfd);
+  }
+}
+
+void StopSignals::WaitForSignals() {
+  const int sig = NextSignal(set_, nullptr);
+  if (sig == SIGUSR1) return;  // the destructor's wake-up
+  {
+    std::lock_guard lock(mutex_);
+    caught_ = sig;
+    SignalRunning(SIGTERM);
+  }
+  // What the SIGTERM did not end within kill_after, or when a second stop signal comes, gets SIGKILL.
+  const auto deadline = std::chrono::steady_clock::now() + kill_after_;
+  const int second = NextSignal(set_, &deadline);
+  if (second == SIGUSR1) return;
+  std::lock_guard lock(mutex_);
+  if (const int killed = SignalRunning(SIGKILL); killed > 0) {
+    char when[64];
+    if (second) {
+      std::snprintf(when, sizeof when, "at a second stop signal (%s)", sigabbrev_np(second));
+    } else {
+      std::snprintf(when, sizeof when, "%g s after the stop signal", kill_after_.count() / 1000.0);
+    }
+    std::fprintf(stderr, "%s: %d process%s still running %s: killed (SIGKILL)\n", tool_.c_str(), killed,
+                 killed == 1 ? "" : "es", when);
+  }
+}
+
+int StopSignals::SignalRunning(int signal) {
+  int signalled = 0;
+  for (const Rank& rank : ranks_) {
+    if (rank.pidfd < 0) {
+      if (kill(rank.pid, signal) == 0) ++signalled;
+      continue;
+    }
+    pollfd ended{rank.pidfd, POLLIN, 0};  // readable once the process has exited
+    if (poll(&ended, 1, 0) == 1) continue;
+    if (syscall(SYS_pidfd_send_signal, rank.pidfd, signal, nullptr, 0) == 0) ++signalled;
+  }
+  return signalled;
 }
 
 bool StopSignals::Track(int pid) {
+  const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
   std::lock_guard lock(mutex_);
-  pids_.push_back(pid);
-  if (caught_) kill(pid, SIGTERM);
+  ranks_.push_back({pid, pidfd});
+  if (caught_) SignalRunning(SIGTERM);
   return caught_ == 0;
 }
 
 void StopSignals::Untrack(int pid) {
   std::lock_guard lock(mutex_);
-  pids_.erase(std::remove(pids_.begin(), pids_.end(), pid), pids_.end());
+  const auto removed = std::remove_if(ranks_.begin(), ranks_.end(), [&](const Rank& rank) {
+    if (rank.pid != pid) return false;
+    if (rank.pidfd >= 0) close(rank.pidfd);
+    return true;
+  });
+  ranks_.erase(removed, ranks_.end());
 }
 
 int StopSignals::caught() const {

@@ -1,13 +1,17 @@
-// The stop signals of a tool that spawns ranks (sparsereduce-perf --spawn, sparsereduce-gloo-bench --spawn): a
-// SIGINT, SIGTERM or SIGHUP stops the tracked ranks (SIGTERM), so that the run ends as usual (rank 0's output ends,
-// the ranks are reaped, the temporary directory removed) and the tool can exit 128 + the signal. The signals are
-// blocked in the constructing thread and waited for on a thread of their own; spawn children with none blocked
-// (tools::Subprocess does).
+// The stop signals of a tool that spawns ranks (sparsereduce-perf --spawn, sparsereduce-gloo-bench --spawn,
+// sparsereduce-demo): a SIGINT, SIGTERM or SIGHUP stops the tracked ranks (SIGTERM), so that the run ends as usual
+// (rank 0's output ends, the ranks are reaped, the temporary directory removed) and the tool can exit 128 + the
+// signal. A rank that has not ended `kill_after` later (stopped, or stuck in the kernel), or at a second stop signal
+// (Ctrl-C twice), gets SIGKILL: a stop never waits on a rank's own timeouts. The signals are blocked in the
+// constructing thread and waited for on a thread of their own; spawn children with none blocked (tools::Subprocess
+// does).
 #pragma once
 
 #include <signal.h>
 
+#include <chrono>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -15,23 +19,35 @@ namespace sparsereduce::tools {
 
 class StopSignals {
  public:
-  StopSignals();
+  // `tool` names the tool in the message that says ranks were killed.
+  explicit StopSignals(std::string tool, std::chrono::milliseconds kill_after = std::chrono::seconds(10));
   ~StopSignals();
   StopSignals(const StopSignals&) = delete;
   StopSignals& operator=(const StopSignals&) = delete;
 
   // Registers a rank to stop; false (and the rank is stopped) if a signal came already. Call it before the rank is
-  // reaped (a reaped pid may be reused).
+  // reaped: the rank is then held by a pidfd, so a signal never reaches another process that reuses its pid.
   bool Track(int pid);
-  // Stops tracking a rank about to be reaped.
+  // Stops tracking a rank.
   void Untrack(int pid);
   // The signal that came, or 0.
   int caught() const;
 
  private:
+  struct Rank {
+    int pid;
+    int pidfd;  // -1 on a kernel without pidfd_open: signalled by pid
+  };
+
+  void WaitForSignals();
+  // Sends `signal` to the tracked ranks that have not ended; returns how many that was. Call with mutex_ held.
+  int SignalRunning(int signal);
+
+  const std::string tool_;
+  const std::chrono::milliseconds kill_after_;
   sigset_t set_, previous_;
   mutable std::mutex mutex_;
-  std::vector<int> pids_;
+  std::vector<Rank> ranks_;
   int caught_ = 0;
   std::thread waiter_;
 };

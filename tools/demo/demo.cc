@@ -96,7 +96,7 @@ std::string Mib(double bytes) {
 int RunDriver(const Config& c, const std::string& self) {
   // Ctrl-C (or SIGTERM, SIGHUP) stops the workers, so that the run ends as usual: the aggregator is stopped and its
   // temporary directory removed (the demo died alone, leaving the directory behind).
-  sparsereduce::tools::StopSignals signals;
+  sparsereduce::tools::StopSignals signals("demo");
   auto cluster = sparsereduce::tools::LocalAggregators::Start(c.aggregator_bin, 1);
   if (!cluster.ok()) {
     std::fprintf(stderr, "demo: %s\n", cluster.status().ToString().c_str());

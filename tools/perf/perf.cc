@@ -522,7 +522,7 @@ int Spawn(Config c, char** argv, int argc) {
       return 2;
     }
   }
-  tools::StopSignals signals;  // stops the ranks on SIGINT, SIGTERM or SIGHUP
+  tools::StopSignals signals("sparsereduce-perf");  // stops the ranks on SIGINT, SIGTERM or SIGHUP
   const std::string agg_bin =
       c.aggregator_bin.empty() ? tools::FindToolBinary("sparsereduce-aggregator", "aggregator") : c.aggregator_bin;
   auto cluster = tools::LocalAggregators::Start(agg_bin, aggregators);
