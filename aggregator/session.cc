@@ -159,6 +159,13 @@ void Session::ArmCloseGrace() {
 void Session::RejectBeforeJoin(const Status& error) {
   if (context_.refusal_log.Admit()) spdlog::warn("peer {}: rejected before joining: {}", peer_, error.ToString());
   context_.metrics.Error(error.code());
+  if (worker_left_tcp_) {
+    // An Error on TCP would reach the worker as data after its switch, a protocol violation of ours that hides the
+    // reason; the close ends its connection, and the reason is in the line above.
+    boost::system::error_code ignored;
+    socket_.close(ignored);
+    return;
+  }
   channel_ = MakeChannel(executor_);
   Fail(error, 0, {});
   asio::co_spawn(executor_, [self = shared_from_this()] { return self->DrainUntilClosed(); },
@@ -464,6 +471,7 @@ asio::awaitable<Status> Session::OfferRdma(std::chrono::steady_clock::time_point
     co_return ProtocolError("expected TransportAccept or TransportDecline after an RDMA TransportOffer");
   }
   if (Status st = (*connection)->Connect(reply->transport_accept().rdma()); !st.ok()) {
+    worker_left_tcp_ = true;  // it switched to RDMA with its accept (docs/PROTOCOL.md §10.4)
     co_return st.WithContext("RDMA connection");
   }
   rdma_ = std::move(*connection);

@@ -112,6 +112,8 @@ class Session : public std::enable_shared_from_this<Session> {
 #if SPARSEREDUCE_HAVE_RDMA
   std::unique_ptr<rdma::RdmaConnection> rdma_;  // set once the queue pair is connected
 #endif
+  // The worker accepted an RDMA offer, so it reads nothing more on TCP: a refusal then closes without an Error.
+  bool worker_left_tcp_ = false;
   bool closed_ = false;
   std::shared_ptr<boost::asio::steady_timer> close_grace_;  // after Close: how long the worker may take to close
 };
