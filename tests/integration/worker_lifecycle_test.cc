@@ -2,11 +2,12 @@
 // or its destructor can end must end within its timeouts, or at once when it is cancelled or another aggregator
 // fails, whatever phase of the handshake a connection is in. Every wait here is bounded: a Worker that hangs fails
 // the test instead of hanging it.
-#include <gtest/gtest.h>
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -312,6 +313,48 @@ TEST(WorkerLifecycle, DestroyingTheWorkerWhileACollectiveWaitsOnBlockedWrites) {
   ASSERT_EQ(waiter.wait_for(1s), std::future_status::ready);
   EXPECT_EQ(waiter.get(), "ABORTED");
   EXPECT_THROW(second.get(), Error);
+  EXPECT_TRUE(tensor == input);
+}
+
+// The same with small frames (one 4-element block each): the writer blocks between frames, not inside one, so
+// dropping the queue left it idle at once, and that finished the failure in the middle of queueing the Goodbyes;
+// the grace timer was then never armed, the Goodbye waited behind the full socket, and the destructor waited for
+// the kernel to give the connection up (TCP_USER_TIMEOUT, about 10 s).
+TEST(WorkerLifecycle, DestroyingTheWorkerWhileSmallFramesAreBlockedReturnsWithinTheGrace) {
+  WorkerOptions options;
+  options.job = 47;
+  options.tcp_send_buffer = 4096;
+  options.collective_timeout = 60s;
+  options.block_size = 4;
+  options.slots = 64;
+  options.blocks_per_message = 1;
+  options.window = 256;
+  Joined j;
+  ASSERT_NO_FATAL_FAILURE(Join(options, &j, /*receive_buffer=*/4096));
+  std::vector<float> tensor(4 * 64 * 2000, 1.0f);  // every block nonzero: 2 MB to send, far above the buffers
+  const std::vector<float> input = tensor;
+  auto done = j.worker->allreduce_async(std::span(tensor));
+  // Blocked once this side's receive queue, which nobody reads, has stopped growing (the same for 200 ms).
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  int queued = 0, last = -1;
+  for (auto since = std::chrono::steady_clock::now(); queued == 0 || queued != last ||
+                                                      std::chrono::steady_clock::now() - since < 200ms;) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the worker's writes never filled the socket";
+    if (queued != last) since = std::chrono::steady_clock::now();
+    last = queued;
+    std::this_thread::sleep_for(10ms);
+    ioctl(j.fd, FIONREAD, &queued);
+  }
+  const auto start = std::chrono::steady_clock::now();
+  auto destroyed = std::async(std::launch::async, [&] { j.worker.reset(); });
+  ASSERT_EQ(destroyed.wait_for(10s), std::future_status::ready) << "the destructor hung";
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 3s) << "the destructor outlasted the 0.5 s grace by far";
+  try {
+    done.get();
+    ADD_FAILURE() << "completed without an aggregator";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "ABORTED") << e.what();
+  }
   EXPECT_TRUE(tensor == input);
 }
 

@@ -141,6 +141,7 @@ class Worker::Impl : public AggregatorLink::Handler {
 
   std::optional<std::exception_ptr> failure_;  // set by Fail, delivered by FinishFailure
   asio::steady_timer failure_grace_{io_};
+  bool queueing_goodbyes_ = false;  // Fail is queueing them: the failure finishes after that
 
   mutable std::mutex stats_mutex_;
   CollectiveStats last_stats_;
@@ -638,14 +639,16 @@ void Worker::Impl::Fail(const Status& status, AggregatorLink* origin) {
   // Within a CONTROL frame's limit (64 KiB) whatever the message: it may quote an aggregator's Error at length.
   constexpr size_t kMaxReason = 4096;
   goodbye.mutable_goodbye()->set_reason(CutText(status.message(), kMaxReason));
+  // Dropping a queue can leave its writer idle at once, which calls OnWriterIdle: the failure must not finish
+  // before every Goodbye is queued and the grace timer armed, or a Goodbye queued after it would wait, with nothing
+  // to bound it, behind a socket the aggregator no longer reads.
+  queueing_goodbyes_ = true;
   for (auto& link : links_) {
     link->DropQueued();
     if (link.get() != origin && link->connected()) link->Send(EncodeControl(goodbye));
     link->Close();
   }
-  // Delivered already: dropping the queues above left every writer idle. A grace timer now would only keep the
-  // I/O thread (and a destructor waiting for it) busy for its 500 ms.
-  if (!failure_) return;
+  queueing_goodbyes_ = false;
   // Frames in flight may point into the caller's tensor: the failure is delivered once they are written, or after
   // a short grace period with the sockets closed.
   failure_grace_.expires_after(std::chrono::milliseconds(500));
@@ -661,7 +664,7 @@ void Worker::Impl::OnWriterIdle(AggregatorLink&) {
 }
 
 void Worker::Impl::MaybeFinishFailure() {
-  if (!failure_) return;
+  if (!failure_ || queueing_goodbyes_) return;
   for (auto& link : links_) {
     if (!link->writer_idle()) return;
   }
