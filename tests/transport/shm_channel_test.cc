@@ -821,6 +821,79 @@ TEST(ShmHandoff, DeadlineAndUnreachableSocket) {
   EXPECT_NE(attach->message().find("another host"), std::string::npos) << attach->ToString();
 }
 
+// The descriptor limit under which this process can open exactly `spare` more (new descriptors take the lowest
+// free numbers, and open ones above the limit stay open).
+rlim_t LimitWithSpare(int spare) {
+  int fd = 0;
+  for (int free_below = 0; free_below < spare; ++fd) {
+    if (fcntl(fd, F_GETFD) == -1) ++free_below;
+  }
+  return static_cast<rlim_t>(fd);
+}
+
+// A worker short of descriptors (RLIMIT_NOFILE) gets only some of the handoff's 5: the kernel flags the rest as cut
+// off (MSG_CTRUNC). That is the worker's shortage, UNAVAILABLE, so that transport "auto" stays on TCP; it was a
+// PROTOCOL_VIOLATION ("carried 4 descriptors, expected 5"), which failed the join. Without a descriptor for the
+// socket itself it is UNAVAILABLE too, and says so (it said the aggregator was on another host). The worker is a
+// forked child with 0 to 6 descriptors to spare (the aggregator's side keeps the default limit); each attach
+// either succeeds or is UNAVAILABLE and names the shortage.
+TEST(ShmHandoff, AWorkerOutOfDescriptorsIsUnavailableNotAViolation) {
+  enum ChildOutcome { kAttached = 0, kShortInTheHandoff = 1, kShortBeforeIt = 2, kViolation = 3, kOther = 4 };
+  int short_of_descriptors = 0;
+  for (int spare = 0; spare <= 6; ++spare) {
+    PendingOffers pending(PendingOffers::kDefaultCap);
+    asio::io_context io;
+    auto offer = ShmOffer::Create(io.get_executor(), 4096, pending);
+    ASSERT_TRUE(offer.ok()) << offer.status().ToString();
+    const pid_t worker = fork();
+    ASSERT_GE(worker, 0);
+    if (worker == 0) {
+      alarm(30);
+      // The io_context's own descriptors first (its reactor comes with the first socket; a worker has one by
+      // then, its TCP connection): `spare` counts those left for the attach.
+      asio::io_context child_io;
+      asio::local::stream_protocol::socket(child_io).open();
+      rlimit lowered{};
+      getrlimit(RLIMIT_NOFILE, &lowered);
+      lowered.rlim_cur = LimitWithSpare(spare);
+      if (setrlimit(RLIMIT_NOFILE, &lowered) != 0) _exit(kOther);
+      std::optional<Status> attach;
+      asio::co_spawn(child_io, [&]() -> asio::awaitable<void> {
+        auto a = co_await AttachShm(child_io.get_executor(), (*offer)->socket_name(), (*offer)->token(),
+                                    std::chrono::steady_clock::now() + 5s);
+        attach = a.status();
+      }, asio::detached);
+      child_io.run();
+      if (!attach) _exit(kOther);
+      if (attach->ok()) _exit(kAttached);
+      std::fprintf(stderr, "%d to spare: %s\n", spare, attach->ToString().c_str());
+      if (attach->code() == StatusCode::kProtocolViolation) _exit(kViolation);
+      // Cut off in the handoff ("delivered N of 5"), or before it, opening the socket to it.
+      if (attach->code() == StatusCode::kUnavailable &&
+          attach->message().find("out of file descriptors: the shm handoff delivered ") != std::string::npos &&
+          attach->message().find(" of 5 (RLIMIT_NOFILE ") != std::string::npos) {
+        _exit(kShortInTheHandoff);
+      }
+      if (attach->code() == StatusCode::kUnavailable &&
+          attach->message().find("out of file descriptors: cannot open a socket to ") != std::string::npos) {
+        _exit(kShortBeforeIt);
+      }
+      _exit(kOther);
+    }
+    asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+      co_await (*offer)->Handoff(std::chrono::steady_clock::now() + 20s);
+    }, asio::detached);
+    int status = 0;
+    bool exited = false;
+    RunUntil(io, [&] { return exited = exited || waitpid(worker, &status, WNOHANG) == worker; });  // serving it
+    ASSERT_TRUE(WIFEXITED(status)) << spare << " to spare: the worker was killed";
+    EXPECT_NE(WEXITSTATUS(status), kViolation) << spare << " to spare";
+    EXPECT_NE(WEXITSTATUS(status), kOther) << spare << " to spare";
+    if (WEXITSTATUS(status) == kShortInTheHandoff) ++short_of_descriptors;
+  }
+  EXPECT_GT(short_of_descriptors, 0) << "no limit cut the handoff's descriptors short";
+}
+
 // A worker in another network namespace cannot reach the offer, which is how "same host" is decided.
 TEST(ShmHandoff, UnreachableFromAnotherNetworkNamespace) {
   if (geteuid() != 0) GTEST_SKIP() << "needs root to create a network namespace";

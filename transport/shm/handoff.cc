@@ -2,6 +2,7 @@
 
 #include <linux/sockios.h>  // SIOCOUTQ
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
@@ -129,6 +130,15 @@ Result<SegmentFds> ReceiveDescriptors(int socket, bool* again) {
     }
   }
   if (n == 0) return Status(StatusCode::kUnavailable, "the aggregator closed the shm socket without a handoff");
+  if ((msg.msg_flags & MSG_CTRUNC) && received.size() < kFdCount) {
+    // The kernel hands over only the descriptors this process may still open (RLIMIT_NOFILE) and flags the rest as
+    // cut off: a shortage of ours, not a broken handoff, so a worker with transport "auto" stays on TCP.
+    rlimit limit{};
+    getrlimit(RLIMIT_NOFILE, &limit);
+    return Status(StatusCode::kUnavailable,
+                  "out of file descriptors: the shm handoff delivered " + std::to_string(received.size()) + " of " +
+                      std::to_string(kFdCount) + " (RLIMIT_NOFILE " + std::to_string(limit.rlim_cur) + ")");
+  }
   if (byte != kHandoffByte || (msg.msg_flags & MSG_CTRUNC) || received.size() != kFdCount) {
     return ProtocolError("the shm handoff carried " + std::to_string(received.size()) + " descriptors, expected " +
                          std::to_string(kFdCount));
@@ -346,6 +356,11 @@ asio::awaitable<Result<ShmAttachment>> AttachShm(const asio::any_io_executor& ex
   Unix::socket socket(executor);
   transport::Deadline bound(executor, deadline, socket);
   auto [ec] = co_await socket.async_connect(AbstractEndpoint(socket_name), asio::as_tuple(asio::use_awaitable));
+  if (ec == asio::error::no_descriptors || ec.value() == ENFILE) {  // the socket could not even be opened
+    co_return Status(StatusCode::kUnavailable,
+                     "out of file descriptors: cannot open a socket to the aggregator's shared-memory socket @" +
+                         socket_name + " (" + ec.message() + ")");
+  }
   if (ec) {
     co_return Status(StatusCode::kUnavailable, "the aggregator's shared-memory socket @" + socket_name +
                                                    " is not reachable from here (" + ec.message() +
