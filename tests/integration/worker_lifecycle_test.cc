@@ -3,11 +3,13 @@
 // fails, whatever phase of the handshake a connection is in. Every wait here is bounded: a Worker that hangs fails
 // the test instead of hanging it.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -382,6 +384,63 @@ TEST(WorkerLifecycle, ASilentAggregatorEndsTheConstructorAtTheJoinDeadline) {
   }
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
   close(fd);
+  close(listener);
+}
+
+// A worker out of file descriptors (RLIMIT_NOFILE) that cannot open its connection's socket says so: Asio reports
+// a socket it could not open as a cancelled connect, and the constructor failed with "cannot connect: Operation
+// canceled". Forked workers with 0 to 6 descriptors to spare; each ends within its deadlines, none blames a
+// cancellation, and one at least names the shortage.
+TEST(WorkerLifecycle, AWorkerOutOfDescriptorsSaysSoWhenItCannotConnect) {
+  uint16_t port = 0;
+  const int listener = ListenOnLoopback(&port);
+  ASSERT_GE(listener, 0);
+  int named_the_shortage = 0;
+  for (int spare = 0; spare <= 6; ++spare) {
+    int out[2];
+    ASSERT_EQ(pipe(out), 0);
+    const pid_t child = fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+      alarm(30);
+      close(out[0]);
+      int fd = 0;  // the limit under which `spare` descriptors are free (new ones take the lowest free numbers)
+      for (int free_below = 0; free_below < spare; ++fd) {
+        if (fcntl(fd, F_GETFD) == -1) ++free_below;
+      }
+      rlimit lowered{};
+      getrlimit(RLIMIT_NOFILE, &lowered);
+      lowered.rlim_cur = static_cast<rlim_t>(fd);
+      if (setrlimit(RLIMIT_NOFILE, &lowered) != 0) _exit(2);
+      WorkerOptions options;
+      options.aggregators = {"127.0.0.1:" + std::to_string(port)};
+      options.job = 48;
+      options.world_size = 1;
+      options.transport = "tcp";
+      options.connect_timeout = 300ms;
+      options.join_timeout = 300ms;
+      std::string what;
+      try {
+        Worker worker(options);
+        what = "joined";
+      } catch (const std::exception& e) {
+        what = e.what();
+      }
+      (void)!write(out[1], what.data(), what.size());
+      _exit(0);
+    }
+    close(out[1]);
+    std::string what;
+    char buf[1024];
+    for (ssize_t n; (n = read(out[0], buf, sizeof buf)) > 0;) what.append(buf, static_cast<size_t>(n));
+    close(out[0]);
+    int status = 0;
+    ASSERT_EQ(waitpid(child, &status, 0), child);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << spare << " to spare: " << what;
+    EXPECT_EQ(what.find("Operation canceled"), std::string::npos) << spare << " to spare: " << what;
+    if (what.find("cannot open a socket: Too many open files") != std::string::npos) ++named_the_shortage;
+  }
+  EXPECT_GT(named_the_shortage, 0) << "no limit kept the worker from opening its socket";
   close(listener);
 }
 

@@ -125,6 +125,13 @@ asio::awaitable<Status> AggregatorLink::Connect(std::chrono::steady_clock::time_
       last_error = cut->fired ? "no answer within the connect timeout (the host drops or does not answer the "
                                 "connection request)"
                               : cec.message();
+      if (!cut->fired && cec == asio::error::operation_aborted) {
+        // Asio's range connect reports a socket it could not open as cancelled: say why it could not.
+        tcp::socket probe(io_);
+        boost::system::error_code oec;
+        probe.open(endpoints.begin()->endpoint().protocol(), oec);
+        if (oec) last_error = "cannot open a socket: " + oec.message();
+      }
       boost::system::error_code ignored;
       socket_.close(ignored);
     }
@@ -203,6 +210,8 @@ asio::awaitable<Status> AggregatorLink::TakeRdmaOffer(const proto::TransportOffe
                                                   asio::as_tuple(asio::use_awaitable));
   if (ec) co_return Status(StatusCode::kUnavailable, "sending TransportAccept: " + ec.message());
   Count(written);
+  // Closed while the accept was written: Close() has run against the TCP channel, and would not end this one.
+  if (closing_) co_return Status(StatusCode::kAborted, "the connection was closed while it moved to RDMA");
   UseChannel(rdma::RdmaConnection::MakeChannel(std::move(*connection), std::move(*socket), io_.get_executor()));
   co_return Status::Ok();
 #else

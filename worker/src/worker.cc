@@ -400,15 +400,19 @@ void Worker::Impl::StartNext() {
   deadline_.expires_at(worker::DeadlineAfter(a.start, options_.collective_timeout));
   deadline_.async_wait([this, seq](const boost::system::error_code& ec) {
     if (ec || !active_ || active_->collective->seq() != seq) return;
-    std::string waiting;
+    std::string waiting, writing;  // aggregators yet to answer; those answered, with frames still to write
     for (auto& link : links_) {
       if (!active_->collective->AggregatorDone(link->index()) || !active_->accepted[link->index()]) {
         waiting += (waiting.empty() ? "" : ", ") + link->Name();
+      } else if (!link->writer_idle()) {
+        writing += (writing.empty() ? "" : ", ") + link->Name();
       }
     }
+    std::string what = "still waiting on " + waiting;
+    if (waiting.empty()) what = "its last frames to " + writing + " are still being written";
     Fail(Status(StatusCode::kDeadlineExceeded, "collective " + std::to_string(seq) + " did not complete within " +
                                                    std::to_string(options_.collective_timeout.count()) +
-                                                   " ms (collective_timeout); still waiting on " + waiting));
+                                                   " ms (collective_timeout); " + what));
   });
   StartSlots(seq, 0);
 }

@@ -92,7 +92,7 @@ struct WorkerOptions {
   // net.core.wmem_max) bounds each connection's data in flight so they advance together (BENCHMARKS.md: 10 %
   // full overlap 19 % faster at 100 Mbit/s). It also caps a connection at about 2 x value per round trip:
   // keep 0 where the link's bandwidth-delay product exceeds A x 2 x value (25 Gbit/s x 100 us = 312 KB).
-  uint32_t tcp_send_buffer = 0;
+  uint32_t tcp_send_buffer = 0;  // at most 1 GiB (INVALID_ARGUMENT above)
   // When an allreduce fails, put the caller's input back (bit for bit) so the step can be retried with a new
   // Worker. Costs a copy of the tensor's nonzero blocks per collective. false: no copy, and after a failure the
   // tensor's blocks hold their input or their sum (part of it where a read was cut short); collectives queued
@@ -191,8 +191,9 @@ class Worker {
   // Fails every allreduce queued or in flight with ABORTED and says goodbye to the aggregators (the other ranks get
   // PEER_LEFT naming this one); the Worker is unusable afterwards. Returns at once; the futures become ready, the
   // tensors restored with restore_on_failure, once no write reads them any more (at most about 0.5 s). For a
-  // caller that gives up, e.g. on Ctrl-C, without waiting for the collective timeout. Thread-safe. Does nothing in
-  // a child of fork() (see ~Worker).
+  // caller that gives up, e.g. on Ctrl-C, without waiting for the collective timeout. Thread-safe, but not
+  // async-signal-safe (it allocates and locks): call it from a thread that noticed the signal, not from a signal
+  // handler. Does nothing in a child of fork() (see ~Worker).
   void abort();
 
   // The transport of each aggregator connection ("tcp", "shm" or "rdma"), in the order of options().aggregators.
