@@ -12,8 +12,10 @@ message names the job, rank and aggregator and whose .code is a stable name. For
 sparsereduce.torch.
 """
 
+import atexit
 import pkgutil
 import sys
+import threading
 
 # The extension is built into build/python/sparsereduce/ while this file stays in the source tree: let the
 # package span both when both are on sys.path (installed, they are one directory).
@@ -23,6 +25,38 @@ from ._sparsereduce import Codec, CollectiveStats, Error, Handle  # noqa: E402
 from ._sparsereduce import Worker as _Worker  # noqa: E402
 
 __all__ = ["Codec", "CollectiveStats", "Error", "Handle", "Worker", "as_buffer"]
+
+# Interpreter exit. The extension registered an atexit hook when it was imported (just above); after it has run, a
+# thread that comes back from a wait in the extension sleeps until the process ends (module.cc, ExitGate). So the
+# process group's and the DDP hook state's shutdowns, which stop and join such threads, must run at exit before it:
+# from this package's own atexit hook, registered after the extension's (atexit runs hooks last registered first).
+# weakref.finalize's atexit hook would not do: it is registered when the process creates its first finalize (e.g.
+# tempfile.TemporaryDirectory() before `import sparsereduce`), and then runs after the extension's.
+_exit_finalizers = []  # weakref.finalize objects, oldest first; they hold no reference to their object
+_exit_finalizers_lock = threading.Lock()
+
+
+def _finalize_before_extension_exit(finalizer):
+    """Runs `finalizer` (a weakref.finalize) from this package's atexit hook, not weakref's, if it is still alive
+    at exit."""
+    finalizer.atexit = False
+    with _exit_finalizers_lock:
+        _exit_finalizers[:] = [f for f in _exit_finalizers if f.alive]
+        _exit_finalizers.append(finalizer)
+
+
+def _run_exit_finalizers():
+    with _exit_finalizers_lock:
+        finalizers = _exit_finalizers[::-1]  # newest first, as weakref.finalize's own hook does
+        _exit_finalizers.clear()
+    for finalizer in finalizers:
+        try:
+            finalizer()
+        except Exception:  # noqa: BLE001  (as weakref.finalize's hook: report it and go on with the others)
+            sys.excepthook(*sys.exc_info())
+
+
+atexit.register(_run_exit_finalizers)
 
 
 def _codec(codec):

@@ -28,6 +28,7 @@ import collections
 import os
 import secrets
 import threading
+import warnings
 import weakref
 from datetime import timedelta
 
@@ -44,6 +45,8 @@ _MAX_TIMEOUT_S = 365 * 24 * 3600.0  # the Worker's limit; torch allows longer
 # Finished Works that no one waited on nor asked for a future: kept this many, newest first, since C++ may still
 # hold one and call wait() on it (see Work).
 _UNCONSUMED_KEPT = 16
+# How long a shutdown waits for a completion thread, which ends within a wait slice once its Worker is aborted.
+_JOIN_S = 5.0
 # Jobs of live groups taken from SPARSEREDUCE_JOB: a second group with the same would join the first one's job.
 _env_jobs = set()
 _env_jobs_lock = threading.Lock()
@@ -190,19 +193,32 @@ def _complete_in_order(shared):
 
 
 def _shut_down(shared, completer, env_job):
-    """The group's finalizer: leaves the job without waiting for peers. What is still in flight then has no one to
-    wait for it (the group is gone), so it is aborted rather than left to run into its deadline."""
+    """The group's finalizer (also at interpreter exit, before the extension's exit hook: see sparsereduce's
+    _finalize_before_extension_exit): leaves the job without waiting for peers. What is still in flight then has no
+    one to wait for it (the group is gone), so it is aborted rather than left to run into its deadline; the
+    completion thread then ends within a wait slice. The join is bounded all the same (a future's callback runs
+    on that thread), and skipped on that thread itself (garbage collection may run the finalizer there)."""
     with shared.ready:
         if shared.pending:
             shared.worker.abort()
         shared.stopping = True
         shared.ready.notify_all()
-    completer.join()
+    _join(completer)
     _ctrl_c.unregister(shared.worker)
     shared.worker.close()
     if env_job is not None:
         with _env_jobs_lock:
             _env_jobs.discard(env_job)
+
+
+def _join(thread):
+    """Joins a completion thread for at most _JOIN_S; warns if it is still running then."""
+    if thread is threading.current_thread():
+        return
+    thread.join(_JOIN_S)
+    if thread.is_alive():
+        warnings.warn(f"sparsereduce: the completion thread {thread.name} did not end within {_JOIN_S} s of the "
+                      "shutdown; leaving it behind", RuntimeWarning, stacklevel=2)
 
 
 class ProcessGroup(dist.ProcessGroup):
@@ -249,6 +265,7 @@ class ProcessGroup(dist.ProcessGroup):
         completer.start()
         _ctrl_c.register(worker)
         self._finalizer = weakref.finalize(self, _shut_down, self._shared, completer, env_job)
+        sparsereduce._finalize_before_extension_exit(self._finalizer)
 
     @property
     def error(self):

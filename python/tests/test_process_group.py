@@ -10,6 +10,9 @@ every rank; destroy with a collective in flight; DDP without a comm hook against
 import torch_required  # noqa: F401  (fails clearly without torch)
 
 import gc
+import os
+import subprocess
+import sys
 import time
 import weakref
 from datetime import timedelta
@@ -111,6 +114,20 @@ def test_ddp_without_a_comm_hook_matches_ddp_on_gloo(aggregator, tmp_path):
             # the int32 used-parameter map, which DDP waits on from C++ (Work.wait through torch's trampoline).
             assert out[("collectives", find_unused)] >= (2 if find_unused else 1) * child.DDP_STEPS, out
     assert results[0][("gloo", False)]["losses"] != results[1][("gloo", False)]["losses"]  # a real reduction
+
+
+def test_exit_with_a_collective_in_flight_ends_promptly(aggregator, job):
+    """A script that ends while a collective is in flight (rank 1 never joins it) exits at once with status 0. The
+    group's shutdown used to run from weakref.finalize's atexit hook, which runs after the extension's own exit hook
+    when a weakref.finalize existed before sparsereduce was imported (tempfile.TemporaryDirectory makes one): it then
+    joined a completion thread that the extension had parked for good, and the process hung forever."""
+    start = time.monotonic()
+    child = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "exit_in_flight_child.py"),
+                            aggregator, str(job), "group"], capture_output=True, text=True, timeout=30,
+                           env={**os.environ, "SPARSEREDUCE_AGGREGATORS": aggregator, "SPARSEREDUCE_JOB": ""})
+    assert child.returncode == 0, (child.returncode, child.stderr)
+    assert "the script ends" in child.stdout, child.stdout
+    assert time.monotonic() - start < 20, "the exit waited for the collective's 30 s deadline"
 
 
 @pytest.fixture
