@@ -83,16 +83,12 @@ class Work(dist.Work):
         the group's timeout); Ctrl-C raises KeyboardInterrupt within about 0.1 s."""
         self._consumed = True
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else timeout
-        on_main_thread = threading.current_thread() is threading.main_thread()
-        if on_main_thread:  # Ctrl-C here raises KeyboardInterrupt by itself: no abort (see _complete_in_order)
-            self._shared.main_thread_waits += 1
         try:
-            self._handle.wait(seconds or None)
+            # Ctrl-C on the main thread raises KeyboardInterrupt here by itself: no abort (see _complete_in_order)
+            with _ctrl_c.main_thread_waits():
+                self._handle.wait(seconds or None)
         except sparsereduce.Error:
             pass  # _finish takes it from the handle
-        finally:
-            if on_main_thread:
-                self._shared.main_thread_waits -= 1
         self._finish()
         if self.error is not None:
             raise self.error
@@ -158,15 +154,15 @@ class _Shared:
         self.stopping = False
         self.unconsumed = collections.deque(maxlen=_UNCONSUMED_KEPT)
         self.error = None
-        self.main_thread_waits = 0  # Work.wait calls on the main thread in progress
 
 
 def _complete_in_order(shared):
     """The group's completion thread: finishes each Work once its collective ended (collectives end in submission
     order), so that futures complete without anyone calling wait(). Polls for Ctrl-C between slices of a wait, as
     sparsereduce.torch does for DDP, whose backward() waits in C++ where Python runs no signal handlers: the
-    Worker is aborted so that the wait ends. Not while the main thread waits in Work.wait, which raises
-    KeyboardInterrupt itself and leaves the collective running, as Handle.wait does."""
+    Worker is aborted so that the wait ends. Not for a SIGINT that came while the main thread waited in Work.wait
+    or barrier(), which raise KeyboardInterrupt themselves and leave the collective running, as Handle.wait does
+    (_CtrlC.main_thread_waits)."""
     while True:
         with shared.ready:
             while not shared.pending and not shared.stopping:
@@ -179,8 +175,7 @@ def _complete_in_order(shared):
                 work._handle.wait(timeout=_WAIT_SLICE_S)
                 break
             except TimeoutError:
-                if not shared.main_thread_waits:
-                    _ctrl_c.poll()  # on Ctrl-C the Worker is aborted: the next wait raises ABORTED
+                _ctrl_c.poll()  # on Ctrl-C the Worker is aborted: the next wait raises ABORTED
             except sparsereduce.Error:
                 break
         work._finish()
@@ -302,7 +297,8 @@ class ProcessGroup(dist.ProcessGroup):
         last = self._last_work() if self._last_work is not None else None
         if last is not None:
             try:
-                last._handle.wait()
+                with _ctrl_c.main_thread_waits():  # Ctrl-C: KeyboardInterrupt, the collective keeps running
+                    last._handle.wait()
             except sparsereduce.Error:
                 pass
         return self.gloo.barrier() if opts is None else self.gloo.barrier(opts)

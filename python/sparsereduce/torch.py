@@ -39,6 +39,7 @@ KeyboardInterrupt follows (see _CtrlC; python/README.md).
 """
 
 import collections
+import contextlib
 import itertools
 import os
 import queue
@@ -72,12 +73,16 @@ class _CtrlC:
     Only a SIGINT of this process that comes while DDP waits counts: every hook call drops the bytes of earlier
     ones (Python has raised their KeyboardInterrupt in the main thread by the time a hook runs there; a program
     that caught it and went on must not see its next slow bucket aborted), and a forked child (a DataLoader or
-    multiprocessing worker) gives the descriptor up, so that its SIGINTs do not reach the parent's socket."""
+    multiprocessing worker) gives the descriptor up, so that its SIGINTs do not reach the parent's socket.
+    Nor does one that comes while the main thread waits in the extension itself (the process group's Work.wait
+    and barrier, see main_thread_waits): that wait raises KeyboardInterrupt by itself and leaves the collective
+    running; its bytes are dropped when the wait ends, so that no completion thread finds them later."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._workers = weakref.WeakSet()
         self._reader = self._writer = None
+        self._main_thread_waits = 0  # main_thread_waits() in progress
         os.register_at_fork(after_in_child=self._after_fork_in_child)
 
     def register(self, worker):
@@ -98,6 +103,23 @@ class _CtrlC:
     def unregister(self, worker):
         with self._lock:
             self._workers.discard(worker)
+
+    @contextlib.contextmanager
+    def main_thread_waits(self):
+        """Around a wait in the extension (Handle.wait) that raises KeyboardInterrupt by itself on the main thread:
+        meanwhile poll() aborts nothing, and at its end the SIGINTs that came during it are dropped (Python raises
+        their KeyboardInterrupt in the main thread, in the wait or just after it). Nothing on other threads."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        with self._lock:
+            self._main_thread_waits += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._main_thread_waits -= 1
+                self._drain()
 
     def forget_earlier(self):
         """Drops the SIGINTs that came before now (see the class). Only on the main thread, where Python has
@@ -121,6 +143,7 @@ class _CtrlC:
     def _after_fork_in_child(self):
         self._lock = threading.Lock()  # another thread may have held it at the fork
         self._workers = weakref.WeakSet()  # the parent's; unusable here anyway
+        self._main_thread_waits = 0  # the forking thread is the child's only one
         if self._reader is None:
             return
         try:
@@ -137,6 +160,8 @@ class _CtrlC:
         """Aborts the registered Workers if SIGINT came since the last poll and Python would raise
         KeyboardInterrupt for it."""
         with self._lock:
+            if self._main_thread_waits:
+                return  # the main thread's wait takes this SIGINT (see main_thread_waits)
             received = self._drain()
             if signal.SIGINT not in received or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
                 return

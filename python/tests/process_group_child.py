@@ -5,6 +5,9 @@ check against references it computes itself.
 """
 
 import os
+import signal
+import sys
+import threading
 import time
 from datetime import timedelta
 
@@ -165,6 +168,85 @@ def destroy_in_flight(rank, world_size, out_dir):
     return out
 
 
+def _interrupted(rank, out_dir, interrupt_in):
+    """Rank 0 gets SIGINT while it waits on the main thread (interrupt_in: 'wait', Work.wait, or 'barrier', which
+    first waits for the group's sparsereduce collectives) for an allreduce that rank 1 joins only afterwards. The
+    KeyboardInterrupt must leave the collective running: rank 0's completion thread polls the wakeup socket again
+    (awaited here) before rank 1 joins, and a later wait() then returns the sum, as does a second allreduce."""
+    group = _group()
+    out = {"job": group.worker.job}
+    flag = os.path.join(out_dir, "rank0-interrupted")
+    if rank == 0:
+        t = torch.full((1000,), 1.0)
+        work = dist.all_reduce(t, async_op=True)
+        # SIGINT once the main thread calls into the handle's blocking wait (a profile hook sees the C call), so
+        # that it arrives while the main thread waits, not in Python code before.
+        blocking = threading.Event()
+
+        def profile(frame, event, arg):
+            if event == "c_call" and getattr(arg, "__name__", "") == "wait":
+                blocking.set()
+
+        def interrupt():
+            if blocking.wait(timeout=TIMEOUT_S):
+                os.kill(os.getpid(), signal.SIGINT)
+
+        threading.Thread(target=interrupt, daemon=True).start()
+        start = time.monotonic()
+        try:
+            sys.setprofile(profile)
+            if interrupt_in == "wait":
+                work.wait()
+            else:
+                group.barrier()
+            out["outcome"] = "returned"
+        except KeyboardInterrupt:
+            out["outcome"] = "KeyboardInterrupt"
+        finally:
+            sys.setprofile(None)
+        out["interrupted_after"] = time.monotonic() - start
+        # Two polls of the completion thread after the interrupted wait (the first may have begun during it): the
+        # SIGINT is not one for it to act on.
+        polled = threading.Semaphore(0)
+        poll = spg._ctrl_c.poll
+
+        def counting_poll():
+            poll()
+            polled.release()
+
+        spg._ctrl_c.poll = counting_poll
+        out["polled"] = all(polled.acquire(timeout=TIMEOUT_S) for _ in range(2))
+        del spg._ctrl_c.poll
+        out["completed_before_rank1"] = work.is_completed()
+        open(flag, "w").close()
+        try:
+            out["wait"] = work.wait()
+        except Exception as e:  # noqa: BLE001  (the parent checks what it was)
+            out["wait"] = (getattr(e, "code", None), str(e))
+        out["sum"] = t
+    else:
+        deadline = time.monotonic() + TIMEOUT_S
+        while not os.path.exists(flag) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        out["saw_flag"] = os.path.exists(flag)
+        t = torch.full((1000,), 2.0)
+        dist.all_reduce(t)
+        out["sum"] = t
+    t = torch.full((10,), float(rank + 1))
+    dist.all_reduce(t)
+    out["second_sum"] = t
+    out["error"] = None if group.error is None else str(group.error)
+    return out
+
+
+def interrupted_wait(rank, world_size, out_dir):
+    return _interrupted(rank, out_dir, "wait")
+
+
+def interrupted_barrier(rank, world_size, out_dir):
+    return _interrupted(rank, out_dir, "barrier")
+
+
 class _SmallModel(nn.Module):
     def __init__(self, with_unused):
         super().__init__()
@@ -212,7 +294,8 @@ def ddp(rank, world_size, out_dir):
     return out
 
 
-SCENARIOS = {f.__name__: f for f in (collectives, size_mismatch, destroy_in_flight, ddp)}
+SCENARIOS = {f.__name__: f for f in (collectives, size_mismatch, destroy_in_flight, interrupted_wait,
+                                      interrupted_barrier, ddp)}
 
 
 def run(rank, world_size, scenario, store_path, environment, out_dir):

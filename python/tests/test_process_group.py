@@ -100,6 +100,22 @@ def test_destroying_the_group_with_a_collective_in_flight_does_not_wait(aggregat
     assert first["closed"] and second["closed"]
 
 
+@pytest.mark.parametrize("scenario", ["interrupted_wait", "interrupted_barrier"])
+def test_ctrl_c_in_wait_or_barrier_leaves_the_collective_running(aggregator, tmp_path, scenario):
+    """SIGINT while rank 0's main thread waits in Work.wait() or barrier() for a collective that rank 1 joins only
+    later: KeyboardInterrupt at once, and the collective keeps running (a later wait() returns the sum; the Worker
+    still works). The completion thread used to find the SIGINT in the wakeup socket once the wait was left, and
+    aborted the Worker (ABORTED on both ranks)."""
+    first, second = spawn(scenario, aggregator, tmp_path)
+    assert first["outcome"] == "KeyboardInterrupt" and first["interrupted_after"] < 5, first
+    assert first["polled"] and not first["completed_before_rank1"] and second["saw_flag"], (first, second)
+    assert first["wait"] is True, first["wait"]
+    for out in (first, second):
+        assert torch.equal(out["sum"], torch.full((1000,), 3.0)), out
+        assert torch.equal(out["second_sum"], torch.full((10,), 3.0)), out
+        assert out["error"] is None, out["error"]
+
+
 def test_ddp_without_a_comm_hook_matches_ddp_on_gloo(aggregator, tmp_path):
     """With 2 ranks both compute g0/2 + g1/2: losses and parameters must be bit-identical."""
     results = spawn("ddp", aggregator, tmp_path)
