@@ -28,7 +28,6 @@ import collections
 import os
 import secrets
 import threading
-import warnings
 import weakref
 from datetime import timedelta
 
@@ -36,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 import sparsereduce
-from sparsereduce.torch import _WAIT_SLICE_S, _ctrl_c, _value_or_raise
+from sparsereduce.torch import _WAIT_SLICE_S, _ctrl_c, _join, _value_or_raise
 
 BACKEND = "sparsereduce"
 STATELESS_CODECS = ("none", "fp16", "bf16")
@@ -45,8 +44,6 @@ _MAX_TIMEOUT_S = 365 * 24 * 3600.0  # the Worker's limit; torch allows longer
 # Finished Works that no one waited on nor asked for a future: kept this many, newest first, since C++ may still
 # hold one and call wait() on it (see Work).
 _UNCONSUMED_KEPT = 16
-# How long a shutdown waits for a completion thread, which ends within a wait slice once its Worker is aborted.
-_JOIN_S = 5.0
 # Jobs of live groups taken from SPARSEREDUCE_JOB: a second group with the same would join the first one's job.
 _env_jobs = set()
 _env_jobs_lock = threading.Lock()
@@ -204,16 +201,6 @@ def _shut_down(shared, completer, env_job):
     if env_job is not None:
         with _env_jobs_lock:
             _env_jobs.discard(env_job)
-
-
-def _join(thread):
-    """Joins a completion thread for at most _JOIN_S; warns if it is still running then."""
-    if thread is threading.current_thread():
-        return
-    thread.join(_JOIN_S)
-    if thread.is_alive():
-        warnings.warn(f"sparsereduce: the completion thread {thread.name} did not end within {_JOIN_S} s of the "
-                      "shutdown; leaving it behind", RuntimeWarning, stacklevel=2)
 
 
 class ProcessGroup(dist.ProcessGroup):

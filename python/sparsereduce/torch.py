@@ -46,6 +46,7 @@ import queue
 import signal
 import socket
 import threading
+import warnings
 import weakref
 
 import torch
@@ -80,14 +81,14 @@ class _CtrlC:
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._workers = weakref.WeakSet()
+        self._workers = weakref.WeakKeyDictionary()  # Worker -> how many registered it (states may share one)
         self._reader = self._writer = None
         self._main_thread_waits = 0  # main_thread_waits() in progress
         os.register_at_fork(after_in_child=self._after_fork_in_child)
 
     def register(self, worker):
         with self._lock:
-            self._workers.add(worker)
+            self._workers[worker] = self._workers.get(worker, 0) + 1
             if self._reader is None and threading.current_thread() is threading.main_thread():
                 reader, writer = socket.socketpair()
                 reader.setblocking(False)
@@ -102,7 +103,9 @@ class _CtrlC:
 
     def unregister(self, worker):
         with self._lock:
-            self._workers.discard(worker)
+            count = self._workers.pop(worker, 0) - 1
+            if count > 0:
+                self._workers[worker] = count
 
     @contextlib.contextmanager
     def main_thread_waits(self):
@@ -142,7 +145,7 @@ class _CtrlC:
 
     def _after_fork_in_child(self):
         self._lock = threading.Lock()  # another thread may have held it at the fork
-        self._workers = weakref.WeakSet()  # the parent's; unusable here anyway
+        self._workers = weakref.WeakKeyDictionary()  # the parent's; unusable here anyway
         self._main_thread_waits = 0  # the forking thread is the child's only one
         if self._reader is None:
             return
@@ -172,6 +175,8 @@ class _CtrlC:
 
 _ctrl_c = _CtrlC()
 _WAIT_SLICE_S = 0.1  # how often a completion thread looks for Ctrl-C
+# How long a shutdown waits for a completion thread, which ends within a wait slice once told to.
+_JOIN_S = 5.0
 
 
 def _next_key_space(worker):
@@ -179,6 +184,18 @@ def _next_key_space(worker):
     with _key_space_lock:
         spaces = worker.__dict__.setdefault("_sparsereduce_key_spaces", itertools.count())
         return next(spaces)
+
+
+class _Completion:
+    """What a SparseReduceState shares with its completion thread and its finalizer. Neither holds the state, so
+    that a state dropped without close() (its DDP module gone) is collected and its finalizer ends the thread."""
+
+    def __init__(self, record):
+        self.pending = queue.SimpleQueue()  # (handle, future, buffer, index) per bucket; None: stop
+        self.record = record
+        self.records = []
+        self.error = None
+        self.dropped = False  # set by the finalizer: stop waiting
 
 
 class SparseReduceState:
@@ -190,25 +207,30 @@ class SparseReduceState:
     error: None, or the first failure of a bucket's allreduce (a sparsereduce.Error with its .code); DDP's
     backward() raises a RuntimeError carrying its message, as torch 1.13 cannot hand the exception itself through.
     key_space: the high 32 bits of this state's bucket keys; None takes the Worker's next (0 for its first
-    state), so states sharing a Worker must be created in the same order on every rank."""
+    state), so states sharing a Worker must be created in the same order on every rank.
+
+    close() leaves the job. A state dropped without it (and at interpreter exit) only stops its completion
+    thread: the buckets still in flight go on as the collectives of dropped Handles do (README), and the Worker,
+    once nothing else holds it (from_process_group's state holds the only reference), is collected, which
+    aborts them and leaves the job."""
 
     def __init__(self, worker, *, record=False, key_space=None):
-        self.worker = worker
-        self.world_size = worker.world_size
-        self.record = record
-        self.error = None
         self.key_space = _next_key_space(worker) if key_space is None else int(key_space)
         if not 0 <= self.key_space < 1 << (64 - KEY_SPACE_BITS):
             raise ValueError(f"sparsereduce: key_space must be from 0 to {(1 << (64 - KEY_SPACE_BITS)) - 1}, got "
                              f"{key_space}")
-        self._records = []
+        self.worker = worker
+        self.world_size = worker.world_size
+        self._completion = _Completion(record)
         self._layouts = {}  # bucket index -> ids of its parameters at its last reduction
-        self._pending = queue.SimpleQueue()
         # Collectives finish in submission order, so one thread waiting on them in that order completes every
         # future as early as possible. It waits with the GIL released (Handle.wait).
-        self._completer = threading.Thread(target=self._complete_in_order, name="sparsereduce-ddp", daemon=True)
+        self._completer = threading.Thread(target=_complete_in_order, args=(self._completion,),
+                                           name="sparsereduce-ddp", daemon=True)
         self._completer.start()
         _ctrl_c.register(worker)
+        self._finalizer = weakref.finalize(self, _stop, self._completion, self._completer, worker)
+        sparsereduce._finalize_before_extension_exit(self._finalizer)
 
     @classmethod
     def from_process_group(cls, aggregators, job, process_group=None, *, record=False, **worker_options):
@@ -220,40 +242,89 @@ class SparseReduceState:
         worker = sparsereduce.Worker(aggregators, job, rank, world_size, **worker_options)
         return cls(worker, record=record)
 
+    @property
+    def record(self):
+        return self._completion.record
+
+    @record.setter
+    def record(self, value):
+        self._completion.record = value
+
+    @property
+    def error(self):
+        return self._completion.error
+
+    @error.setter
+    def error(self, value):
+        self._completion.error = value
+
     def take_records(self):
         """The BucketRecords since the last call (record=True), in reduction order."""
-        records, self._records = self._records, []
+        records, self._completion.records = self._completion.records, []
         return records
 
     def close(self):
         """Stops the completion thread and leaves the job (states sharing the Worker stop working too). Call after
         the last backward has finished."""
-        self._pending.put(None)
-        self._completer.join()
-        _ctrl_c.unregister(self.worker)
+        self._completion.pending.put(None)
+        self._completer.join()  # after the buckets still queued: their collectives end by their deadline
+        self._finalizer()
         self.worker.close()
 
-    def _complete_in_order(self):
-        while True:
-            item = self._pending.get()
-            if item is None:
-                return
-            handle, future, buffer, index = item
-            try:
-                while True:
-                    try:
-                        handle.wait(timeout=_WAIT_SLICE_S)
+
+def _complete_in_order(completion):
+    """A state's completion thread: fulfils the hook's futures in order. Once the state is gone (_stop), it stops
+    waiting and lets go of what is still queued: those handles go to the Worker's orphans."""
+    while True:
+        item = completion.pending.get()
+        if item is None or completion.dropped:
+            break
+        handle, future, buffer, index = item
+        del item
+        try:
+            while True:
+                try:
+                    handle.wait(timeout=_WAIT_SLICE_S)
+                    break
+                except TimeoutError:
+                    if completion.dropped:
                         break
-                    except TimeoutError:
-                        _ctrl_c.poll()  # on Ctrl-C the Worker is aborted: the next wait raises ABORTED
-            except BaseException as error:  # the hook's future fails with it (see allreduce_hook)
-                if self.error is None:
-                    self.error = error
-                future.set_exception(error)
-                continue
-            if self.record:
-                self._records.append(BucketRecord(index, buffer, handle.stats))
-            future.set_result(buffer)
+                    _ctrl_c.poll()  # on Ctrl-C the Worker is aborted: the next wait raises ABORTED
+        except BaseException as error:  # the hook's future fails with it (see allreduce_hook)
+            if completion.error is None:
+                completion.error = error
+            future.set_exception(error)
+            continue
+        if completion.dropped:
+            break
+        if completion.record:
+            completion.records.append(BucketRecord(index, buffer, handle.stats))
+        future.set_result(buffer)
+    while True:  # the queue may hold more buckets (dropped) and close()'s or _stop's None
+        try:
+            completion.pending.get_nowait()
+        except queue.Empty:
+            return
+
+
+def _stop(completion, completer, worker):
+    """A state's finalizer (close(), garbage collection, interpreter exit before the extension's exit hook):
+    ends the completion thread within a wait slice, without waiting for the buckets in flight."""
+    completion.dropped = True
+    completion.pending.put(None)
+    _join(completer)
+    _ctrl_c.unregister(worker)
+
+
+def _join(thread):
+    """Joins a completion thread for at most _JOIN_S (skipped on that thread itself: garbage collection may run a
+    finalizer there); warns if it is still running then."""
+    if thread is threading.current_thread():
+        return
+    thread.join(_JOIN_S)
+    if thread.is_alive():
+        warnings.warn(f"sparsereduce: the completion thread {thread.name} did not end within {_JOIN_S} s of the "
+                      "shutdown; leaving it behind", RuntimeWarning, stacklevel=2)
 
 
 def allreduce_hook(state, bucket):
@@ -280,7 +351,7 @@ def allreduce_hook(state, bucket):
     _ctrl_c.forget_earlier()  # a Ctrl-C before this bucket is not one of its wait (see _CtrlC)
     handle = state.worker.allreduce_async(buffer, key=state.key_space << KEY_SPACE_BITS | index, codec=codec)
     future = torch.futures.Future()
-    state._pending.put((handle, future, buffer, index))
+    state._completion.pending.put((handle, future, buffer, index))
     return future.then(_value_or_raise)
 
 

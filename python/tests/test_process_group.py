@@ -143,6 +143,7 @@ def test_exit_with_a_collective_in_flight_ends_promptly(aggregator, job):
                            env={**os.environ, "SPARSEREDUCE_AGGREGATORS": aggregator, "SPARSEREDUCE_JOB": ""})
     assert child.returncode == 0, (child.returncode, child.stderr)
     assert "the script ends" in child.stdout, child.stdout
+    assert "did not end within" not in child.stderr, child.stderr  # the bounded join gave up on the thread
     assert time.monotonic() - start < 20, "the exit waited for the collective's 30 s deadline"
 
 

@@ -2,17 +2,21 @@
 
 import torch_required  # noqa: F401  (fails clearly without torch)
 
+import gc
 import json
 import os
 import subprocess
 import sys
+import time
 import warnings
+import weakref
 
 import pytest
 import torch
 
 import sparsereduce
 import sparsereduce.torch as srt
+from child_workers import join_two_ranks
 from conftest import FAST, run_ranks
 
 
@@ -285,3 +289,80 @@ def test_ctrl_c_that_is_not_of_a_ddp_wait_aborts_nothing(aggregator, job):
     assert result["after_caught_ctrl_c"] == [[1.0, 1.0], [1.0, 1.0]], result
     assert result["after_child_ctrl_c"] == [[1.0, 1.0], [1.0, 1.0]], result
     assert result["errors"] == [None, None], result
+
+
+def test_exit_with_a_bucket_in_flight_ends_promptly(aggregator, job):
+    """A script that ends while a state's bucket is in flight (rank 1 never joins it) exits at once with status 0:
+    the state's shutdown (its completion thread stopped and joined) runs before the extension's exit hook, even
+    when a weakref.finalize existed before sparsereduce was imported (see exit_in_flight_child.py). Run from
+    weakref.finalize's own atexit hook, after the extension's, the join gave up after 5 s with a RuntimeWarning."""
+    start = time.monotonic()
+    child = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "exit_in_flight_child.py"),
+                            aggregator, str(job), "state"], capture_output=True, text=True, timeout=30)
+    assert child.returncode == 0, (child.returncode, child.stderr)
+    assert "the script ends" in child.stdout, child.stdout
+    assert "did not end within" not in child.stderr, child.stderr  # the bounded join gave up on the thread
+    assert time.monotonic() - start < 20, "the exit waited for the collective's 30 s deadline"
+
+
+class _FakeBucket:
+    """What the hook uses of torch.distributed.GradBucket."""
+
+    def __init__(self, buffer, index=0):
+        self._buffer, self._index = buffer, index
+
+    def buffer(self):
+        return self._buffer
+
+    def index(self):
+        return self._index
+
+    def parameters(self):
+        return []
+
+
+def _collected(*references, within=5.0):
+    deadline = time.monotonic() + within
+    while any(r() is not None for r in references) and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.01)  # poll interval: nothing signals a collection
+    return all(r() is None for r in references)
+
+
+def test_a_state_dropped_without_close_ends_its_thread_and_lets_its_worker_go(aggregator, job):
+    """A state that is dropped without close() (its DDP module gone) is collected: its completion thread ends and
+    its Worker, once no one else holds it, is collected too and leaves the job (the same rank can join it again).
+    The thread's target used to be the state's bound method, which kept the state, its Worker and the thread
+    alive until the process ended."""
+    worker = sparsereduce.Worker(aggregator, job, 0, 1, **FAST)
+    state = srt.SparseReduceState(worker)
+    thread, states, workers = state._completer, weakref.ref(state), weakref.ref(worker)
+    srt.allreduce_hook(state, _FakeBucket(torch.ones(10))).wait()
+    del state, worker
+    thread.join(timeout=5)
+    assert not thread.is_alive()
+    assert _collected(states, workers)
+    with sparsereduce.Worker(aggregator, job, 0, 1, **FAST) as again:  # rank 0 left: it may join again
+        assert again.allreduce(torch.ones(3)).tolist() == [1.0, 1.0, 1.0]
+
+
+def test_a_state_dropped_with_a_bucket_in_flight_stops_waiting_for_it(aggregator, job):
+    """Dropped while a bucket's collective is in flight (rank 1 never joins it): the completion thread stops
+    waiting at once and lets the handle go to the Worker's orphans; collecting the Worker then aborts the
+    collective, so rank 1 fails at once instead of waiting for the collective's deadline (20 s)."""
+    workers = join_two_ranks(aggregator, job)
+    state = srt.SparseReduceState(workers[0])
+    thread, worker_ref = state._completer, weakref.ref(workers[0])
+    srt.allreduce_hook(state, _FakeBucket(torch.ones(10)))
+    start = time.monotonic()
+    del state
+    workers[0] = None
+    thread.join(timeout=5)
+    assert not thread.is_alive()
+    assert _collected(worker_ref)
+    assert time.monotonic() - start < 5
+    with pytest.raises(sparsereduce.Error) as info:
+        workers[1].allreduce(torch.ones(10))
+    assert info.value.code in ("PEER_LEFT", "ABORTED"), info.value.code
+    assert time.monotonic() - start < 10
+    workers[1].close()
