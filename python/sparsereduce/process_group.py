@@ -261,6 +261,10 @@ class ProcessGroup(dist.ProcessGroup):
         return BACKEND
 
     def allreduce(self, tensors, opts=None):
+        """torch 1.13's overloads: allreduce(tensors, opts), allreduce(tensors, op) and allreduce(tensor, op) (one
+        tensor, not in a list; with opts too)."""
+        if isinstance(tensors, torch.Tensor):
+            tensors = [tensors]
         if opts is None:
             opts = dist.AllreduceOptions()
         elif isinstance(opts, dist.ReduceOp):  # the allreduce(tensors, op) overload

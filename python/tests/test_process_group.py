@@ -255,3 +255,32 @@ def test_finished_works_stay_alive_for_cpp_until_waited_on_or_among_the_newest(a
     for _ in range(spg._UNCONSUMED_KEPT):
         finished_work(consume=False)
     assert dies(unconsumed)
+
+
+def test_allreduce_takes_a_single_tensor_as_torchs_groups_do(aggregator, monkeypatch, one_rank):
+    """torch 1.13's ProcessGroup.allreduce also takes one tensor: allreduce(tensor) and allreduce(tensor, op). The
+    backend took a tensor for the list of tensors: one of length 1 went through sparsereduce as its row view
+    t[0] (result() a row, not the tensor), any other went to gloo, which refused it with TypeError."""
+    monkeypatch.setenv("SPARSEREDUCE_AGGREGATORS", aggregator)
+    monkeypatch.delenv("SPARSEREDUCE_JOB", raising=False)
+    dist.init_process_group("sparsereduce", store=dist.HashStore(), rank=0, world_size=1, timeout=SHORT)
+    group = dist.distributed_c10d._get_default_group()
+
+    def seq():
+        stats = group.worker.last_stats
+        return stats.seq if stats is not None else 0
+
+    for shape, op in (((3,), None), ((1, 3), None), ((3,), dist.ReduceOp.SUM), ((1, 3), dist.ReduceOp.SUM)):
+        t = torch.arange(3, dtype=torch.float32).reshape(shape)
+        before = seq()
+        work = group.allreduce(t) if op is None else group.allreduce(t, op)
+        assert isinstance(work, spg.Work) and work.wait() is True, (shape, op)
+        assert seq() == before + 1 and work.result()[0] is t, (shape, op)  # through sparsereduce, the whole tensor
+        assert torch.equal(t, torch.arange(3, dtype=torch.float32).reshape(shape)), (shape, op)
+    before = seq()
+    for t, op in ((torch.ones(3, dtype=torch.float64), None), (torch.ones(3), dist.ReduceOp.MAX)):
+        work = group.allreduce(t) if op is None else group.allreduce(t, op)
+        assert not isinstance(work, spg.Work), (t.dtype, op)  # gloo's
+        work.wait()
+        assert torch.equal(t, torch.ones(3, dtype=t.dtype)), (t.dtype, op)
+    assert seq() == before
