@@ -233,14 +233,19 @@ class SparseReduceState:
         sparsereduce._finalize_before_extension_exit(self._finalizer)
 
     @classmethod
-    def from_process_group(cls, aggregators, job, process_group=None, *, record=False, **worker_options):
+    def from_process_group(cls, aggregators, job, process_group=None, *, record=False, key_space=None,
+                           **worker_options):
         """A state whose Worker has the group's rank and size; `job` must be the same on every rank and
-        unique among the jobs the aggregators serve at the same time. `worker_options` go to sparsereduce.Worker
-        (e.g. codec="3lc", transport="tcp")."""
+        unique among the jobs the aggregators serve at the same time. `record` and `key_space` are the state's
+        (see the class); `worker_options` go to sparsereduce.Worker (e.g. codec="3lc", transport="tcp")."""
         rank = dist.get_rank(process_group)
         world_size = dist.get_world_size(process_group)
         worker = sparsereduce.Worker(aggregators, job, rank, world_size, **worker_options)
-        return cls(worker, record=record)
+        try:
+            return cls(worker, record=record, key_space=key_space)
+        except BaseException:  # a bad key_space: the Worker no one else holds leaves the job now
+            worker.close()
+            raise
 
     @property
     def record(self):

@@ -13,6 +13,7 @@ import weakref
 
 import pytest
 import torch
+import torch.distributed as dist
 
 import sparsereduce
 import sparsereduce.torch as srt
@@ -305,22 +306,6 @@ def test_exit_with_a_bucket_in_flight_ends_promptly(aggregator, job):
     assert time.monotonic() - start < 20, "the exit waited for the collective's 30 s deadline"
 
 
-class _FakeBucket:
-    """What the hook uses of torch.distributed.GradBucket."""
-
-    def __init__(self, buffer, index=0):
-        self._buffer, self._index = buffer, index
-
-    def buffer(self):
-        return self._buffer
-
-    def index(self):
-        return self._index
-
-    def parameters(self):
-        return []
-
-
 def _collected(*references, within=5.0):
     deadline = time.monotonic() + within
     while any(r() is not None for r in references) and time.monotonic() < deadline:
@@ -337,7 +322,7 @@ def test_a_state_dropped_without_close_ends_its_thread_and_lets_its_worker_go(ag
     worker = sparsereduce.Worker(aggregator, job, 0, 1, **FAST)
     state = srt.SparseReduceState(worker)
     thread, states, workers = state._completer, weakref.ref(state), weakref.ref(worker)
-    srt.allreduce_hook(state, _FakeBucket(torch.ones(10))).wait()
+    srt.allreduce_hook(state, FakeBucket(torch.ones(10))).wait()
     del state, worker
     thread.join(timeout=5)
     assert not thread.is_alive()
@@ -353,7 +338,7 @@ def test_a_state_dropped_with_a_bucket_in_flight_stops_waiting_for_it(aggregator
     workers = join_two_ranks(aggregator, job)
     state = srt.SparseReduceState(workers[0])
     thread, worker_ref = state._completer, weakref.ref(workers[0])
-    srt.allreduce_hook(state, _FakeBucket(torch.ones(10)))
+    srt.allreduce_hook(state, FakeBucket(torch.ones(10)))
     start = time.monotonic()
     del state
     workers[0] = None
@@ -366,3 +351,15 @@ def test_a_state_dropped_with_a_bucket_in_flight_stops_waiting_for_it(aggregator
     assert info.value.code in ("PEER_LEFT", "ABORTED"), info.value.code
     assert time.monotonic() - start < 10
     workers[1].close()
+
+
+def test_from_process_group_takes_a_key_space(aggregator, job):
+    """from_process_group(..., key_space=) as the module's docstring says (it went to the Worker: TypeError)."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        state = srt.SparseReduceState.from_process_group(aggregator, job, key_space=5, **FAST)
+        assert state.key_space == 5
+        srt.allreduce_hook(state, FakeBucket(torch.ones(4), index=3)).wait()
+        state.close()
+    finally:
+        dist.destroy_process_group()
