@@ -76,28 +76,39 @@ def as_buffer(array):
     return view
 
 
-def _view_of(array):
-    """as_buffer without the version bump: the checks and the NumPy view."""
-    torch = sys.modules.get("torch")  # no torch import unless the caller already uses torch
+def _view_of(array, job_rank=None):
+    """as_buffer without the version bump: the checks and the NumPy view. job_rank ("job J rank R", the Worker's)
+    goes into the messages, as in the library's own."""
+    _check_tensor(array, job_rank)
+    torch = sys.modules.get("torch")
     if torch is None or not isinstance(array, torch.Tensor):
         return array
-    if getattr(array, "is_nested", False):
-        raise TypeError("sparsereduce: expected a dense tensor, got a nested tensor")
-    if array.layout != torch.strided:
-        raise TypeError(f"sparsereduce: expected a dense tensor, got layout {array.layout}")
-    if array.device.type != "cpu":
-        raise TypeError(f"sparsereduce: expected a CPU tensor, got one on {array.device}; there is no GPU path: "
-                        "reduce a CPU copy (t.cpu()) and copy the result back")
-    if array.dtype not in (torch.float32, torch.int32):
-        raise TypeError(f"sparsereduce: unsupported dtype {array.dtype}; only float32 and int32 are supported "
-                        "(convert with .float(); for 2 bytes per element on the wire, codec='bf16' or 'fp16')")
-    if not array.is_contiguous():
-        raise ValueError("sparsereduce: the tensor is not contiguous; allreduce works in place without copies, "
-                         "so pass tensor.contiguous() and copy the result back")
-    if array.is_neg():
-        raise ValueError("sparsereduce: the tensor is a lazily negated view (its negative bit is set); its memory "
-                         "does not hold its values: pass tensor.resolve_neg() and copy the result back")
     return array.detach().numpy()  # shares the tensor's memory
+
+
+def _check_tensor(array, job_rank=None):
+    """Raises TypeError or ValueError for a torch tensor the extension cannot reduce in place; nothing for other
+    arrays (the extension checks them)."""
+    torch = sys.modules.get("torch")  # no torch import unless the caller already uses torch
+    if torch is None or not isinstance(array, torch.Tensor):
+        return
+    who = f"sparsereduce: {job_rank}:" if job_rank else "sparsereduce:"
+    if getattr(array, "is_nested", False):
+        raise TypeError(f"{who} expected a dense tensor, got a nested tensor")
+    if array.layout != torch.strided:
+        raise TypeError(f"{who} expected a dense tensor, got layout {array.layout}")
+    if array.device.type != "cpu":
+        raise TypeError(f"{who} expected a CPU tensor, got one on {array.device}; there is no GPU path: reduce a "
+                        "CPU copy (t.cpu()) and copy the result back")
+    if array.dtype not in (torch.float32, torch.int32):
+        raise TypeError(f"{who} unsupported dtype {array.dtype}; only float32 and int32 are supported (convert "
+                        "with .float(); for 2 bytes per element on the wire, codec='bf16' or 'fp16')")
+    if not array.is_contiguous():
+        raise ValueError(f"{who} the tensor is not contiguous; allreduce works in place without copies, so pass "
+                         "tensor.contiguous() and copy the result back")
+    if array.is_neg():
+        raise ValueError(f"{who} the tensor is a lazily negated view (its negative bit is set); its memory does "
+                         "not hold its values: pass tensor.resolve_neg() and copy the result back")
 
 
 def _mark_modified(array):
@@ -141,6 +152,7 @@ class Worker(_Worker):
             options["codec"] = _codec(options["codec"]) or Codec()
         super().__init__(list(aggregators), job, rank, world_size, **options)
         self._constructed = True
+        self._job_rank = f"job {self.job} rank {self.rank}"  # for argument errors, also once closed
 
     def allreduce(self, array, key=0, codec=None):
         """Sums `array` over all ranks, in place; returns it. `key` names the tensor from call to call (codecs
@@ -156,7 +168,7 @@ class Worker(_Worker):
         not be touched until the handle is done."""
         # A call refused (closed Worker, bad codec, key or array) leaves a tensor's version counter alone: it is
         # moved once the library took the array, before the caller can look at it again.
-        handle = super().allreduce_async(_view_of(array), key, _codec(codec))
+        handle = super().allreduce_async(_view_of(array, self._job_rank), key, _codec(codec))
         _mark_modified(array)
         return handle
 

@@ -69,11 +69,16 @@ def nested_tensor():
     (nested_tensor(), TypeError, "nested tensor"),
 ])
 def test_bad_tensors_are_refused(aggregator, job, tensor, error, message):
-    """With the documented error, and before the tensor's version counter moves (it did for a negated view)."""
+    """With the documented error, naming job and rank as the library's errors do, and before the tensor's version
+    counter moves (it did for a negated view)."""
     version = tensor._version if not tensor.is_nested else None
     with sparsereduce.Worker(aggregator, job, 0, 1, **FAST) as w:
-        with pytest.raises(error, match=message):
+        with pytest.raises(error, match=f"^sparsereduce: job {job} rank 0: .*{message}"):
             w.allreduce(tensor)
+        with pytest.raises(error, match=f"^sparsereduce: job {job} rank 0: .*{message}"):
+            w.allreduce_async(tensor)
+    with pytest.raises(error, match=f"^sparsereduce: (?!job).*{message}"):
+        sparsereduce.as_buffer(tensor)  # no Worker: no job nor rank
     if version is not None:
         assert tensor._version == version
 
