@@ -9,8 +9,10 @@
     state = srt.SparseReduceState.from_process_group(["10.0.0.5:19875"], job=7)
     ddp.register_comm_hook(state, srt.allreduce_hook)   # before the first backward
 
-Works with unmodified torch 1.13. Buckets are float32 CPU tensors (a float64 or GPU model raises TypeError in
-the hook).
+Works with unmodified torch 1.13. Buckets must be float32 CPU tensors: for another dtype (a float64 model) or a
+GPU model the hook raises TypeError before it touches the bucket, which DDP's backward() raises as a
+RuntimeError whose message starts with "TypeError: sparsereduce: job J rank R: unsupported dtype torch.float64"
+(the gradients stay as backward computed them, not averaged).
 
 One state per DDP module. Several DDP modules of one process group (a GAN's generator and discriminator) can
 share one Worker (one sparsereduce job), with one state each:
@@ -346,6 +348,8 @@ def allreduce_hook(state, bucket):
     cast to a tensor ("Unable to cast ... to Tensor", the message lost); so the hook returns a future chained with
     then(), whose callback re-raises the exception and so fails the returned future as a real error."""
     buffer = bucket.buffer()
+    # Refused before the scaling, which would otherwise have been left in the gradients.
+    sparsereduce._check_tensor(buffer, getattr(state.worker, "_job_rank", None))
     buffer.mul_(1.0 / state.world_size)
     index = bucket.index()
     layout = tuple(id(p) for p in bucket.parameters())

@@ -179,11 +179,17 @@ def test_hook_failure_fails_the_future_and_keeps_the_typed_error(aggregator, job
         assert f"job {job} rank {r}" in str(error) and str(error) in str(e), (e, error)
 
 
-def test_hook_refuses_float64_buckets(aggregator, job):
-    state = srt.SparseReduceState(sparsereduce.Worker(aggregator, job, 0, 1, **FAST))
-    with pytest.raises(TypeError, match="float64"):
-        srt.allreduce_hook(state, FakeBucket(torch.ones(4, dtype=torch.float64)))
+def test_hook_refuses_float64_buckets_before_scaling_them(aggregator, job):
+    """The TypeError names job and rank, and the bucket is left as it was: the hook used to scale it by
+    1/world_size before the Worker refused it (with 2 ranks, the gradients were left halved)."""
+    workers = join_two_ranks(aggregator, job)
+    state = srt.SparseReduceState(workers[0])
+    bucket = torch.ones(4, dtype=torch.float64)
+    with pytest.raises(TypeError, match=f"^sparsereduce: job {job} rank 0: unsupported dtype torch.float64"):
+        srt.allreduce_hook(state, FakeBucket(bucket))
+    assert torch.equal(bucket, torch.ones(4, dtype=torch.float64))
     state.close()
+    workers[1].close()
     assert state.worker.closed
 
 
