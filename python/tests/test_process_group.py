@@ -3,8 +3,9 @@
 Two spawned ranks (process_group_child.py) on a real aggregator: float32 and int32 sums through sparsereduce,
 bit-exact against sums computed here (two terms: the order cannot matter); delegated collectives with gloo's
 results and without a sparsereduce collective; the job id agreed through the store; errors that end the wait on
-every rank; destroy with a collective in flight; DDP without a comm hook against DDP on gloo. Single-rank cases
-(configuration errors, SPARSEREDUCE_JOB, a killed aggregator) run in this process.
+every rank; destroy with a collective in flight; Ctrl-C in wait() and barrier(); DDP without a comm hook against
+DDP on gloo. Single-rank cases (configuration errors, SPARSEREDUCE_JOB, a killed aggregator, single-tensor
+allreduce) run in this process; the exit with a collective in flight in a child process.
 """
 
 import torch_required  # noqa: F401  (fails clearly without torch)
