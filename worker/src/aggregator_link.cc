@@ -15,6 +15,7 @@
 #include "transport/tcp/channel.h"
 #include "transport/tcp/endpoint.h"
 #include "transport/tcp/socket_options.h"
+#include "worker/src/host_lookup.h"
 
 namespace sparsereduce::worker {
 
@@ -30,6 +31,7 @@ AggregatorLink::AggregatorLink(asio::io_context& io, uint32_t index, std::string
       options_(std::move(options)),
       socket_(io),
       retry_timer_(io),
+      lookup_wait_(io),
       setup_cancel_(io),
       write_error_grace_(io) {}
 
@@ -63,6 +65,7 @@ std::string AggregatorLink::Name() const { return "aggregator " + std::to_string
 void AggregatorLink::Close() {
   closing_ = true;
   retry_timer_.cancel();   // a link waiting to retry its connection stops now, not after the pause
+  lookup_wait_.cancel();   // so does one waiting for its host name to be looked up
   setup_cancel_.cancel();  // a handoff in progress ends now, not at its deadline
   write_error_grace_.cancel();
   if (connected_) {
@@ -76,17 +79,13 @@ void AggregatorLink::Close() {
 asio::awaitable<Status> AggregatorLink::Connect(std::chrono::steady_clock::time_point deadline) {
   Result<sparsereduce::tcp::HostPort> hp = sparsereduce::tcp::ParseHostPort(address_);
   if (!hp.ok()) co_return hp.status();
-  tcp::resolver resolver(io_);
   auto backoff = std::chrono::milliseconds(20);
   std::string last_error;
   while (!closing_) {
-    auto [rec, endpoints] = co_await resolver.async_resolve(hp->host, std::to_string(hp->port),
-                                                            asio::as_tuple(asio::use_awaitable));
-    // Close() cannot cancel a resolve (it closes the socket, which async_connect would open again): without this
-    // check a link closed meanwhile connected anyway and kept the I/O thread, and the Worker's destructor, waiting.
+    Result<std::vector<tcp::endpoint>> endpoints = co_await LookUpHost(hp->host, hp->port, lookup_wait_, deadline);
     if (closing_) break;
-    if (rec) {
-      last_error = "cannot resolve " + hp->host + ": " + rec.message();
+    if (!endpoints.ok()) {
+      last_error = "cannot resolve " + hp->host + ": " + endpoints.status().message();
     } else {
       // Bound each attempt by the deadline: a SYN to a silent host would otherwise wait for the kernel's timeout.
       // `cut` outlives this frame: an expiry already queued when the attempt ends finds `ended` and does nothing.
@@ -102,7 +101,7 @@ asio::awaitable<Status> AggregatorLink::Connect(std::chrono::steady_clock::time_
         boost::system::error_code ignored;
         socket_.close(ignored);
       });
-      auto [cec, endpoint] = co_await asio::async_connect(socket_, endpoints, asio::as_tuple(asio::use_awaitable));
+      auto [cec, endpoint] = co_await asio::async_connect(socket_, *endpoints, asio::as_tuple(asio::use_awaitable));
       cut->ended = true;
       attempt_timer.cancel();
       if (!cec) {
@@ -129,7 +128,7 @@ asio::awaitable<Status> AggregatorLink::Connect(std::chrono::steady_clock::time_
         // Asio's range connect reports a socket it could not open as cancelled: say why it could not.
         tcp::socket probe(io_);
         boost::system::error_code oec;
-        probe.open(endpoints.begin()->endpoint().protocol(), oec);
+        probe.open(endpoints->front().protocol(), oec);
         if (oec) last_error = "cannot open a socket: " + oec.message();
       }
       boost::system::error_code ignored;

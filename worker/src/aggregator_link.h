@@ -141,6 +141,8 @@ class AggregatorLink {
   std::vector<boost::asio::mutable_buffer> result_targets_;
   // The pause between connection attempts; Close() cancels it, so a closed link stops retrying at once.
   boost::asio::steady_timer retry_timer_;
+  // Waits for the host name's lookup (LookUpHost) until the connect deadline; Close() cancels it.
+  boost::asio::steady_timer lookup_wait_;
   // Ends a transport handoff in progress (TakeShmOffer) when the link is closed: the handoff waits on a socket of
   // its own, which closing the connection does not reach. Waited on (never expiring) only during a handoff.
   boost::asio::steady_timer setup_cancel_;
