@@ -14,6 +14,19 @@ namespace sparsereduce::shm {
 
 namespace asio = boost::asio;
 
+namespace {
+
+// A stream_descriptor that takes `fd` over only once registered with the reactor: if registering throws, `fd`
+// still owns the descriptor and closes it (a descriptor released into a constructor that threw was leaked).
+asio::posix::stream_descriptor Adopt(const asio::any_io_executor& executor, UniqueFd& fd) {
+  asio::posix::stream_descriptor descriptor(executor);
+  descriptor.assign(fd.get());  // throws boost::system::system_error
+  fd.release();
+  return descriptor;
+}
+
+}  // namespace
+
 ShmChannel::ShmChannel(std::shared_ptr<Segment> segment, SegmentFds fds, Direction receive,
                        asio::ip::tcp::socket liveness, asio::any_io_executor executor)
     : RingChannel(segment->ring().capacity(), std::move(liveness), executor),
@@ -22,10 +35,10 @@ ShmChannel::ShmChannel(std::shared_ptr<Segment> segment, SegmentFds fds, Directi
       send_(receive == Direction::kToAggregator ? Direction::kToWorker : Direction::kToAggregator),
       rx_(segment_->control(receive_)),
       tx_(segment_->control(send_)),
-      rx_data_(executor, fds.data(receive_).release()),
-      tx_space_(executor, fds.space(send_).release()),
-      rx_space_(executor, fds.space(receive_).release()),
-      tx_data_(executor, fds.data(send_).release()) {
+      rx_data_(Adopt(executor, fds.data(receive_))),
+      tx_space_(Adopt(executor, fds.space(send_))),
+      rx_space_(Adopt(executor, fds.space(receive_))),
+      tx_data_(Adopt(executor, fds.data(send_))) {
   // Frames are read in place: the segment stays mapped while a lent payload lives.
   EnableLending(segment_);
   StartLiveness();
