@@ -392,6 +392,11 @@ TEST(WorkerLifecycle, ASilentAggregatorEndsTheConstructorAtTheJoinDeadline) {
 // canceled". Forked workers with 0 to 6 descriptors to spare; each ends within its deadlines, none blames a
 // cancellation, and one at least names the shortage.
 TEST(WorkerLifecycle, AWorkerOutOfDescriptorsSaysSoWhenItCannotConnect) {
+#if defined(__SANITIZE_ADDRESS__)
+  // The sanitized build also runs UBSan, whose vptr check probes memory through a pipe: with no descriptor left it
+  // cannot make one and reports every virtual call as "object has invalid vptr".
+  GTEST_SKIP() << "UBSan's vptr check needs descriptors of its own";
+#endif
   uint16_t port = 0;
   const int listener = ListenOnLoopback(&port);
   ASSERT_GE(listener, 0);
