@@ -139,10 +139,12 @@ def test_exit_with_a_collective_in_flight_ends_promptly(aggregator, job):
     when a weakref.finalize existed before sparsereduce was imported (tempfile.TemporaryDirectory makes one): it then
     joined a completion thread that the extension had parked for good, and the process hung forever."""
     start = time.monotonic()
-    child = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "exit_in_flight_child.py"),
+    # -X faulthandler: a crash at exit shows every thread's Python stack.
+    child = subprocess.run([sys.executable, "-X", "faulthandler",
+                            os.path.join(os.path.dirname(__file__), "exit_in_flight_child.py"),
                             aggregator, str(job), "group"], capture_output=True, text=True, timeout=30,
                            env={**os.environ, "SPARSEREDUCE_AGGREGATORS": aggregator, "SPARSEREDUCE_JOB": ""})
-    assert child.returncode == 0, (child.returncode, child.stderr)
+    assert child.returncode == 0, (child.returncode, child.stdout, child.stderr)
     assert "the script ends" in child.stdout, child.stdout
     assert "did not end within" not in child.stderr, child.stderr  # the bounded join gave up on the thread
     assert time.monotonic() - start < 20, "the exit waited for the collective's 30 s deadline"

@@ -309,9 +309,11 @@ def test_exit_with_a_bucket_in_flight_ends_promptly(aggregator, job):
     when a weakref.finalize existed before sparsereduce was imported (see exit_in_flight_child.py). Run from
     weakref.finalize's own atexit hook, after the extension's, the join gave up after 5 s with a RuntimeWarning."""
     start = time.monotonic()
-    child = subprocess.run([sys.executable, os.path.join(os.path.dirname(__file__), "exit_in_flight_child.py"),
+    # -X faulthandler: a crash at exit shows every thread's Python stack.
+    child = subprocess.run([sys.executable, "-X", "faulthandler",
+                            os.path.join(os.path.dirname(__file__), "exit_in_flight_child.py"),
                             aggregator, str(job), "state"], capture_output=True, text=True, timeout=30)
-    assert child.returncode == 0, (child.returncode, child.stderr)
+    assert child.returncode == 0, (child.returncode, child.stdout, child.stderr)
     assert "the script ends" in child.stdout, child.stdout
     assert "did not end within" not in child.stderr, child.stderr  # the bounded join gave up on the thread
     assert time.monotonic() - start < 20, "the exit waited for the collective's 30 s deadline"
