@@ -1,4 +1,5 @@
-"""What the child scripts of the Ctrl-C, fork and exit tests share: both ranks of a 2-rank job, in this process."""
+"""What the child scripts of the Ctrl-C, fork and exit tests share: both ranks of a 2-rank job, in this process, and
+a stand-in for DDP's gradient bucket."""
 
 import threading
 
@@ -18,3 +19,19 @@ def join_two_ranks(aggregator, job, collective_timeout=20.0):
     join(0)
     joiner.join()
     return workers
+
+
+class Bucket:
+    """What the DDP hook uses of torch.distributed.GradBucket: bucket 0, holding `buffer`."""
+
+    def __init__(self, buffer):
+        self._buffer = buffer
+
+    def buffer(self):
+        return self._buffer
+
+    def index(self):
+        return 0
+
+    def parameters(self):
+        return []

@@ -15,28 +15,15 @@ import time
 import torch
 
 import sparsereduce.torch as srt
-from child_workers import join_two_ranks
+from child_workers import Bucket, join_two_ranks
 
 aggregator, job = sys.argv[1], int(sys.argv[2])
 workers = join_two_ranks(aggregator, job)
 state = srt.SparseReduceState(workers[0])
 
 
-class Bucket:
-    """What the hook uses of torch.distributed.GradBucket."""
-
-    def buffer(self):
-        return bucket_buffer
-
-    def index(self):
-        return 0
-
-    def parameters(self):
-        return []
-
-
 bucket_buffer = torch.ones(1000)
-future = srt.allreduce_hook(state, Bucket())
+future = srt.allreduce_hook(state, Bucket(bucket_buffer))
 sent = None
 # SIGINT once the main thread calls torch's Future.wait (a profile hook sees the C call), so the signal arrives
 # while it blocks in C++, not in Python code before it.

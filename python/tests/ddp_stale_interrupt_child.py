@@ -14,27 +14,11 @@ import time
 import torch
 
 import sparsereduce.torch as srt
-from child_workers import join_two_ranks
+from child_workers import Bucket, join_two_ranks
 
 aggregator, job = sys.argv[1], int(sys.argv[2])
 workers = join_two_ranks(aggregator, job)
 states = [srt.SparseReduceState(workers[0]), srt.SparseReduceState(workers[1])]
-
-
-class Bucket:
-    """What the hook uses of torch.distributed.GradBucket."""
-
-    def __init__(self, buffer):
-        self._buffer = buffer
-
-    def buffer(self):
-        return self._buffer
-
-    def index(self):
-        return 0
-
-    def parameters(self):
-        return []
 
 
 def skewed_bucket(while_rank_0_waits=None):

@@ -37,23 +37,9 @@ if mode == "group":
     work = groups[0].allreduce([torch.ones(1024)])  # rank 1 never joins it
 else:
     import sparsereduce.torch as srt
-    from child_workers import join_two_ranks
+    from child_workers import Bucket, join_two_ranks
 
     workers = join_two_ranks(aggregator, job, collective_timeout=30.0)
     state = srt.SparseReduceState(workers[0])
-
-    class Bucket:
-        """What the hook uses of torch.distributed.GradBucket."""
-
-        def buffer(self):
-            return bucket_buffer
-
-        def index(self):
-            return 0
-
-        def parameters(self):
-            return []
-
-    bucket_buffer = torch.ones(1024)
-    future = srt.allreduce_hook(state, Bucket())  # rank 1 never joins it
+    future = srt.allreduce_hook(state, Bucket(torch.ones(1024)))  # rank 1 never joins it
 print(f"{mode}: the script ends with a collective in flight", flush=True)
