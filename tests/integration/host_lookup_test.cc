@@ -61,15 +61,17 @@ using Clock = std::chrono::steady_clock;
 class HostLookup : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::unique_lock lock(hang_mutex);
-    // The lookups the last test left blocked have ended (released in its TearDown) before this one blocks its own.
-    ASSERT_TRUE(hang_released.wait_for(lock, 10s, [] { return hanging == 0; }));
-    released = false;
-  }
-  void TearDown() override {
     std::lock_guard lock(hang_mutex);
+    released = false;  // the last test's TearDown saw its lookups leave
+  }
+  // Releases the lookups this test left blocked and waits until they have left getaddrinfo: nothing of this file
+  // is then in use on their detached threads when the next test starts or the process exits (ThreadSanitizer
+  // reported the exit's destruction of `hang_released` as racing with a lookup's last notify_all).
+  void TearDown() override {
+    std::unique_lock lock(hang_mutex);
     released = true;
     hang_released.notify_all();
+    EXPECT_TRUE(hang_released.wait_for(lock, 10s, [] { return hanging == 0; })) << "a lookup stayed blocked";
   }
 };
 
