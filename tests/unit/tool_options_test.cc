@@ -392,15 +392,17 @@ std::vector<std::string> EntriesIn(const std::string& directory) {
 // Runs `sparsereduce-perf --spawn 3,2` (this process a subreaper, so that whatever it leaves becomes this
 // process's child; TMPDIR=`tmpdir`, so that its temporary directory is made there) with a long sweep, calls `stop`
 // with it once its table's header is out (the ranks have joined and time their collectives), reads its output
-// (stdout and stderr) to the end into `output` and returns its exit status.
+// to the end (into `output`, if given, with stderr) and returns its exit status.
 int StopPerfSpawnOnceItTimes(const std::function<void(Subprocess& perf)>& stop, const std::string& tmpdir,
                              std::string* output = nullptr) {
   EXPECT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
-  // exec keeps the pid: the signals go to perf itself.
-  auto perf = Subprocess::Spawn({"/bin/sh", "-c", "exec \"$@\" 2>&1", "sh", "/usr/bin/env", "TMPDIR=" + tmpdir,
-                                 SPARSEREDUCE_PERF_BIN, "--spawn", "3,2", "--aggregator-bin", SPARSEREDUCE_AGGREGATOR_BIN,
-                                 "-b", "64K", "-e", "64K", "-n", "1000000", "-w", "0"},
-                                /*capture_stdout=*/true);
+  std::vector<std::string> argv = {"/usr/bin/env", "TMPDIR=" + tmpdir, SPARSEREDUCE_PERF_BIN, "--spawn", "3,2",
+                                   "--aggregator-bin", SPARSEREDUCE_AGGREGATOR_BIN, "-b", "64K", "-e", "64K", "-n",
+                                   "1000000", "-w", "0"};
+  // With `output`, perf's stderr too (and so its ranks' and aggregators'); exec keeps the pid, so the signals go
+  // to perf itself. Without, stderr stays this test's.
+  if (output) argv.insert(argv.begin(), {"/bin/sh", "-c", "exec \"$@\" 2>&1", "sh"});
+  auto perf = Subprocess::Spawn(argv, /*capture_stdout=*/true);
   EXPECT_TRUE(perf.ok()) << perf.status().ToString();
   if (!perf.ok()) return -1;
   std::string text;
