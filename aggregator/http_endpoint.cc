@@ -99,8 +99,8 @@ bool OutOfDescriptors(const boost::system::error_code& ec) {
 
 }  // namespace
 
-HttpEndpoint::HttpEndpoint(asio::io_context& io, Handlers handlers)
-    : io_(io), strand_(asio::make_strand(io)), handlers_(std::move(handlers)) {}
+HttpEndpoint::HttpEndpoint(asio::io_context& io, Handlers handlers, LogThrottle& accept_failures)
+    : io_(io), strand_(asio::make_strand(io)), handlers_(std::move(handlers)), accept_failures_(accept_failures) {}
 
 Result<tcp::endpoint> HttpEndpoint::Listen(const std::string& address) {
   auto acceptor = sparsereduce::tcp::OpenListener(strand_, address, "metrics address");
@@ -167,8 +167,10 @@ asio::awaitable<void> HttpEndpoint::AcceptLoop() {
     }
     if (ec) {
       // Pause instead of spinning (sparsereduce::tcp::kAcceptRetryDelay), as the data-plane listeners do.
-      spdlog::warn("metrics endpoint: accept failed: {}; retrying in {} ms", ec.message(),
-                   sparsereduce::tcp::kAcceptRetryDelay.count());
+      if (accept_failures_.Admit()) {
+        spdlog::warn("metrics endpoint: accept failed: {}; retrying in {} ms", ec.message(),
+                     sparsereduce::tcp::kAcceptRetryDelay.count());
+      }
       asio::steady_timer pause(strand_, sparsereduce::tcp::kAcceptRetryDelay);
       co_await pause.async_wait(asio::as_tuple(asio::use_awaitable));
       continue;

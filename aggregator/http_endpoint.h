@@ -16,6 +16,7 @@
 #include <string>
 
 #include "aggregator/connection_set.h"
+#include "aggregator/log_throttle.h"
 #include "core/status.h"
 
 namespace sparsereduce::aggregator {
@@ -30,7 +31,9 @@ class HttpEndpoint {
     std::function<bool()> ready;
   };
 
-  HttpEndpoint(boost::asio::io_context& io, Handlers handlers);
+  // `accept_failures` rate-limits the line about a failed accept (the data-plane listeners' throttle: out of
+  // descriptors, both fail at every pause); it must outlive the endpoint.
+  HttpEndpoint(boost::asio::io_context& io, Handlers handlers, LogThrottle& accept_failures);
   ~HttpEndpoint();
   HttpEndpoint(const HttpEndpoint&) = delete;
   HttpEndpoint& operator=(const HttpEndpoint&) = delete;
@@ -49,6 +52,7 @@ class HttpEndpoint {
   boost::asio::io_context& io_;
   boost::asio::strand<boost::asio::io_context::executor_type> strand_;  // the acceptor's
   Handlers handlers_;
+  LogThrottle& accept_failures_;
   std::unique_ptr<boost::asio::ip::tcp::acceptor> acceptor_;
   // The descriptor held in reserve for an accept that fails for want of one (EMFILE/ENFILE), or -1 while a
   // connection uses its place. On strand_.

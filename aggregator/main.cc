@@ -138,7 +138,8 @@ int main(int argc, char** argv) {
     spdlog::critical("--transports rdma: {}", st.ToString());
     return StartFailureExitCode(st);
   }
-  HttpEndpoint http(io, {[&server] { return server.context().RenderMetrics(); }, [&server] { return server.ready(); }});
+  HttpEndpoint http(io, {[&server] { return server.context().RenderMetrics(); }, [&server] { return server.ready(); }},
+                    server.context().accept_failure_log);
   // Signals, the drain deadline and the watchdog run on one strand, so stopping them is never concurrent with
   // their own handlers.
   auto lifecycle = boost::asio::make_strand(io);
