@@ -35,27 +35,28 @@ bool ParseFormat(const char* format, Py_ssize_t itemsize, ElementType* type) {
 
 }  // namespace
 
-HeldBuffer HeldBuffer::Acquire(PyObject* object) {
+HeldBuffer HeldBuffer::Acquire(PyObject* object, const std::string& who) {
+  const std::string prefix = "sparsereduce: " + who + ": ";
   HeldBuffer held;
   if (!PyObject_CheckBuffer(object)) {
-    throw py::type_error(std::string("sparsereduce: expected a NumPy array or a CPU torch tensor, got ") +
+    throw py::type_error(prefix + "expected a NumPy array or a CPU torch tensor, got " +
                          Py_TYPE(object)->tp_name);
   }
   // Strides and format, read-only allowed: the checks below give clearer messages than the exporter's.
   if (PyObject_GetBuffer(object, &held.view_, PyBUF_RECORDS_RO) != 0) throw py::error_already_set();
   held.held_ = true;
   if (!ParseFormat(held.view_.format, held.view_.itemsize, &held.type_)) {
-    throw py::type_error(std::string("sparsereduce: unsupported element type (buffer format '") +
+    throw py::type_error(prefix + "unsupported element type (buffer format '" +
                          (held.view_.format ? held.view_.format : "B") + "', " +
                          std::to_string(held.view_.itemsize) +
                          " bytes); only float32 and int32 are supported");
   }
   if (held.view_.readonly) {
-    throw py::value_error("sparsereduce: the array is read-only; allreduce writes the sum into it in place");
+    throw py::value_error(prefix + "the array is read-only; allreduce writes the sum into it in place");
   }
   if (!PyBuffer_IsContiguous(&held.view_, 'C')) {
     throw py::value_error(
-        "sparsereduce: the array is not C-contiguous; allreduce works in place without copies, so pass a "
+        prefix + "the array is not C-contiguous; allreduce works in place without copies, so pass a "
         "contiguous array (e.g. numpy.ascontiguousarray or tensor.contiguous()) and copy the result back");
   }
   held.count_ = static_cast<size_t>(held.view_.len / held.view_.itemsize);

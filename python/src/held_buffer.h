@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 
 namespace sparsereduce::python {
 
@@ -17,9 +18,9 @@ enum class ElementType { kFloat32, kInt32 };
 class HeldBuffer {
  public:
   // Takes a writable, C-contiguous float32 or int32 buffer of `object`; otherwise raises (as pybind11
-  // exceptions) TypeError for a wrong type or dtype and ValueError for a read-only or non-contiguous one.
-  // Requires the GIL.
-  static HeldBuffer Acquire(PyObject* object);
+  // exceptions) TypeError for a wrong type or dtype and ValueError for a read-only or non-contiguous one, whose
+  // message starts "sparsereduce: <who>: " (who: "job J rank R"). Requires the GIL.
+  static HeldBuffer Acquire(PyObject* object, const std::string& who);
 
   HeldBuffer() = default;
   HeldBuffer(HeldBuffer&& other) noexcept;

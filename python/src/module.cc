@@ -361,7 +361,7 @@ class PyWorker {
 
   std::unique_ptr<Handle> AllreduceAsync(py::handle array, uint64_t key, std::optional<CodecOptions> codec) {
     orphans_->Reap();
-    HeldBuffer buffer = HeldBuffer::Acquire(array.ptr());
+    HeldBuffer buffer = HeldBuffer::Acquire(array.ptr(), JobRank(job_, rank_));
     AllreduceOptions options;
     options.key = key;
     options.codec = std::move(codec);

@@ -36,9 +36,9 @@ def test_error_class():
 ])
 def test_bad_arrays_are_refused_and_the_worker_stays_usable(aggregator, job, array, error, message):
     with sparsereduce.Worker(aggregator, job, 0, 1, **FAST) as w:
-        with pytest.raises(error, match=message):
+        with pytest.raises(error, match=f"^sparsereduce: job {job} rank 0: .*{message}"):
             w.allreduce(array)
-        with pytest.raises(error, match=message):
+        with pytest.raises(error, match=f"^sparsereduce: job {job} rank 0: .*{message}"):
             w.allreduce_async(array)
         ok = np.ones(3, dtype=np.float32)
         w.allreduce(ok)
