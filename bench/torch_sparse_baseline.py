@@ -2,10 +2,11 @@
 """Sparse baseline for sparsereduce: PyTorch's gloo all_reduce of a sparse COO tensor.
 
 torch.distributed (gloo backend) reduces a sparse tensor by allgathering every rank's indices and values and
-summing them locally, so each rank receives the nonzeros of every other rank. This script measures that on the same
-synthetic tensors as our perf tool (blocks of --block-size elements, a --density fraction of them nonzero per rank,
-placed at random per rank, identically on all ranks, or on disjoint blocks) and prints one row per size and density
-in the same table format as sparsereduce-gloo-bench (sent/recv as "-": torch does not report them).
+summing them locally, so each rank receives the nonzeros of every other rank. This script measures that on synthetic
+tensors with the same parameters as our perf tool's (blocks of --block-size elements, a --density fraction of them
+nonzero per rank, placed at random per rank, identically on all ranks, or on disjoint blocks; drawn by its own
+generator, values in [0.5, 1.5)) and prints one row per size and density in the same table format as
+sparsereduce-gloo-bench (sent/recv as "-": torch does not report them).
 
 Sizes sweep as sparsereduce-perf's and sparsereduce-gloo-bench's do: -b/--minbytes to -e/--maxbytes (K/M/G
 suffixes, powers of 1024), each size -f/--stepfactor times the one before, rounded down to whole float elements (a
@@ -20,7 +21,8 @@ Run it with Debian's interpreter, which has python3-torch (scripts/install-bench
 or one process per rank: --rank R --world-size W and either --init-file PATH (shared file, absent or empty before
 the run) or --master-addr/--master-port (rank 0 listens there).
 
-Timing: per iteration a barrier, then one timed all_reduce of a fresh copy of the sparse input; per-iteration times
+Timing: per iteration a fresh copy of the sparse input, a barrier, one timed all_reduce, a barrier (so that no rank
+copies or checks while another is still timed), then the check; per-iteration times
 are reduced with max over ranks and the median over iterations is reported. Every result is coalesced, made dense
 and compared with the dense sum of all ranks' inputs (each rank regenerates them from the seed); #wrong counts
 elements failing allclose(rtol=1e-5), summed over ranks (the worst iteration on each rank).
@@ -298,6 +300,9 @@ def measure_size(args, world, rank, results, torch, dist, density, size):
         elapsed = time.perf_counter() - start
         if it >= args.warmup:
             times.append(elapsed * 1e6)
+        # No rank checks (nor clones the next input) while another is still timed: a rank whose all_reduce ended
+        # first used to do both meanwhile, on the cores the others' all_reduce needed.
+        dist.barrier()
         if args.check:
             got = tensor.coalesce().to_dense()
             wrong = (~torch.isclose(got, expected, rtol=1e-5, atol=1e-6)).sum().item()

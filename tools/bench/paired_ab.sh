@@ -9,10 +9,12 @@
 # A VARIANT is a build directory, optionally followed by "|" and extra sparsereduce-perf flags, e.g.
 #   tools/bench/paired_ab.sh 3 "0.1:full 0.01:random 1:random" /tmp/old/build build "build|--window 2"
 # W = A = 4: aggregators on h1-h4, workers on h5-h8. Environment: ITERS (7), WARMUP (2), RATE (1gbit), SIZE (64M).
+# The workers run with the library's defaults plus the variant's flags: unlike run_benchmarks.sh, which passes
+# --yield-while-scanning 1 (its YIELD), nothing here turns it on unless a variant does.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 if (($# < 3)); then
-  sed -n '2,11p' "$0" >&2
+  sed -n '2,13p' "$0" >&2
   exit 2
 fi
 PASSES=$1

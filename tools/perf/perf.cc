@@ -75,7 +75,7 @@ struct Row {
   uint64_t wrong;      // summed over the ranks (through the system under test)
   uint64_t own_wrong;  // this rank's own count, worst iteration
   double density, union_density;  // measured: rank 0's fraction of nonzero blocks; all ranks' union
-  uint64_t sent, received;
+  uint64_t sent, received;  // bytes framed: the largest over ranks of a rank's median over the iterations
 };
 
 tools::Overlap ParseOverlap(const std::string& s) {
@@ -215,6 +215,30 @@ uint64_t SumOverRanks(sparsereduce::Worker& worker, uint64_t value) {
   return sum;
 }
 
+// The largest of the ranks' values (each rank gives its own; exact, through the system under test).
+uint64_t MaxOverRanks(sparsereduce::Worker& worker, uint32_t rank, uint32_t world_size, uint64_t value) {
+  constexpr int kBits = 12, kPieces = (64 + kBits - 1) / kBits;
+  std::vector<int32_t> pieces(size_t{world_size} * kPieces, 0);
+  for (int k = 0; k < kPieces; ++k) {
+    pieces[size_t{rank} * kPieces + k] = static_cast<int32_t>((value >> (k * kBits)) & ((1u << kBits) - 1));
+  }
+  worker.allreduce(std::span(pieces), kExact);
+  uint64_t largest = 0;
+  for (uint32_t r = 0; r < world_size; ++r) {
+    uint64_t v = 0;
+    for (int k = 0; k < kPieces; ++k) v += static_cast<uint64_t>(pieces[size_t{r} * kPieces + k]) << (k * kBits);
+    largest = std::max(largest, v);
+  }
+  return largest;
+}
+
+// The median (the lower of the two middle values for an even count); 0 for none.
+uint64_t Median(std::vector<uint64_t> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  return values[(values.size() - 1) / 2];
+}
+
 template <typename T>
 Row RunSize(sparsereduce::Worker& worker, const Config& c, uint64_t bytes) {
   const uint64_t count = bytes / sizeof(T);
@@ -231,7 +255,8 @@ Row RunSize(sparsereduce::Worker& worker, const Config& c, uint64_t bytes) {
   }
   std::vector<float> token(1);
   std::vector<float> times(size_t{c.world_size} * c.iters, 0.0f);
-  uint64_t wrong = 0, sent = 0, received = 0;
+  uint64_t wrong = 0;
+  std::vector<uint64_t> sent, received;  // per timed iteration: with a codec they change from one to the next
   for (uint32_t it = 0; it < c.warmup + c.iters; ++it) {
     // Barriers on both sides of the input copy, and before the check: no rank copies or checks while another is
     // still timing its allreduce, so a timed window holds the collective alone and not other ranks' 64 MiB copies.
@@ -241,12 +266,13 @@ Row RunSize(sparsereduce::Worker& worker, const Config& c, uint64_t bytes) {
     const auto start = Clock::now();
     worker.allreduce(std::span<T>(work));
     const double us = std::chrono::duration<double, std::micro>(Clock::now() - start).count();
-    if (it < c.warmup) continue;
-    const auto stats = worker.last_stats();
-    sent = stats.bytes_sent;
-    received = stats.bytes_received;
-    times[size_t{c.rank} * c.iters + (it - c.warmup)] = static_cast<float>(us);
-    if (exact_check) {
+    if (it >= c.warmup) {
+      const auto stats = worker.last_stats();
+      sent.push_back(stats.bytes_sent);
+      received.push_back(stats.bytes_received);
+      times[size_t{c.rank} * c.iters + (it - c.warmup)] = static_cast<float>(us);
+    }
+    if (exact_check) {  // the warm-ups too: a wrong sum is wrong whenever it comes
       worker.allreduce(std::span(token), kExact);  // no rank checks while another still times its allreduce
       uint64_t w = 0;
       for (uint64_t i = 0; i < count; ++i) w += std::memcmp(&work[i], &reference[i], sizeof(T)) != 0;
@@ -276,8 +302,9 @@ Row RunSize(sparsereduce::Worker& worker, const Config& c, uint64_t bytes) {
   row.own_wrong = wrong;
   row.density = tools::BlockDensity(spec, c.rank);
   row.union_density = tools::UnionDensity(spec);
-  row.sent = sent;
-  row.received = received;
+  // The busiest worker's link bounds the collective: each rank's median over the iterations, the largest over ranks.
+  row.sent = MaxOverRanks(worker, c.rank, c.world_size, Median(sent));
+  row.received = MaxOverRanks(worker, c.rank, c.world_size, Median(received));
   return row;
 }
 
@@ -305,7 +332,7 @@ void PrintHeader(const Config& c, const std::vector<std::string>& transports, ui
     std::printf("# yield while scanning: a sched_yield between slots, per MiB of zero blocks scanned\n");
   }
   std::printf("# time: median over %u iterations of the slowest rank; GB = 1e9 B; busbw = algbw*2(n-1)/n; "
-              "sent/recv: bytes on the wire per rank 0\n", c.iters);
+              "sent/recv: bytes framed, the largest over ranks of a rank's median over the iterations\n", c.iters);
   std::printf("#%11s %12s %6s %6s %11s %12s %12s %7s %8s %7s %12s %12s\n", "size", "count", "type", "redop",
               "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong", "density", "union", "sent(B)", "recv(B)");
   std::fflush(stdout);
