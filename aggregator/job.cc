@@ -524,7 +524,15 @@ Result<Job::Admission> Job::Admit(const CollectiveSpec& spec) {
       std::min(ColumnEngine::ResultMemoryBound(shape_, layout.BlocksOf(aggregator_index_), columns, wire_block),
                (congestion_frames + 1) * result_buffer + 4 * engine);
   const uint64_t memory = engine + results;
-  if (memory > limits.max_job_memory) {
+  // Earlier collectives' RESULTs still queued for members that have not read them keep their reservations
+  // (undelivered_results_): they count against the job's limit too, or a member that never reads would let its job
+  // pile one collective's reservation on another, far beyond --max-job-memory, into the other jobs' share.
+  uint64_t queued = 0;
+  for (const MemoryReservation& reservation : undelivered_results_) queued += reservation.bytes();
+  if (memory + queued > limits.max_job_memory) {
+    const std::string earlier =
+        queued == 0 ? "" : ", and its earlier collectives' RESULTs still queued for members that have not read "
+                           "them hold " + std::to_string(queued);
     return Status(StatusCode::kResourceExhausted,
                   "the collective would hold up to " + std::to_string(memory) + " bytes on this aggregator (" +
                       std::to_string(engine) + " for " + std::to_string(shape_.world_size) + " ranks x window " +
@@ -532,9 +540,11 @@ Result<Job::Admission> Job::Admit(const CollectiveSpec& spec) {
                       " columns of " + std::to_string(spec.block_size * element_size) +
                       "-byte blocks, a RESULT and tables over " + std::to_string(layout.num_places()) +
                       " columns of " + std::to_string(shape_.num_aggregators) + " aggregators; " +
-                      std::to_string(results) + " for RESULTs waiting in send queues), above its " +
+                      std::to_string(results) + " for RESULTs waiting in send queues)" + earlier + ", above its " +
                       "--max-job-memory of " + std::to_string(limits.max_job_memory) +
-                      "; use fewer slots, blocks per message or a smaller window");
+                      (queued == 0 ? "; use fewer slots, blocks per message or a smaller window"
+                                   : "; the members must read their RESULTs, or use fewer slots, blocks per message "
+                                     "or a smaller window"));
   }
   if (!context_.memory.TryReserve(memory)) {
     return Status(StatusCode::kResourceExhausted,

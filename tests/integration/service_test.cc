@@ -1201,6 +1201,61 @@ TEST(Service, QueuedResultsKeepTheirMemoryReservedUntilWritten) {
   })) << daemon.Metrics();
 }
 
+// Those reservations count against the job's own --max-job-memory as well: they did only against
+// --max-total-memory, so a member that never read let its job pile one collective's reservation on another (each
+// admitted alone), beyond its limit and into the other jobs' share. Here the limit holds one collective and half
+// of another's RESULTs: collective 1 runs, and collective 2, with collective 1's RESULTs still queued, is refused.
+TEST(Service, QueuedResultsOfEarlierCollectivesCountAgainstTheJobLimit) {
+  // What one such collective holds, from a daemon that refuses it: "... up to N bytes on this aggregator (E for
+  // ...; R for RESULTs waiting in send queues) ...".
+  uint64_t engine = 0, results = 0;
+  {
+    Daemon probe({"--max-job-memory", "1"});
+    WorkerOptions options = Options(probe.address(), 47, 0, 2);  // UnreadResults' shape
+    options.slots = 1;
+    options.blocks_per_message = 64;
+    options.window = 256;
+    options.transport = "tcp";
+    WorkerOptions other = options;
+    other.rank = 1;
+    auto second = std::async(std::launch::async, [&] { return std::make_unique<Worker>(other); });
+    Worker first(options);
+    std::unique_ptr<Worker> rank1 = second.get();
+    std::vector<float> t0(256u * 64u * 256u, 1.0f), t1(t0.size(), 1.0f);
+    auto one = std::async(std::launch::async, [&] {
+      try {
+        rank1->allreduce(std::span(t1));
+      } catch (const Error&) {
+      }
+    });
+    try {
+      first.allreduce(std::span(t0));
+      FAIL() << "a limit of 1 byte admitted the collective";
+    } catch (const Error& e) {
+      std::smatch m;
+      const std::string text = e.what();
+      ASSERT_TRUE(std::regex_search(text, m, std::regex(R"(up to \d+ bytes on this aggregator \((\d+) for .*; (\d+) for RESULTs waiting)")))
+          << text;
+      engine = std::stoull(m[1]);
+      results = std::stoull(m[2]);
+    }
+    one.get();
+  }
+  Daemon daemon({"--max-job-memory", std::to_string(engine + results + results / 2)});
+  UnreadResults unread;
+  ASSERT_NO_FATAL_FAILURE(unread.Run(daemon, 48));
+  try {
+    unread.rank1->allreduce(std::span(unread.tensor));
+    ADD_FAILURE() << "collective 2 was admitted beside collective 1's queued RESULTs";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "RESOURCE_EXHAUSTED") << e.what();
+    EXPECT_NE(std::string(e.what()).find("earlier collectives' RESULTs still queued for members that have not read "
+                                         "them hold "),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Service, TensorLimitRefusesThatJobOnly) {
   Daemon daemon({"--max-tensor-bytes", "40000"});
   std::vector<std::string> big_errors;
