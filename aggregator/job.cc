@@ -382,7 +382,8 @@ void Job::OnControl(uint32_t rank, const proto::ControlMessage& message) {
 void Job::OnCollectiveBegin(uint32_t rank, const proto::CollectiveBegin& begin) {
   if (!departed_.empty()) {
     Abort(Status(StatusCode::kPeerLeft, "job " + std::to_string(id_) + ": collective " + std::to_string(begin.seq()) +
-                                            " cannot run: " + DescribeDepartures()),
+                                            " (begun by " + Describe(rank) + ") cannot run: " +
+                                            DescribeDepartures()),
           departed_);
     return;
   }
@@ -598,7 +599,12 @@ void Job::Violation(uint32_t rank, const Status& error) {
 }
 
 void Job::OnDisconnect(uint32_t rank, const Session* session, const Status& reason) {
-  if (rank >= members_.size() || members_[rank].get() != session) return;  // rejected or replaced session
+  if (rank >= members_.size() || members_[rank].get() != session) {
+    // A rejected or replaced session; or one that failed before its Join (an exception making its channel), which
+    // may leave a job nobody joined: without a member nor a formation timer, nothing else would ever release it.
+    if (joined_ == 0 && !formed_) ReleaseIfEmpty();
+    return;
+  }
   if (dead_ || std::find(departed_.begin(), departed_.end(), rank) != departed_.end()) {
     members_[rank].reset();  // the job is over, or the rank said Goodbye and is already counted as departed
     ReleaseIfEmpty();

@@ -139,12 +139,16 @@ void Server::Accept(size_t listener) {
       return;
     }
     socket.set_option(tcp::no_delay(true), ec);
-    if (Status st = sparsereduce::tcp::ApplyLiveness(socket, options_.liveness); !st.ok()) {
-      spdlog::warn("accepted connection: {}", st.ToString());
-    }
-    std::optional<HandshakeLimit::Slot> slot;
     boost::system::error_code remote_ec;
     const tcp::endpoint remote = socket.remote_endpoint(remote_ec);
+    if (Status st = sparsereduce::tcp::ApplyLiveness(socket, options_.liveness); !st.ok()) {
+      spdlog::warn("connection from {} accepted on {}: {}",
+                   remote_ec ? std::string("a peer already gone")
+                             : sparsereduce::tcp::HostPort{remote.address().to_string(), remote.port()}.ToString(),
+                   bound_text_[listener],
+                   st.ToString());
+    }
+    std::optional<HandshakeLimit::Slot> slot;
     if (!remote_ec) {  // (else the connection is gone already, and its session ends at its first read)
       slot = context_.handshake_limit.TryAcquire(remote.address());
       if (!slot) {
