@@ -88,11 +88,16 @@ ColumnLayout::ColumnLayout(const JobShape& shape, uint64_t element_count, uint32
 }
 
 uint64_t ColumnLayout::BlocksOf(uint32_t aggregator) const {
-  uint64_t blocks = 0;
-  for (uint32_t s = 0; s < shape_.slots; ++s) {
-    ForEachRun(aggregator, s, [&](uint64_t, uint64_t count) { blocks += count; });
-  }
-  return blocks;
+  // In closed form: visiting the runs took one step per row, 2^32 of them for a tensor of 2^32 blocks of one
+  // element, on the I/O thread that admits the collective. Column c holds NB / C blocks, one more when
+  // c < NB % C, and the aggregator serves the columns with c / L % A == aggregator (AggregatorOf).
+  const uint64_t cycle = uint64_t{run_length_} * shape_.num_aggregators;
+  const uint64_t first = uint64_t{aggregator} * run_length_;
+  auto served_below = [&](uint64_t columns) {  // columns of `aggregator` among 0 .. columns - 1
+    const uint64_t tail = columns % cycle;
+    return columns / cycle * run_length_ + (tail > first ? std::min<uint64_t>(tail - first, run_length_) : 0);
+  };
+  return num_blocks_ / num_columns_ * served_below(num_columns_) + served_below(num_blocks_ % num_columns_);
 }
 
 uint32_t ColumnLayout::NonEmptyLanes(uint32_t aggregator, uint32_t slot) const {
