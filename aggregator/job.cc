@@ -298,14 +298,32 @@ Result<uint64_t> Job::CheckContribution(uint32_t rank, const FrameHeader& header
   if (!active_->begun[rank]) {
     return ProtocolError("CONTRIBUTION for collective " + std::to_string(header.seq) + " before its CollectiveBegin");
   }
-  const uint64_t limit = active_->engine->MaxContributionPayload();
+  // Bounded by what the slot can carry, not by K alone: its payload is read (and held) before the entries are
+  // checked, and a slot with few columns here (a small tensor) would otherwise let through frames of up to
+  // K x (24 + block bytes) that no valid frame reaches.
+  if (header.slot >= shape_.slots) {
+    return ProtocolError("CONTRIBUTION for slot " + std::to_string(header.slot) + "; the job has " +
+                         std::to_string(shape_.slots) + " slots");
+  }
+  const uint32_t columns = active_->engine->SlotColumns(header.slot);
+  if (columns == 0) {
+    return ProtocolError("CONTRIBUTION for slot " + std::to_string(header.slot) + ", which has no blocks on this " +
+                         "aggregator in collective " + std::to_string(header.seq));
+  }
+  const uint64_t limit = active_->engine->MaxContributionPayload(header.slot);
   if (header.payload_length > limit) {
     return ProtocolError("CONTRIBUTION payload of " + std::to_string(header.payload_length) +
-                         " bytes exceeds the collective's limit of " + std::to_string(limit));
+                         " bytes exceeds the collective's limit of " + std::to_string(limit) + " on slot " +
+                         std::to_string(header.slot) + " (" + std::to_string(columns) + " columns here)");
   }
   if (header.entry_count > shape_.blocks_per_message) {
     return ProtocolError("CONTRIBUTION of " + std::to_string(header.entry_count) + " entries, more than the job's " +
                          std::to_string(shape_.blocks_per_message) + " blocks per message");
+  }
+  if (header.entry_count > columns) {
+    return ProtocolError("CONTRIBUTION of " + std::to_string(header.entry_count) + " entries on slot " +
+                         std::to_string(header.slot) + ", which has " + std::to_string(columns) +
+                         " columns on this aggregator");
   }
   return limit;
 }

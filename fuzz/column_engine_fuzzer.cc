@@ -590,8 +590,9 @@ class Harness {
     FUZZ_CHECK(h.ok() || !must_accept, "valid frame's header rejected: %s", h.status().ToString().c_str());
     if (!h.ok()) return false;
     // aggregator/job.cc CheckContribution, and the stream framing (exactly payload_length bytes follow).
-    if (h->type != FrameType::kContribution || h->job != kJob || h->seq != kSeq ||
-        h->payload_length > engines_[a]->MaxContributionPayload() ||
+    if (h->type != FrameType::kContribution || h->job != kJob || h->seq != kSeq || h->slot >= setup_.shape.slots ||
+        engines_[a]->SlotColumns(h->slot) == 0 || h->payload_length > engines_[a]->MaxContributionPayload(h->slot) ||
+        h->entry_count > engines_[a]->SlotColumns(h->slot) ||
         frame.size() != kFrameHeaderSize + uint64_t{h->payload_length}) {
       FUZZ_CHECK(!must_accept, "valid frame fails the Job's pre-checks");
       return false;

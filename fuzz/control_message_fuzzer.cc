@@ -82,8 +82,10 @@ void CheckLayout(const JobShape& shape, const CollectiveSpec& spec) {
 void MaybeBuildEngine(const JobShape& shape, uint32_t aggregator, const CollectiveSpec& spec) {
   if (uint64_t{shape.slots} * shape.blocks_per_message * shape.world_size > kMaxEngineWords) return;
   ColumnEngine engine(shape, aggregator, /*job=*/1, /*seq=*/1, spec);
-  FUZZ_CHECK(engine.MaxContributionPayload() <= kMaxDataPayload, "MaxContributionPayload %llu above the limit",
-             static_cast<unsigned long long>(engine.MaxContributionPayload()));
+  for (uint32_t s = 0; s < shape.slots; ++s) {
+    FUZZ_CHECK(engine.MaxContributionPayload(s) <= kMaxDataPayload, "MaxContributionPayload %llu above the limit",
+               static_cast<unsigned long long>(engine.MaxContributionPayload(s)));
+  }
   // Slot 0 holds the aggregator's lowest column, so it is empty only when all of them are.
   const ColumnLayout layout(shape, spec.element_count, spec.block_size, FindDType(spec.dtype)->size);
   FUZZ_CHECK(engine.done() == (layout.NonEmptyLanes(aggregator, 0) == 0),

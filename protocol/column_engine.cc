@@ -69,8 +69,8 @@ uint64_t ColumnEngine::ResultMemoryBound(const JobShape& shape, uint64_t owned_b
   return 4 * frames;
 }
 
-uint64_t ColumnEngine::MaxContributionPayload() const {
-  return MaxDataPayloadFor(shape_.blocks_per_message, codec::MaxWireBytes(upload_, spec_.block_size, element_size_));
+uint64_t ColumnEngine::MaxContributionPayload(uint32_t slot) const {
+  return MaxDataPayloadFor(SlotColumns(slot), codec::MaxWireBytes(upload_, spec_.block_size, element_size_));
 }
 
 std::vector<uint32_t> ColumnEngine::AwaitedRanks() const {

@@ -35,8 +35,11 @@ class ColumnEngine {
   ColumnEngine(const ColumnEngine&) = delete;
   ColumnEngine& operator=(const ColumnEngine&) = delete;
 
-  // Largest CONTRIBUTION payload this collective allows (a frame above it is rejected before it is read).
-  uint64_t MaxContributionPayload() const;
+  // Largest CONTRIBUTION payload this collective allows on `slot` (< S): a frame above it is rejected before it is
+  // read. A frame carries at most one entry per non-empty column of the slot (SlotColumns), each with one block.
+  uint64_t MaxContributionPayload(uint32_t slot) const;
+  // The non-empty columns of `slot` (< S) on this aggregator: the most entries a CONTRIBUTION on it may carry.
+  uint32_t SlotColumns(uint32_t slot) const { return layout_.NonEmptyLanes(aggregator_, slot); }
 
   // Bookkeeping bytes counted per held block on top of its frame bytes (a queue node; checked in the .cc).
   static constexpr uint64_t kHeldBlockOverhead = 64;

@@ -1037,6 +1037,41 @@ TEST(InProcess, AContributionOfMoreThanKEntriesIsRefusedBeforeItsPayload) {
       << reply->error().message();
 }
 
+// Nor is one whose payload exceeds what its slot can carry: one block per column of the slot on this aggregator
+// (fewer than K for a tensor of less than a row). The limit was K blocks: here a slot of 2 columns (2 blocks, K = 4)
+// waited for a 3000-byte payload that no valid frame reaches (the limit now is 2 x (24 + 1024) = 2096).
+TEST(InProcess, AContributionLargerThanItsSlotAllowsIsRefusedBeforeItsPayload) {
+  auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+  const int fd = ConnectToLoopback((*daemon)->AddressList());
+  ASSERT_GE(fd, 0);
+  WorkerOptions options;
+  options.slots = 1;
+  options.blocks_per_message = 4;
+  ASSERT_TRUE(SendControl(fd, RawHello(26, 0, 1, 1, options)));
+  const std::optional<proto::ControlMessage> ready = ReadControlFrame(fd);
+  ASSERT_TRUE(ready && ready->has_job_ready());
+  proto::ControlMessage begin;
+  begin.mutable_collective_begin()->set_seq(1);
+  *begin.mutable_collective_begin()->mutable_spec() = SpecToProto({512, DType::kFloat32, ReduceOp::kSum, 256});
+  ASSERT_TRUE(SendControl(fd, begin));
+  std::array<std::byte, kFrameHeaderSize> header{};
+  EncodeFrameHeader({FrameType::kContribution, 3000, 0, 26, 1, 1}, header.data());
+  ASSERT_TRUE(WriteAll(fd, header));
+
+  std::optional<proto::ControlMessage> reply;
+  do {
+    reply = ReadControlFrame(fd);  // CollectiveAccepted first, then the Error
+  } while (reply && reply->has_collective_accepted());
+  close(fd);
+  ASSERT_TRUE(reply && reply->has_error()) << "no Error for a 3000-byte header without its payload";
+  EXPECT_EQ(reply->error().code(), proto::PROTOCOL_VIOLATION);
+  EXPECT_NE(reply->error().message().find("CONTRIBUTION payload of 3000 bytes exceeds the collective's limit of 2096 "
+                                          "on slot 0 (2 columns here)"),
+            std::string::npos)
+      << reply->error().message();
+}
+
 // A rank joined by hand to `job` (one aggregator), or -1.
 int JoinByHand(const std::string& address, uint64_t job, uint32_t rank, uint32_t world_size) {
   const int fd = ConnectToLoopback(address);

@@ -404,7 +404,7 @@ TEST(ColumnEngine, CodecBlocksAreCheckedOnArrival) {
   ASSERT_TRUE(Feed(engine, 0, Contribution(0, {{0, 2, 0}, {1, kEndOfColumn, 0}}), &out).ok());
   ASSERT_TRUE(Feed(engine, 1, Contribution(0, {{0, 2, 0}, {1, kEndOfColumn, 0}}), &out).ok());
   // A block of 2 values: scale (4 bytes) + one group byte. Six bytes, or a run byte standing for 2 groups, are wrong.
-  EXPECT_EQ(engine.MaxContributionPayload(), 2u * (kEntrySize + 8));
+  EXPECT_EQ(engine.MaxContributionPayload(0), 2u * (kEntrySize + 8));
   Sent too_long = Contribution(0, {{2, kEndOfColumn, 6}});
   Status st = Feed(engine, 0, std::move(too_long), &out);
   EXPECT_EQ(st.code(), StatusCode::kProtocolViolation);
@@ -680,7 +680,7 @@ TEST(WorkerCollective, FullFramesReachThePayloadLimitsExactly) {
     WorkerCollective wc(shape, 1, 1, spec, std::as_writable_bytes(std::span(tensor)), {}, CodecContext{&state, 0, 1});
     codec::ErrorMemory memory(4, 3);
     ColumnEngine engine(shape, 0, 1, 1, spec, nullptr, &memory);
-    EXPECT_EQ(engine.MaxContributionPayload(), c.up);
+    EXPECT_EQ(engine.MaxContributionPayload(0), c.up);
     EXPECT_EQ(wc.MaxResultPayload(), c.down);
     uint64_t largest_up = 0, largest_down = 0;
     std::vector<OutgoingFrame> pending = wc.Start(0);
