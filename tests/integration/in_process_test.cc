@@ -1002,74 +1002,67 @@ TEST(InProcess, AFrameOfAnotherVersionAfterTheJobFormedIsAVersionMismatch) {
   EXPECT_TRUE((*daemon)->Stop());
 }
 
+// The Error a one-rank job (joined by hand with `options`, collective 1 of `elements` fp32 in blocks of 256 begun)
+// gets for a CONTRIBUTION header on slot 0 of `entries` entries and `payload_length` bytes, sent without its
+// payload: an Error that comes at once shows the header was refused before the payload was read.
+std::optional<proto::Error> ErrorForContributionHeader(uint64_t job, const WorkerOptions& options, uint64_t elements,
+                                                       uint32_t entries, uint32_t payload_length) {
+  auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
+  if (!daemon.ok()) {
+    ADD_FAILURE() << daemon.status().ToString();
+    return std::nullopt;
+  }
+  const int fd = ConnectToLoopback((*daemon)->AddressList());
+  if (fd < 0) {
+    ADD_FAILURE() << "cannot connect to " << (*daemon)->AddressList();
+    return std::nullopt;
+  }
+  std::optional<proto::ControlMessage> reply;
+  if (SendControl(fd, RawHello(job, 0, 1, 1, options)) && (reply = ReadControlFrame(fd)) && reply->has_job_ready()) {
+    proto::ControlMessage begin;
+    begin.mutable_collective_begin()->set_seq(1);
+    *begin.mutable_collective_begin()->mutable_spec() = SpecToProto({elements, DType::kFloat32, ReduceOp::kSum, 256});
+    std::array<std::byte, kFrameHeaderSize> header{};
+    EncodeFrameHeader({FrameType::kContribution, payload_length, 0, job, 1, entries}, header.data());
+    if (SendControl(fd, begin) && WriteAll(fd, header)) {
+      do {
+        reply = ReadControlFrame(fd);  // CollectiveAccepted first, then the Error
+      } while (reply && reply->has_collective_accepted());
+    }
+  }
+  close(fd);
+  if (!reply || !reply->has_error()) return std::nullopt;
+  return reply->error();
+}
+
 // The header of a CONTRIBUTION with more entries than the job's K (blocks per message) is refused before its
 // payload is read (docs/PROTOCOL.md §3): only its header is sent here, and the Error comes at once. The daemon
 // used to read the payload first and decode the whole table.
 TEST(InProcess, AContributionOfMoreThanKEntriesIsRefusedBeforeItsPayload) {
-  auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
-  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
-  const std::string address = (*daemon)->AddressList();
-  const int fd = ConnectToLoopback(address);
-  ASSERT_GE(fd, 0) << "cannot connect to " << address;
   WorkerOptions options;
   options.blocks_per_message = 4;
-  ASSERT_TRUE(SendControl(fd, RawHello(25, 0, 1, 1, options)));
-  const std::optional<proto::ControlMessage> ready = ReadControlFrame(fd);
-  ASSERT_TRUE(ready && ready->has_job_ready());
-  proto::ControlMessage begin;
-  begin.mutable_collective_begin()->set_seq(1);
-  *begin.mutable_collective_begin()->mutable_spec() = SpecToProto({4096, DType::kFloat32, ReduceOp::kSum, 256});
-  ASSERT_TRUE(SendControl(fd, begin));
-  const uint32_t entries = options.blocks_per_message + 1;
-  std::array<std::byte, kFrameHeaderSize> header{};
-  EncodeFrameHeader({FrameType::kContribution, kEntrySize * entries, 0, 25, 1, entries}, header.data());
-  ASSERT_TRUE(WriteAll(fd, header));
-
-  std::optional<proto::ControlMessage> reply;
-  do {
-    reply = ReadControlFrame(fd);  // CollectiveAccepted first, then the Error
-  } while (reply && reply->has_collective_accepted());
-  close(fd);
-  ASSERT_TRUE(reply && reply->has_error()) << "no Error for a header of 5 entries without its payload";
-  EXPECT_EQ(reply->error().code(), proto::PROTOCOL_VIOLATION);
-  EXPECT_NE(reply->error().message().find("CONTRIBUTION of 5 entries, more than the job's 4 blocks per message"),
+  const std::optional<proto::Error> error = ErrorForContributionHeader(25, options, 4096, 5, kEntrySize * 5);
+  ASSERT_TRUE(error) << "no Error for a header of 5 entries without its payload";
+  EXPECT_EQ(error->code(), proto::PROTOCOL_VIOLATION);
+  EXPECT_NE(error->message().find("CONTRIBUTION of 5 entries, more than the job's 4 blocks per message"),
             std::string::npos)
-      << reply->error().message();
+      << error->message();
 }
 
 // Nor is one whose payload exceeds what its slot can carry: one block per column of the slot on this aggregator
 // (fewer than K for a tensor of less than a row). The limit was K blocks: here a slot of 2 columns (2 blocks, K = 4)
 // waited for a 3000-byte payload that no valid frame reaches (the limit now is 2 x (24 + 1024) = 2096).
 TEST(InProcess, AContributionLargerThanItsSlotAllowsIsRefusedBeforeItsPayload) {
-  auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
-  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
-  const int fd = ConnectToLoopback((*daemon)->AddressList());
-  ASSERT_GE(fd, 0);
   WorkerOptions options;
   options.slots = 1;
   options.blocks_per_message = 4;
-  ASSERT_TRUE(SendControl(fd, RawHello(26, 0, 1, 1, options)));
-  const std::optional<proto::ControlMessage> ready = ReadControlFrame(fd);
-  ASSERT_TRUE(ready && ready->has_job_ready());
-  proto::ControlMessage begin;
-  begin.mutable_collective_begin()->set_seq(1);
-  *begin.mutable_collective_begin()->mutable_spec() = SpecToProto({512, DType::kFloat32, ReduceOp::kSum, 256});
-  ASSERT_TRUE(SendControl(fd, begin));
-  std::array<std::byte, kFrameHeaderSize> header{};
-  EncodeFrameHeader({FrameType::kContribution, 3000, 0, 26, 1, 1}, header.data());
-  ASSERT_TRUE(WriteAll(fd, header));
-
-  std::optional<proto::ControlMessage> reply;
-  do {
-    reply = ReadControlFrame(fd);  // CollectiveAccepted first, then the Error
-  } while (reply && reply->has_collective_accepted());
-  close(fd);
-  ASSERT_TRUE(reply && reply->has_error()) << "no Error for a 3000-byte header without its payload";
-  EXPECT_EQ(reply->error().code(), proto::PROTOCOL_VIOLATION);
-  EXPECT_NE(reply->error().message().find("CONTRIBUTION payload of 3000 bytes exceeds the collective's limit of 2096 "
-                                          "on slot 0 (2 columns here)"),
+  const std::optional<proto::Error> error = ErrorForContributionHeader(26, options, 512, 1, 3000);
+  ASSERT_TRUE(error) << "no Error for a 3000-byte header without its payload";
+  EXPECT_EQ(error->code(), proto::PROTOCOL_VIOLATION);
+  EXPECT_NE(error->message().find("CONTRIBUTION payload of 3000 bytes exceeds the collective's limit of 2096 on "
+                                  "slot 0 (2 columns here)"),
             std::string::npos)
-      << reply->error().message();
+      << error->message();
 }
 
 // A rank joined by hand to `job` (one aggregator), or -1.
