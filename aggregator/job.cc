@@ -325,6 +325,7 @@ Result<uint64_t> Job::CheckContribution(uint32_t rank, const FrameHeader& header
                          std::to_string(header.slot) + ", which has " + std::to_string(columns) +
                          " columns on this aggregator");
   }
+  if (Status room = active_->engine->CheckWindow(rank, header.slot); !room.ok()) return room;
   return limit;
 }
 

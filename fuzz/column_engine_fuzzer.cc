@@ -592,7 +592,7 @@ class Harness {
     // aggregator/job.cc CheckContribution, and the stream framing (exactly payload_length bytes follow).
     if (h->type != FrameType::kContribution || h->job != kJob || h->seq != kSeq || h->slot >= setup_.shape.slots ||
         engines_[a]->SlotColumns(h->slot) == 0 || h->payload_length > engines_[a]->MaxContributionPayload(h->slot) ||
-        h->entry_count > engines_[a]->SlotColumns(h->slot) ||
+        h->entry_count > engines_[a]->SlotColumns(h->slot) || !engines_[a]->CheckWindow(rank, h->slot).ok() ||
         frame.size() != kFrameHeaderSize + uint64_t{h->payload_length}) {
       FUZZ_CHECK(!must_accept, "valid frame fails the Job's pre-checks");
       return false;

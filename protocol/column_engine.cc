@@ -190,20 +190,32 @@ Status ColumnEngine::UnexpectedBlock(uint32_t rank, const Slot& slot, uint32_t s
                        std::to_string(slot.streams[rank].last_block));
 }
 
+Status ColumnEngine::WindowRoom(uint32_t rank, const Slot& slot, uint32_t s) const {
+  const Stream& stream = slot.streams[rank];
+  if (stream.held_frames < shape_.window) return Status::Ok();
+  uint64_t oldest = kEndOfColumn;  // the smallest block still waiting, to find the frames in a log
+  for (uint32_t lane = 0; lane < slot.lanes; ++lane) {
+    const uint32_t n = slot.queue_head[size_t{lane} * shape_.world_size + rank];
+    if (n != kNone) oldest = std::min(oldest, stream.nodes[n].entry.block);
+  }
+  return ProtocolError(Where(rank, s) + ": a frame beyond the window: " + std::to_string(shape_.window) +
+                       " frames of this rank already wait for aggregation (the oldest waiting block is " +
+                       std::to_string(oldest) + ")");
+}
+
+Status ColumnEngine::CheckWindow(uint32_t rank, uint32_t s) const {
+  if (rank >= shape_.world_size || s >= slots_.size()) return Status::Ok();  // OnContribution names these
+  const Slot& slot = slots_[s];
+  // (A finished slot has given its streams up; OnContribution refuses frames for it.)
+  if (slot.streams.empty() || !slot.streams[rank].announced) return Status::Ok();
+  return WindowRoom(rank, slot, s);
+}
+
 Status ColumnEngine::OnBlocks(uint32_t rank, Slot& slot, uint32_t s, const FrameHeader& header, ByteBuffer payload,
                               std::vector<uint32_t>* ready) {
   const uint32_t W = shape_.world_size;
   Stream& stream = slot.streams[rank];
-  if (stream.held_frames >= shape_.window) {
-    uint64_t oldest = kEndOfColumn;  // the smallest block still waiting, to find the frames in a log
-    for (uint32_t lane = 0; lane < slot.lanes; ++lane) {
-      const uint32_t n = slot.queue_head[size_t{lane} * W + rank];
-      if (n != kNone) oldest = std::min(oldest, stream.nodes[n].entry.block);
-    }
-    return ProtocolError(Where(rank, s) + ": a frame beyond the window: " + std::to_string(shape_.window) +
-                         " frames of this rank already wait for aggregation (the oldest waiting block is " +
-                         std::to_string(oldest) + ")");
-  }
+  if (Status room = WindowRoom(rank, slot, s); !room.ok()) return room;
   // Held before decoding, so that the entries point into the kept payload.
   uint32_t f;
   if (stream.free_frames.empty()) {

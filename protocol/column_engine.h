@@ -38,6 +38,10 @@ class ColumnEngine {
   // Largest CONTRIBUTION payload this collective allows on `slot` (< S): a frame above it is rejected before it is
   // read. A frame carries at most one entry per non-empty column of the slot (SlotColumns), each with one block.
   uint64_t MaxContributionPayload(uint32_t slot) const;
+  // Before a CONTRIBUTION's payload is read: refuses a frame of a rank that already has D frames on `slot` waiting
+  // for aggregation (§4), as OnContribution would once it is read. A valid frame never meets it: the worker sends
+  // past a full window only after a RESULT, sent after the aggregation that made room.
+  Status CheckWindow(uint32_t rank, uint32_t slot) const;
   // The non-empty columns of `slot` (< S) on this aggregator: the most entries a CONTRIBUTION on it may carry.
   uint32_t SlotColumns(uint32_t slot) const { return layout_.NonEmptyLanes(aggregator_, slot); }
 
@@ -147,6 +151,7 @@ class ColumnEngine {
   void AddResult(const Entry& entry);
   void FlushResult(uint32_t s, std::vector<Broadcast>* out);
   std::string Where(uint32_t rank, uint32_t s) const;
+  Status WindowRoom(uint32_t rank, const Slot& slot, uint32_t s) const;  // the window check, its message
 
   JobShape shape_;
   uint32_t aggregator_;

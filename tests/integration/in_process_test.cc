@@ -1162,6 +1162,31 @@ TEST(InProcess, AContributionThatDoesNotFitItsCollectiveIsRefused) {
   EXPECT_TRUE((*daemon)->Stop());
 }
 
+// A CONTRIBUTION beyond the rank's window (D = 1 frame per slot waiting for aggregation) is refused from its header,
+// before its payload is read: the daemon read the whole frame first, which a valid worker never sends. Rank 0 sends
+// its announce and block 0 of slot 0 (columns 0 and 1, one block each), which waits for rank 1's announce, then only
+// the header of a frame with block 1.
+TEST(InProcess, AContributionBeyondTheWindowIsRefusedBeforeItsPayload) {
+  auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+  const auto [fd0, fd1] = FormPairByHand((*daemon)->AddressList(), 85);
+  ASSERT_GE(fd0, 0);
+  ASSERT_TRUE(SendControl(fd0, BeginOf(1)));
+  const std::array announce{Entry{0, 0, 0}, Entry{1, 1, 0}};
+  ASSERT_TRUE(WriteAll(fd0, EncodeDataFrame({FrameType::kContribution, 0, 0, 85, 1, 0}, announce, {}).span()));
+  const std::vector<float> ones(256, 1.0f);
+  const std::array block{Entry{0, kEndOfColumn, 1024}};
+  const std::array data{std::as_bytes(std::span(ones))};
+  ASSERT_TRUE(WriteAll(fd0, EncodeDataFrame({FrameType::kContribution, 0, 0, 85, 1, 0}, block, data).span()));
+  std::array<std::byte, kFrameHeaderSize> header{};
+  EncodeFrameHeader({FrameType::kContribution, kEntrySize + 1024, 0, 85, 1, 1}, header.data());
+  ASSERT_TRUE(WriteAll(fd0, header));
+  const std::optional<proto::Error> error = NextError(fd0);
+  close(fd0);
+  close(fd1);
+  ExpectNamedError(error, proto::PROTOCOL_VIOLATION, 85, 0, "a frame beyond the window: 1 frames of this rank");
+}
+
 // A CollectiveBegin out of turn is a violation naming the rank: before the job formed, for a collective other than
 // the next, for one already begun by that rank, with an invalid spec; and so is any control message a member may
 // not send (a second Hello).
