@@ -115,10 +115,6 @@ void RaiseOpenFileLimit() {
 // build without RDMA, the memlock limit: RestartPreventExitStatus=2 stops the retries).
 int StartFailureExitCode(const Status& status) { return status.code() == StatusCode::kUnavailable ? 1 : 2; }
 
-// HOST:PORT of a bound endpoint, an IPv6 host in brackets ([::1]:34843), as --listen takes it and URLs write it.
-std::string EndpointText(const boost::asio::ip::tcp::endpoint& endpoint) {
-  return sparsereduce::tcp::HostPort{endpoint.address().to_string(), endpoint.port()}.ToString();
-}
 
 }  // namespace
 
@@ -151,7 +147,7 @@ int main(int argc, char** argv) {
       spdlog::critical("{}", bound.status().ToString());
       return StartFailureExitCode(bound.status());
     }
-    spdlog::info("metrics, health and readiness on http://{}/", EndpointText(*bound));
+    spdlog::info("metrics, health and readiness on http://{}/", sparsereduce::tcp::EndpointText(*bound));
     if (Status st = WritePortFile("metrics-port-file", config.metrics_port_file, bound->port()); !st.ok()) {
       spdlog::critical("{}", st.ToString());
       return 2;
@@ -164,7 +160,7 @@ int main(int argc, char** argv) {
     return StartFailureExitCode(bound.status());
   }
   for (const auto& endpoint : *bound) {
-    spdlog::info("{}: listening on {}", config.server.name, EndpointText(endpoint));
+    spdlog::info("{}: listening on {}", config.server.name, sparsereduce::tcp::EndpointText(endpoint));
   }
   if (Status st = WritePortFile("port-file", config.port_file, bound->front().port()); !st.ok()) {
     spdlog::critical("{}", st.ToString());

@@ -105,7 +105,7 @@ Result<std::vector<tcp::endpoint>> Server::Listen() {
     std::unique_ptr<tcp::acceptor>& opened = *acceptor;
     bound.push_back(opened->local_endpoint());
     bound_text_.push_back(
-        sparsereduce::tcp::HostPort{bound.back().address().to_string(), bound.back().port()}.ToString());
+        sparsereduce::tcp::EndpointText(bound.back()));
     acceptors_.push_back(std::move(opened));
     accept_retry_.push_back(std::make_unique<asio::steady_timer>(acceptor_strand_));
   }
@@ -143,10 +143,8 @@ void Server::Accept(size_t listener) {
     const tcp::endpoint remote = socket.remote_endpoint(remote_ec);
     if (Status st = sparsereduce::tcp::ApplyLiveness(socket, options_.liveness); !st.ok()) {
       spdlog::warn("connection from {} accepted on {}: {}",
-                   remote_ec ? std::string("a peer already gone")
-                             : sparsereduce::tcp::HostPort{remote.address().to_string(), remote.port()}.ToString(),
-                   bound_text_[listener],
-                   st.ToString());
+                   remote_ec ? std::string("a peer already gone") : sparsereduce::tcp::EndpointText(remote),
+                   bound_text_[listener], st.ToString());
     }
     std::optional<HandshakeLimit::Slot> slot;
     if (!remote_ec) {  // (else the connection is gone already, and its session ends at its first read)

@@ -35,7 +35,7 @@ std::string PeerName(const tcp::Socket& socket) {
   boost::system::error_code ec;
   auto endpoint = socket.remote_endpoint(ec);
   if (ec) return "?";
-  return sparsereduce::tcp::HostPort{endpoint.address().to_string(), endpoint.port()}.ToString();
+  return sparsereduce::tcp::EndpointText(endpoint);
 }
 
 Status ValidateHello(const proto::Hello& h, const ServerOptions& o) {

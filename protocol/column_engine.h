@@ -43,7 +43,7 @@ class ColumnEngine {
   // past a full window only after a RESULT, sent after the aggregation that made room.
   Status CheckWindow(uint32_t rank, uint32_t slot) const;
   // The non-empty columns of `slot` (< S) on this aggregator: the most entries a CONTRIBUTION on it may carry.
-  uint32_t SlotColumns(uint32_t slot) const { return layout_.NonEmptyLanes(aggregator_, slot); }
+  uint32_t SlotColumns(uint32_t slot) const { return slots_[slot].lanes; }
 
   // Bookkeeping bytes counted per held block on top of its frame bytes (a queue node; checked in the .cc).
   static constexpr uint64_t kHeldBlockOverhead = 64;

@@ -204,30 +204,38 @@ bool ValidateOptions(const Config& c, bool spawning) {
   return ok;
 }
 
-// The sum of every rank's `value`, exact: int32 sums of 12-bit pieces, which cannot overflow for up to 2^19 ranks.
-uint64_t SumOverRanks(sparsereduce::Worker& worker, uint64_t value) {
-  constexpr int kBits = 12, kPieces = (64 + kBits - 1) / kBits;
-  std::vector<int32_t> pieces(kPieces);
-  for (int k = 0; k < kPieces; ++k) pieces[k] = static_cast<int32_t>((value >> (k * kBits)) & ((1u << kBits) - 1));
-  worker.allreduce(std::span(pieces), kExact);
-  uint64_t sum = 0;
-  for (int k = 0; k < kPieces; ++k) sum += static_cast<uint64_t>(pieces[k]) << (k * kBits);
-  return sum;
+// uint64 values through exact int32 allreduces: as 12-bit pieces, whose int32 sums cannot overflow for up to 2^19
+// ranks.
+constexpr int kPieceBits = 12, kPieces = (64 + kPieceBits - 1) / kPieceBits;
+
+void SplitIntoPieces(uint64_t value, std::span<int32_t> pieces) {
+  for (int k = 0; k < kPieces; ++k) {
+    pieces[k] = static_cast<int32_t>((value >> (k * kPieceBits)) & ((1u << kPieceBits) - 1));
+  }
 }
 
-// The largest of the ranks' values (each rank gives its own; exact, through the system under test).
+uint64_t JoinPieces(std::span<const int32_t> pieces) {
+  uint64_t value = 0;
+  for (int k = 0; k < kPieces; ++k) value += static_cast<uint64_t>(pieces[k]) << (k * kPieceBits);
+  return value;
+}
+
+// The sum of every rank's `value`, exact.
+uint64_t SumOverRanks(sparsereduce::Worker& worker, uint64_t value) {
+  std::vector<int32_t> pieces(kPieces);
+  SplitIntoPieces(value, pieces);
+  worker.allreduce(std::span(pieces), kExact);
+  return JoinPieces(pieces);
+}
+
+// The largest of the ranks' values (each rank fills its own place, zeros elsewhere; exact).
 uint64_t MaxOverRanks(sparsereduce::Worker& worker, uint32_t rank, uint32_t world_size, uint64_t value) {
-  constexpr int kBits = 12, kPieces = (64 + kBits - 1) / kBits;
   std::vector<int32_t> pieces(size_t{world_size} * kPieces, 0);
-  for (int k = 0; k < kPieces; ++k) {
-    pieces[size_t{rank} * kPieces + k] = static_cast<int32_t>((value >> (k * kBits)) & ((1u << kBits) - 1));
-  }
+  SplitIntoPieces(value, std::span(pieces).subspan(size_t{rank} * kPieces, kPieces));
   worker.allreduce(std::span(pieces), kExact);
   uint64_t largest = 0;
   for (uint32_t r = 0; r < world_size; ++r) {
-    uint64_t v = 0;
-    for (int k = 0; k < kPieces; ++k) v += static_cast<uint64_t>(pieces[size_t{r} * kPieces + k]) << (k * kBits);
-    largest = std::max(largest, v);
+    largest = std::max(largest, JoinPieces(std::span(pieces).subspan(size_t{r} * kPieces, kPieces)));
   }
   return largest;
 }

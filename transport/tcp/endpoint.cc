@@ -43,4 +43,8 @@ Result<HostPort> ParseHostPort(const std::string& text) {
   return out;
 }
 
+std::string EndpointText(const boost::asio::ip::tcp::endpoint& endpoint) {
+  return HostPort{endpoint.address().to_string(), endpoint.port()}.ToString();
+}
+
 }  // namespace sparsereduce::tcp
