@@ -140,6 +140,9 @@ int main(int argc, char** argv) {
   // their own handlers.
   auto lifecycle = boost::asio::make_strand(io);
   SystemdNotifier systemd(lifecycle);
+  // Caught from before the port files and readiness say the daemon serves (handled below): a SIGHUP or SIGTERM
+  // sent as soon as the port file appeared found the default actions still in place and ended the daemon at once.
+  boost::asio::signal_set signals(lifecycle, SIGINT, SIGTERM, SIGHUP);
 
   if (!config.metrics_listen.empty()) {
     auto bound = http.Listen(config.metrics_listen);
@@ -173,7 +176,6 @@ int main(int argc, char** argv) {
   // First SIGTERM/SIGINT: drain. A second one, or the drain deadline: abort what is left. Either way exit 0.
   // SIGHUP, which daemons often take as "reload", is ignored with a warning: its default action would end the
   // daemon at once, without a drain, and systemd counts that a clean exit, so it would not restart it either.
-  boost::asio::signal_set signals(lifecycle, SIGINT, SIGTERM, SIGHUP);
   boost::asio::steady_timer drain_deadline(lifecycle);
   bool finished = false;
   // Once: the jobs that Stop() aborts empty the registry, which posts the drain's own "drained" finish again.
