@@ -225,6 +225,7 @@ asio::awaitable<void> Session::Handshake() {
         asio::post(job->strand(), [job, st, rank = hello_.rank()] { job->AbortIfForming(st, rank); });
       }
     } else {
+      handshake_step_ = "authenticating";
       st = co_await Authenticate();
       if (st.ok()) st = co_await OfferTransport(deadline.expiry());
       if (!st.ok()) st = st.WithContext(Who());
@@ -239,8 +240,8 @@ asio::awaitable<void> Session::Handshake() {
   }
   if (deadline.expired()) {
     if (context_.refusal_log.Admit()) {
-      spdlog::warn("{}: no complete handshake within {} ms; connection dropped", got_hello ? Who() : "peer " + peer_,
-                   context_.options.handshake_timeout.count());
+      spdlog::warn("{}: no complete handshake within {} ms ({}); connection dropped",
+                   got_hello ? Who() : "peer " + peer_, context_.options.handshake_timeout.count(), handshake_step_);
     }
     context_.metrics.Error(StatusCode::kDeadlineExceeded);
     co_return;
@@ -400,8 +401,10 @@ asio::awaitable<Status> Session::OfferShm(std::chrono::steady_clock::time_point 
   o->set_kind("shm");
   o->set_shm_socket((*offer)->socket_name());
   o->set_token((*offer)->token());
+  handshake_step_ = "sending the shared-memory offer";
   if (Status st = co_await WriteControl(message); !st.ok()) co_return st.WithContext("sending TransportOffer");
   // The worker either presents the token on the socket, or says on TCP why it cannot (another host).
+  handshake_step_ = "waiting for the worker to present the shared-memory token, or to decline on TCP";
   using namespace asio::experimental::awaitable_operators;
   std::variant<Status, Result<proto::ControlMessage>> outcome =
       co_await ((*offer)->AcceptWorker(deadline) || ReadControl());
@@ -411,6 +414,7 @@ asio::awaitable<Status> Session::OfferShm(std::chrono::steady_clock::time_point 
     // them closes the Unix socket and declines on TCP at once, and a read cut short by the other end of the race
     // would lose the decline. Readable is that decline, or the worker's close; the handshake deadline and
     // Server::Stop close the socket, which ends the wait too (a hoarder that never acknowledges kept it).
+    handshake_step_ = "handing the shared-memory segment over: waiting for the worker's acknowledgement";
     std::variant<Status, std::tuple<boost::system::error_code>> handed =
         co_await ((*offer)->HandOver(deadline) ||
                   socket_.async_wait(asio::socket_base::wait_read, asio::as_tuple(asio::use_awaitable)));
@@ -423,6 +427,7 @@ asio::awaitable<Status> Session::OfferShm(std::chrono::steady_clock::time_point 
         spdlog::warn("{}: shared-memory offer withdrawn, staying on TCP: {}", Who(), st.message());
       }
       offer->reset();
+      handshake_step_ = "waiting for the worker's TransportDecline after the shared-memory offer ended";
       Result<proto::ControlMessage> reply = co_await ReadControl();
       if (!reply.ok()) co_return reply.status();
       if (reply->body_case() != proto::ControlMessage::kTransportDecline) {
@@ -459,7 +464,9 @@ asio::awaitable<Status> Session::OfferRdma(std::chrono::steady_clock::time_point
   proto::ControlMessage message;
   message.mutable_transport_offer()->set_kind("rdma");
   *message.mutable_transport_offer()->mutable_rdma() = (*connection)->LocalEndpoint();
+  handshake_step_ = "sending the RDMA offer";
   if (Status st = co_await WriteControl(message); !st.ok()) co_return st.WithContext("sending TransportOffer");
+  handshake_step_ = "waiting for the worker's answer to the RDMA offer";
   // Bounded by the handshake deadline, which closes the socket.
   Result<proto::ControlMessage> reply = co_await ReadControl();
   if (!reply.ok()) co_return reply.status();

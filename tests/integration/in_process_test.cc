@@ -943,15 +943,6 @@ TEST(InProcess, OlderProtocolVersionIsRefusedByName) {
   // No Stop(): a drain waits out the rejected connection's 5 s close grace; the destructor kills the daemon.
 }
 
-// One control frame, decoded; nullopt when none arrives (the connection ended or stalled) or it does not decode.
-std::optional<proto::ControlMessage> ReadControlFrame(int fd) {
-  const std::optional<RawFrame> frame = ReadFrame(fd);
-  if (!frame || frame->header.type != FrameType::kControl) return std::nullopt;
-  Result<proto::ControlMessage> message = DecodeControl(frame->payload);
-  if (!message.ok()) return std::nullopt;
-  return std::move(*message);
-}
-
 // docs/PROTOCOL.md §9: a frame of another version is refused with VERSION_MISMATCH also after the job formed, and
 // the job ends as for any violation. A mid-stream version error used to count as the rank leaving: between
 // collectives it departed without an Error, and the other ranks later read that it had left.

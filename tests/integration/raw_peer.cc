@@ -153,6 +153,14 @@ std::optional<RawFrame> ReadFrame(int fd) {
   return frame;
 }
 
+std::optional<proto::ControlMessage> ReadControlFrame(int fd) {
+  const std::optional<RawFrame> frame = ReadFrame(fd);
+  if (!frame || frame->header.type != FrameType::kControl) return std::nullopt;
+  Result<proto::ControlMessage> message = DecodeControl(frame->payload);
+  if (!message.ok()) return std::nullopt;
+  return std::move(*message);
+}
+
 std::optional<std::string> ReadUntilClosed(int fd, std::chrono::milliseconds timeout) {
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   std::string bytes;

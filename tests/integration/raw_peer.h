@@ -55,6 +55,8 @@ struct RawFrame {
 };
 // Reads one whole frame; nullopt when the stream ended, stalled (20 s) or the header does not decode.
 std::optional<RawFrame> ReadFrame(int fd);
+// Reads one frame that must be a CONTROL frame; nullopt as ReadFrame, or when it is another frame or does not decode.
+std::optional<proto::ControlMessage> ReadControlFrame(int fd);
 
 // Everything read until the peer closes the connection; nullopt if it has not closed within `timeout`.
 std::optional<std::string> ReadUntilClosed(int fd, std::chrono::milliseconds timeout = std::chrono::seconds(10));

@@ -293,6 +293,39 @@ TEST(Service, SighupIsIgnoredWithAWarning) {
   EXPECT_NE(log->find("(SIGHUP) ignored"), std::string::npos) << *log;
 }
 
+// A handshake cut off by --handshake-timeout-ms is logged with where it stood, so that an operator (or a failed
+// test) sees which side it waited for: the line said only that the handshake was incomplete.
+TEST(Service, AHandshakeCutOffByItsDeadlineSaysWhereItStood) {
+  Daemon daemon({"--handshake-timeout-ms", "300", "--transports", "tcp,shm"}, {}, /*capture_log=*/true);
+  ASSERT_NE(daemon.process(), nullptr);
+  // Silent from the start: no Hello.
+  const int silent = ConnectToLoopback(daemon.address());
+  ASSERT_GE(silent, 0);
+  EXPECT_TRUE(ReadUntilClosed(silent).has_value()) << "the daemon did not drop the silent connection";
+  close(silent);
+  // Takes the shared-memory offer and never presents the token.
+  const int taker = ConnectToLoopback(daemon.address());
+  ASSERT_GE(taker, 0);
+  proto::ControlMessage hello = RawHello(7, 0, 1, 1);
+  hello.mutable_hello()->clear_transports();
+  hello.mutable_hello()->add_transports("shm2");
+  ASSERT_TRUE(SendControl(taker, hello));
+  const std::optional<proto::ControlMessage> offer = ReadControlFrame(taker);
+  ASSERT_TRUE(offer && offer->has_transport_offer()) << "no shared-memory offer";
+  EXPECT_TRUE(ReadUntilClosed(taker).has_value()) << "the daemon did not drop the connection at its deadline";
+  close(taker);
+  daemon.process()->Signal(SIGTERM);
+  ASSERT_TRUE(daemon.process()->Wait(30s).ok()) << "the daemon did not stop";
+  Result<std::string> log = daemon.process()->ReadStdout(10s);
+  ASSERT_TRUE(log.ok()) << log.status().ToString();
+  EXPECT_NE(log->find("no complete handshake within 300 ms (waiting for the Hello)"), std::string::npos) << *log;
+  EXPECT_NE(log->find("job 7 rank 0 (127.0.0.1:"), std::string::npos) << *log;
+  EXPECT_NE(log->find("no complete handshake within 300 ms (waiting for the worker to present the shared-memory "
+                      "token, or to decline on TCP)"),
+            std::string::npos)
+      << *log;
+}
+
 TEST(Service, MetricsAndProbesDescribeWhatHappened) {
   Daemon daemon;
   // Every error kind is exported from 0 before its first error, so that rate() sees that first one (the series
