@@ -33,6 +33,7 @@
 #include "protocol/layout.h"
 #include "sparsereduce/worker.h"
 #include "tests/integration/raw_peer.h"
+#include "tests/sanitized_build.h"
 #include "tools/common/local_cluster.h"
 #include "tools/common/synthetic_tensor.h"
 
@@ -1368,18 +1369,6 @@ TEST(InProcess, AWorkerOfThePreviousBuildIsNotOfferedSharedMemory) {
   EXPECT_EQ(reply->job_ready().transport(), "tcp");
 }
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitizedAllocator = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kSanitizedAllocator = true;
-#else
-constexpr bool kSanitizedAllocator = false;
-#endif
-#else
-constexpr bool kSanitizedAllocator = false;
-#endif
-
 // The element count comes from the span of each call, which was not checked (only the constructor's spec of 0
 // elements was): a count above the protocol's limit, or one whose collective state the I/O thread cannot allocate
 // (a codec's error memory for a large tensor, say), threw on the I/O thread and ended the process in
@@ -1404,7 +1393,7 @@ TEST(InProcess, ACollectiveTooLargeToSetUpFailsWithoutEndingTheProcess) {
   std::vector<float> tensor(1000, 1.0f);
   worker.allreduce(std::span(tensor));  // still usable: nothing was sent
   EXPECT_EQ(tensor, std::vector<float>(1000, 1.0f));
-  if (kSanitizedAllocator) GTEST_SKIP() << "a sanitizer's allocator aborts on the 2^52-block allocation";
+  if (kSanitizedBuild) GTEST_SKIP() << "a sanitizer's allocator aborts on the 2^52-block allocation";
   try {
     worker.allreduce(std::span<float>(small, size_t{1} << 60));  // 2^52 blocks: no memory holds their state
     ADD_FAILURE() << "a collective of 2^60 elements was set up";

@@ -26,12 +26,15 @@
 #include <thread>
 #include <vector>
 
+#include "tests/sanitized_build.h"
 #include "tools/common/local_cluster.h"
 #include "tools/common/subprocess.h"
 #include "tools/common/temp_dir.h"
 
 namespace sparsereduce::tools {
 namespace {
+
+using sparsereduce::testing::kSanitizedBuild;
 
 struct Outcome {
   int exit_code = -1;  // -1: did not exit normally
@@ -362,19 +365,6 @@ TEST(PerfCheck, TheWrongCountIsNotCapped) {
   EXPECT_TRUE((*cluster)->Stop());
 }
 
-// Built with a sanitizer (so are the tools this test runs).
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kPerfSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-constexpr bool kPerfSanitized = true;
-#else
-constexpr bool kPerfSanitized = false;
-#endif
-#else
-constexpr bool kPerfSanitized = false;
-#endif
-
 // What /proc says of process `pid`: "PID (COMMAND) ARGS", for messages about processes left running.
 std::string DescribeProcess(int pid) {
   std::ifstream comm("/proc/" + std::to_string(pid) + "/comm");
@@ -537,7 +527,7 @@ TEST(PerfSpawn, KilledOutrightItLeavesNothingRunning) {
   // Anything else left running was started by the run too (a rank's child) and must be gone as well; under a
   // sanitizer, its symbolizer may still be finishing a report of a rank's, which is printed above.
   const std::string others = ReapLeftovers();
-  if (!kPerfSanitized) {
+  if (!kSanitizedBuild) {
     EXPECT_EQ(others, "") << "processes of the run were left running";
   } else if (!others.empty()) {
     std::cout << "reaped after the run (a sanitizer's helper):\n" << others;
@@ -620,7 +610,7 @@ TEST(PerfSpawn, TheRunTimeoutStopsTheRanks) {
 // fails (exit 1) with a line naming the size. Here the address space is capped below the 4 GiB tensor, so the
 // allocation fails at once, whatever memory the host has.
 TEST(PerfSpawn, ASizeThatCannotBeAllocatedFailsTheRunWithoutACrash) {
-  if (kPerfSanitized) GTEST_SKIP() << "the sanitizers' shadow memory does not fit a 3 GB address space";
+  if (kSanitizedBuild) GTEST_SKIP() << "the sanitizers' shadow memory does not fit a 3 GB address space";
   const Outcome o = RunTool("/bin/sh", {"-c", "ulimit -v 3000000; exec \"$0\" \"$@\"", SPARSEREDUCE_PERF_BIN,
                                         "--spawn", "2", "--aggregator-bin", SPARSEREDUCE_AGGREGATOR_BIN, "-b", "4G",
                                         "-e", "4G", "-n", "1", "-w", "0", "--transport", "tcp"});
