@@ -149,6 +149,11 @@ TEST(WorkerLifecycle, AnotherAggregatorsErrorDuringAHandoffEndsTheConstructorAtO
     EXPECT_NE(std::string(e.what()).find("aggregator 1"), std::string::npos) << e.what();
   }
   EXPECT_LT(std::chrono::steady_clock::now() - refused, 5s);
+  // Aggregator 0 is in its handshake, where a Goodbye would be a protocol violation (it waits for the decline or
+  // the acknowledgement): the worker only closes the connection. It sent a Goodbye.
+  const std::optional<std::string> after_hello = ReadUntilClosed(fd0);
+  ASSERT_TRUE(after_hello) << "the worker kept its connection to aggregator 0";
+  EXPECT_EQ(after_hello->size(), 0u) << "the worker sent aggregator 0 more than its Hello";
   close(shm_fd);
   close(fd0);
   close(fd1);
@@ -728,6 +733,38 @@ INSTANTIATE_TEST_SUITE_P(WorkerLifecycle, HostileCollective,
                          ::testing::Values(Misstep::kAcceptedOutOfOrder, Misstep::kResultForABlockNeverAnnounced,
                                            Misstep::kResultAfterError));
 
+// Each failed collective's error says which one it is unless its cause names it: an aggregator's error about
+// collective 10 named "collective 1" too (a substring), so collective 1's error did not say it was collective 1.
+TEST(WorkerLifecycle, AnErrorAboutCollective10DoesNotNameCollective1) {
+  Joined j;
+  WorkerOptions options = OneBlockShape(48);
+  options.collective_timeout = 10s;
+  ASSERT_NO_FATAL_FAILURE(Join(options, &j));
+  std::vector<float> tensor{1.0f, 2.0f, 3.0f, 4.0f}, queued_tensor{5.0f};
+  auto done = j.worker->allreduce_async(std::span(tensor));
+  auto queued = j.worker->allreduce_async(std::span(queued_tensor));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(ReadFrame(j.fd)) << "frame " << i;  // begin, announce, contribution
+  proto::ControlMessage accepted;
+  accepted.mutable_collective_accepted()->set_seq(10);
+  ASSERT_TRUE(SendControl(j.fd, accepted));
+  ASSERT_EQ(done.wait_for(10s), std::future_status::ready) << "the worker did not fail";
+  try {
+    done.get();
+    ADD_FAILURE() << "the collective completed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("job 48 rank 0: collective 1: aggregator 0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("accepted collective 10 unexpectedly"), std::string::npos) << e.what();
+  }
+  try {
+    queued.get();
+    ADD_FAILURE() << "the queued collective completed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("job 48 rank 0: collective 2 (queued, not started): aggregator 0"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // Worker::abort fails the collective in flight at once (not at its collective timeout), restores the tensor, tells
 // the aggregator why in a Goodbye, and leaves the Worker unusable. Each failed collective's error says which one it
 // is (they all said the same).
@@ -831,6 +868,9 @@ TEST(WorkerLifecycle, AResultOfMoreThanKEntriesIsRefusedBeforeItsPayload) {
     EXPECT_NE(std::string(e.what()).find("sent a RESULT of 2 entries, more than the job's 1 blocks per message"),
               std::string::npos)
         << e.what();
+    // Named once: "aggregator 0 (...): aggregator 0 (...) sent a RESULT" before.
+    const std::string what = e.what();
+    EXPECT_EQ(what.find("aggregator 0"), what.rfind("aggregator 0")) << what;
   }
 }
 

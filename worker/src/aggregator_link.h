@@ -103,6 +103,7 @@ class AggregatorLink {
   // "aggregator 1 (10.0.0.5:19875)"
   std::string Name() const;
   bool connected() const { return connected_; }
+  bool job_ready() const { return job_ready_; }  // JobReady came: the handshake is over
   // "tcp", "shm" or "rdma" once connected (the handshake may move a connection from TCP to another transport).
   const char* transport() const { return channel_ ? channel_->kind() : "tcp"; }
   uint64_t bytes_sent() const { return bytes_sent_; }

@@ -8,11 +8,13 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <cctype>
 #include <deque>
 #include <map>
 #include <mutex>
 #include <new>
 #include <optional>
+#include <string>
 #include <thread>
 
 #include "core/cut_text.h"
@@ -37,6 +39,20 @@ namespace asio = boost::asio;
 constexpr uint64_t kYieldAfterScanning = uint64_t{1} << 20;
 
 using worker::AggregatorLink;
+
+namespace {
+
+// Whether `message` names collective `seq` ("collective 1", but not within "collective 10").
+bool NamesCollective(const std::string& message, uint64_t seq) {
+  const std::string name = "collective " + std::to_string(seq);
+  for (size_t at = message.find(name); at != std::string::npos; at = message.find(name, at + 1)) {
+    const size_t end = at + name.size();
+    if (end == message.size() || !std::isdigit(static_cast<unsigned char>(message[end]))) return true;
+  }
+  return false;
+}
+
+}  // namespace
 
 class Worker::Impl : public AggregatorLink::Handler {
  public:
@@ -92,6 +108,17 @@ class Worker::Impl : public AggregatorLink::Handler {
     return "sparsereduce: job " + std::to_string(options_.job) + " rank " + std::to_string(options_.rank);
   }
   Error MakeError(const Status& st) const { return Error(StatusCodeName(st.code()), Prefix() + ": " + st.message()); }
+  // MakeError's, to deliver through a future; out_of_memory_error_ when making it ran out of memory (the copy in
+  // std::make_exception_ptr would hand the caller a std::bad_alloc instead of an Error).
+  std::exception_ptr ErrorFor(const Status& st) const noexcept {
+    try {
+      throw MakeError(st);
+    } catch (const Error&) {
+      return std::current_exception();
+    } catch (...) {
+      return out_of_memory_error_;
+    }
+  }
   // The collective's codec from the user's options (not yet validated); an unknown name throws.
   CodecSpec CodecSpecFor(const CodecOptions& c, uint64_t key) const {
     Result<Codec> codec = ParseCodec(c.name);
@@ -100,6 +127,14 @@ class Worker::Impl : public AggregatorLink::Handler {
   }
   // I/O thread: the worker becomes unusable. `origin` is the link that failed, if one did.
   void Fail(const Status& status, AggregatorLink* origin = nullptr);
+  // Fail's work: the Goodbyes, the grace for frames in flight. May throw (std::bad_alloc).
+  void FailWithGoodbyes(const Status& status, AggregatorLink* origin);
+  // Out of memory while failing, or an exception from a handler: ends everything at once without allocating. The
+  // links are aborted (no Goodbyes, no grace), the tensor restored, and every waiter gets the failure's error if it
+  // was made, else out_of_memory_error_.
+  void FailWithoutAllocating() noexcept;
+  // The I/O thread's loop: an exception escaping a handler fails the Worker (it terminated the process).
+  void RunIo();
   // Completes a failure once no write can read the caller's tensor any more (every writer idle), or at once.
   void MaybeFinishFailure();
   void FinishFailure();
@@ -121,6 +156,9 @@ class Worker::Impl : public AggregatorLink::Handler {
 
   // I/O thread only:
   std::optional<Status> broken_;
+  // Made up front, for a failure that has no memory left to describe itself (FailWithoutAllocating).
+  Status out_of_memory_status_;
+  std::exception_ptr out_of_memory_error_;
   uint32_t ready_links_ = 0;
   std::vector<bool> link_ready_;  // JobReady received, per aggregator
   std::vector<std::string> transports_;  // per aggregator, as reported in JobReady
@@ -177,7 +215,10 @@ Worker::Impl::Impl(WorkerOptions options)
       shape_{options_.world_size, static_cast<uint32_t>(options_.aggregators.size()), options_.slots,
              options_.blocks_per_message, options_.window},
       work_(io_.get_executor()),
-      deadline_(io_) {
+      deadline_(io_),
+      out_of_memory_status_(StatusCode::kResourceExhausted,
+                            "out of memory on the worker's I/O thread; the Worker failed and closed its connections"),
+      out_of_memory_error_(std::make_exception_ptr(MakeError(out_of_memory_status_))) {
   if (options_.aggregators.empty()) throw MakeError(InvalidArgument("no aggregators given"));
   if (Status st = worker::CheckAggregatorAddresses(options_.aggregators); !st.ok()) throw MakeError(st);
   for (const auto& [name, timeout] : {std::pair{"connect_timeout", options_.connect_timeout},
@@ -268,8 +309,8 @@ Worker::Impl::Impl(WorkerOptions options)
                                      link->Name() + ": the connection ended by an exception: " + ExceptionText(error)),
                               link);
                        } catch (...) {
-                         // A second exception (std::bad_alloc again) must not leave the I/O thread's run, which
-                         // would terminate the process; the collective's timeout still ends the wait.
+                         // Describing it took memory there was not (std::bad_alloc again).
+                         FailWithoutAllocating();
                        }
                      });
     }
@@ -293,7 +334,7 @@ Worker::Impl::Impl(WorkerOptions options)
       if (join_pending_) Fail(Status(StatusCode::kAborted, "the join was cancelled (WorkerOptions::cancel)"));
     });
   });
-  thread_ = std::thread([this] { io_.run(); });
+  thread_ = std::thread([this] { RunIo(); });
   try {
     joined.get();
   } catch (...) {
@@ -333,12 +374,19 @@ std::future<void> Worker::Impl::Submit(std::span<std::byte> tensor, uint64_t cou
   if (Status st = ValidateSpec(request.spec); !st.ok()) throw MakeError(st);
   std::future<void> future = request.promise.get_future();
   asio::post(io_, [this, request = std::move(request)]() mutable {
-    if (broken_) {
-      request.promise.set_exception(std::make_exception_ptr(
-          MakeError(broken_->WithContext("the Worker failed earlier and cannot run collectives"))));
+    try {
+      if (broken_) {
+        request.promise.set_exception(
+            ErrorFor(broken_->WithContext("the Worker failed earlier and cannot run collectives")));
+        return;
+      }
+      queue_.push_back(std::move(request));  // unchanged if it throws: the request is still this handler's
+    } catch (...) {
+      // Out of memory: this request fails with the rest (its promise would otherwise break unanswered).
+      FailWithoutAllocating();
+      request.promise.set_exception(out_of_memory_error_);
       return;
     }
-    queue_.push_back(std::move(request));
     if (!active_) StartNext();
   });
   return future;
@@ -346,39 +394,36 @@ std::future<void> Worker::Impl::Submit(std::span<std::byte> tensor, uint64_t cou
 
 void Worker::Impl::StartNext() {
   if (queue_.empty() || broken_) return;
-  // Not emplace(): clang 14 judges Active, with its default member initializers, not default-constructible here.
-  active_.emplace(Active{});
-  Active& a = *active_;
-  a.request = std::move(queue_.front());
-  queue_.pop_front();
-  a.start = std::chrono::steady_clock::now();
-  a.accepted.assign(links_.size(), false);
-  for (auto& link : links_) {
-    a.sent_before += link->bytes_sent();
-    a.received_before += link->bytes_received();
-  }
-  const uint64_t seq = ++seq_;
-  CodecContext codec;
-  if (a.request.spec.codec.codec != Codec::kNone) {
-    codec.state = a.codec_state = &codec_states_[a.request.spec.codec.key];
-    codec.rank = options_.rank;
-    codec.seed = options_.codec_seed;
-  } else {
-    codec_states_.erase(a.request.spec.codec.key);  // the key carries an uncoded tensor now
-  }
+  const uint64_t seq = seq_ + 1;
+  const Request& next = queue_.front();
   // Out of memory for the collective's state (its per-block arrays, a codec's error memory), on the I/O thread:
-  // nothing was sent nor written yet. The request goes back to the queue, and Fail fails it and what follows (the
-  // ranks' sequences of collectives diverge from here) and tells the aggregators why this rank leaves.
+  // nothing was sent nor written yet, and the request is still first in the queue. Fail fails it and what follows
+  // (the ranks' sequences of collectives diverge from here) and tells the aggregators why this rank leaves.
   const auto setup_failed = [&](StatusCode code) {
     const std::string what = ExceptionText(std::current_exception());
-    queue_.push_front(std::move(a.request));
     active_.reset();
-    --seq_;  // it never started: FinishFailure numbers it as the first of the queue
-    Fail(Status(code, "collective " + std::to_string(seq) + " of " + std::to_string(queue_.front().spec.element_count) +
+    Fail(Status(code, "collective " + std::to_string(seq) + " of " + std::to_string(next.spec.element_count) +
                           " elements: setting it up failed: " + what));
   };
   try {
-    a.collective = std::make_unique<WorkerCollective>(shape_, options_.job, seq, a.request.spec, a.request.tensor,
+    // Not emplace(): clang 14 judges Active, with its default member initializers, not default-constructible here.
+    active_.emplace(Active{});
+    Active& a = *active_;
+    a.start = std::chrono::steady_clock::now();
+    a.accepted.assign(links_.size(), false);
+    for (auto& link : links_) {
+      a.sent_before += link->bytes_sent();
+      a.received_before += link->bytes_received();
+    }
+    CodecContext codec;
+    if (next.spec.codec.codec != Codec::kNone) {
+      codec.state = a.codec_state = &codec_states_[next.spec.codec.key];
+      codec.rank = options_.rank;
+      codec.seed = options_.codec_seed;
+    } else {
+      codec_states_.erase(next.spec.codec.key);  // the key carries an uncoded tensor now
+    }
+    a.collective = std::make_unique<WorkerCollective>(shape_, options_.job, seq, next.spec, next.tensor,
                                                       std::move(scratch_), codec, options_.restore_on_failure);
   } catch (const std::bad_alloc&) {
     setup_failed(StatusCode::kResourceExhausted);
@@ -387,6 +432,11 @@ void Worker::Impl::StartNext() {
     setup_failed(StatusCode::kInternal);
     return;
   }
+  // Set up: the request becomes the active collective's (moves that cannot throw).
+  Active& a = *active_;
+  a.request = std::move(queue_.front());
+  queue_.pop_front();
+  seq_ = seq;
 
   proto::ControlMessage begin;
   begin.mutable_collective_begin()->set_seq(seq);
@@ -546,15 +596,13 @@ void Worker::Impl::OnControl(AggregatorLink& link, const proto::ControlMessage& 
   }
 }
 
-Result<uint64_t> Worker::Impl::ResultLimit(AggregatorLink& link, const FrameHeader& header) {
+Result<uint64_t> Worker::Impl::ResultLimit(AggregatorLink&, const FrameHeader& header) {
   if (!active_) {
-    return ProtocolError(link.Name() + " sent a RESULT for collective " + std::to_string(header.seq) +
-                         " while none is in progress");
+    return ProtocolError("sent a RESULT for collective " + std::to_string(header.seq) + " while none is in progress");
   }
   if (header.entry_count > shape_.blocks_per_message) {
-    return ProtocolError(link.Name() + " sent a RESULT of " + std::to_string(header.entry_count) +
-                         " entries, more than the job's " + std::to_string(shape_.blocks_per_message) +
-                         " blocks per message");
+    return ProtocolError("sent a RESULT of " + std::to_string(header.entry_count) + " entries, more than the job's " +
+                         std::to_string(shape_.blocks_per_message) + " blocks per message");
   }
   return active_->collective->MaxResultPayload();
 }
@@ -634,9 +682,17 @@ void Worker::Impl::OnFailure(AggregatorLink& link, const Status& status) {
 
 void Worker::Impl::Fail(const Status& status, AggregatorLink* origin) {
   if (broken_) return;
+  try {
+    FailWithGoodbyes(status, origin);
+  } catch (...) {
+    FailWithoutAllocating();
+  }
+}
+
+void Worker::Impl::FailWithGoodbyes(const Status& status, AggregatorLink* origin) {
   broken_ = status;
   deadline_.cancel();
-  failure_ = std::make_exception_ptr(MakeError(status));
+  failure_ = ErrorFor(status);
   // Tell the other aggregators why this rank leaves, so they report the real cause to the other ranks, and stop
   // sending: frames in flight finish (the stream stays framed), queued ones are dropped.
   proto::ControlMessage goodbye;
@@ -649,7 +705,10 @@ void Worker::Impl::Fail(const Status& status, AggregatorLink* origin) {
   queueing_goodbyes_ = true;
   for (auto& link : links_) {
     link->DropQueued();
-    if (link.get() != origin && link->connected()) link->Send(EncodeControl(goodbye));
+    // Only once the handshake is over (JobReady): within it the aggregator reads what the handshake expects next
+    // (an AuthResponse, a TransportDecline) and takes anything else as a protocol violation of this worker's. The
+    // close alone tells it that this rank left the forming job (docs/PROTOCOL.md §5 item 4).
+    if (link.get() != origin && link->connected() && link->job_ready()) link->Send(EncodeControl(goodbye));
     link->Close();
   }
   queueing_goodbyes_ = false;
@@ -660,6 +719,58 @@ void Worker::Impl::Fail(const Status& status, AggregatorLink* origin) {
     if (!ec) FinishFailure();
   });
   MaybeFinishFailure();
+}
+
+void Worker::Impl::FailWithoutAllocating() noexcept {
+  if (!broken_) broken_.emplace(std::move(out_of_memory_status_));  // a move: no allocation
+  queueing_goodbyes_ = false;
+  deadline_.cancel();
+  failure_grace_.cancel();
+  const std::exception_ptr error = failure_ ? *failure_ : out_of_memory_error_;
+  failure_.reset();
+  for (auto& link : links_) link->Abort();  // no write reads the tensor, no read writes it, after this
+  if (join_pending_) {
+    join_pending_ = false;
+    joined_.set_exception(error);
+  }
+  if (active_) {
+    active_->collective->Restore();
+    active_->request.promise.set_exception(error);
+    active_.reset();
+  }
+  for (Request& r : queue_) r.promise.set_exception(error);
+  queue_.clear();
+}
+
+void Worker::Impl::RunIo() {
+  while (true) {
+    try {
+      io_.run();
+      return;
+    } catch (...) {
+      // A handler threw (std::bad_alloc where the Worker allocates as it goes): its state may be half changed, so
+      // the Worker fails; io_.run() may be called again without a restart (Asio's contract).
+      try {
+        const bool memory = [] {
+          try {
+            throw;
+          } catch (const std::bad_alloc&) {
+            return true;
+          } catch (...) {
+            return false;
+          }
+        }();
+        if (!broken_) {
+          Fail(Status(memory ? StatusCode::kResourceExhausted : StatusCode::kInternal,
+                      "the worker's I/O thread ended a step by an exception: " +
+                          ExceptionText(std::current_exception())));
+          continue;
+        }
+      } catch (...) {
+      }
+      FailWithoutAllocating();  // failing already, or no memory to say more
+    }
+  }
 }
 
 void Worker::Impl::OnWriterIdle(AggregatorLink&) {
@@ -690,9 +801,8 @@ void Worker::Impl::FinishFailure() {
   }
   // Each collective's error says which one it is, for callers with several in flight (unless the cause named it).
   const auto for_collective = [&](uint64_t seq, const std::string& which) {
-    const std::string name = "collective " + std::to_string(seq);
-    if (!broken_ || broken_->message().find(name) != std::string::npos) return error;
-    return std::make_exception_ptr(MakeError(broken_->WithContext(which)));
+    if (!broken_ || NamesCollective(broken_->message(), seq)) return error;
+    return ErrorFor(broken_->WithContext(which));
   };
   uint64_t seq = seq_;
   if (active_) {

@@ -167,8 +167,9 @@ class Worker {
 
   // Sums `tensor` element-wise over all ranks, in place. Throws Error. A call refused for its own arguments
   // (INVALID_ARGUMENT: an unknown codec, a parameter out of range, more than (2^64 - 1) / 8 elements) leaves the
-  // Worker usable; after any other error (RESOURCE_EXHAUSTED when the collective's state cannot be allocated) it
-  // is unusable (every later call throws) and a new Worker must be created. Every rank must issue its calls in
+  // Worker usable; after any other error (RESOURCE_EXHAUSTED when the collective's state, or any other memory the
+  // Worker's I/O thread needs, cannot be allocated) it is unusable (every later call throws) and a new Worker must
+  // be created. Every rank must issue its calls in
   // the same order. These overloads use key 0: with a codec that keeps state per key (3lc, diana, topk,
   // adaptive), give every tensor its own key (the overloads below), or their error feedback mixes silently.
   void allreduce(std::span<float> tensor);
