@@ -535,14 +535,29 @@ TEST(PerfSpawn, KilledOutrightItLeavesNothingRunning) {
   ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 0), 0);
 }
 
-// Waits (at most 10 s) until process `pid`, not necessarily a child, is stopped (SIGSTOP). False at the deadline.
+// Whether every thread of process `pid` is stopped. A group stop is not atomic: the main thread can show "T" while
+// another thread still runs, and a SIGTERM that thread takes (no handler) ends the process instead of waiting.
+bool AllThreadsStopped(int pid) {
+  std::error_code error;
+  int threads = 0;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", error)) {
+    std::ifstream status(task.path() / "status");
+    bool stopped = false;
+    for (std::string line; std::getline(status, line);) {
+      if (line.rfind("State:", 0) == 0) stopped = line.find("T (stopped)") != std::string::npos;
+    }
+    if (!stopped) return false;
+    ++threads;
+  }
+  return !error && threads > 0;
+}
+
+// Waits (at most 10 s) until process `pid`, not necessarily a child, is stopped (SIGSTOP), all its threads. False
+// at the deadline.
 bool WaitUntilStopped(int pid) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while (std::chrono::steady_clock::now() < deadline) {
-    std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-    for (std::string line; std::getline(status, line);) {
-      if (line.rfind("State:", 0) == 0 && line.find("T (stopped)") != std::string::npos) return true;
-    }
+    if (AllThreadsStopped(pid)) return true;
     std::this_thread::yield();
   }
   return false;
