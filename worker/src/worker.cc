@@ -62,6 +62,7 @@ class Worker::Impl : public AggregatorLink::Handler {
   std::future<void> Submit(std::span<std::byte> tensor, uint64_t count, DType dtype,
                            const AllreduceOptions& options = {});
   CollectiveStats last_stats() const {
+    if (InForkedChild()) return {};  // its mutex may have been held by the parent's I/O thread at the fork
     std::lock_guard lock(stats_mutex_);
     return last_stats_;
   }
@@ -633,6 +634,9 @@ void Worker::Impl::EndResult(AggregatorLink& link) {
 }
 
 void Worker::Impl::MaybeComplete() {
+  // Failing (abort, a deadline, an aggregator's Error): a collective done meanwhile fails with the rest, as
+  // Worker::abort promises, rather than succeed once the last writer goes idle.
+  if (broken_) return;
   if (!active_ || active_->accepted_count != links_.size() || !active_->collective->done()) return;
   // Queued frames point into the caller's tensor (and the codec's buffers), so the collective ends only when every
   // writer is done with them: an aggregator that answers blocks it has not read yet must not make the caller

@@ -186,7 +186,7 @@ class Worker {
   void allreduce(std::span<int32_t> tensor, const AllreduceOptions& options);
   std::future<void> allreduce_async(std::span<int32_t> tensor, const AllreduceOptions& options);
 
-  // Statistics of the most recent completed allreduce.
+  // Statistics of the most recent completed allreduce (all zero in a child of fork(), where the Worker is unusable).
   CollectiveStats last_stats() const;
 
   // Fails every allreduce queued or in flight with ABORTED and says goodbye to the aggregators (the other ranks get
