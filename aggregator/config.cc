@@ -55,6 +55,16 @@ CLI::Option* Add(CLI::App& app, const std::string& flag, T& value, const std::st
   return option;
 }
 
+// A byte setting: a number of bytes, or one with a unit as operators write sizes (4M, 16GiB, 256 MiB; K, M, G, T
+// and their KiB/KB forms are all powers of 1024, as in the defaults' documentation).
+CLI::Option* AddBytes(CLI::App& app, const std::string& flag, uint64_t& value, const std::string& help) {
+  // CLI11 runs transforms first, the last added first: the sign is checked before the unit multiplies ("-1G" is
+  // negative, not an overflow of 2^64 - 1). Without a description: --help names the check once, from Add.
+  return Add(app, flag, value, help)
+      ->transform(CLI::AsSizeValue(/*kb_is_1000=*/false))
+      ->transform(CLI::Validator(kNotNegative).description(""));
+}
+
 // The longest timeout taken: a deadline is the steady clock plus the timeout in nanoseconds, and a value that
 // does not fit (about 292 years in all) wraps around into the past, where it expires at once.
 constexpr uint64_t kMaxTimeoutMs = 30ull * 24 * 3600 * 1000;  // 30 days
@@ -221,18 +231,18 @@ std::variant<DaemonConfig, int> ParseDaemonConfig(const std::vector<std::string>
   // ask for an allocation that fails.
   Add(app, "max-world-size", server.max_world_size, "Largest world size accepted (at most 65536)")
       ->check(CLI::Range(1u, 65536u));
-  Add(app, "max-tensor-bytes", server.max_tensor_bytes, "Largest tensor (elements x element size) of a collective");
-  Add(app, "max-job-memory", server.max_job_memory,
+  AddBytes(app, "max-tensor-bytes", server.max_tensor_bytes, "Largest tensor (elements x element size) of a collective");
+  AddBytes(app, "max-job-memory", server.max_job_memory,
       "Bytes one job's running collective may hold here (W x window x its columns x block bytes, plus RESULTs "
       "and tables; docs/OPERATIONS.md, Sizing)");
-  Add(app, "max-total-memory", server.max_total_memory, "Bytes all jobs' running collectives may hold here");
-  Add(app, "buffer-pool-bytes", server.buffer_pool_bytes,
+  AddBytes(app, "max-total-memory", server.max_total_memory, "Bytes all jobs' running collectives may hold here");
+  AddBytes(app, "buffer-pool-bytes", server.buffer_pool_bytes,
       "Bytes of free frame buffers kept for reuse, on top of what running collectives hold");
   Add(app, "transports", server.transports,
       "Transports workers may use (comma-separated): tcp (required: every connection starts on it), shm for "
       "workers on this host, rdma")
       ->delimiter(',');
-  Add(app, "ring-bytes", server.ring_bytes,
+  AddBytes(app, "ring-bytes", server.ring_bytes,
       "Bytes of each direction's ring of a shared-memory or RDMA connection (a power of two, 4 KiB to 4 GiB; RDMA: "
       "at most 1 GiB)");
   Add(app, "rdma-device", server.rdma_device, "RDMA device for --transports rdma (default: the first one)");

@@ -171,6 +171,27 @@ TEST_F(ConfigTest, NegativeByteSettingsAreRefusedFromEverySource) {
   }
 }
 
+// Byte settings take units as the documentation writes sizes (powers of 1024), from every source: "9G" was refused
+// with "Could not convert".
+TEST_F(ConfigTest, ByteSettingsTakeUnits) {
+  const DaemonConfig c = ParseOk({"--max-tensor-bytes", "32GiB", "--max-job-memory", "2G", "--max-total-memory",
+                                  "9g", "--buffer-pool-bytes", "512 MiB", "--ring-bytes", "4096"});
+  EXPECT_EQ(c.server.max_tensor_bytes, 32ull << 30);
+  EXPECT_EQ(c.server.max_job_memory, 2ull << 30);
+  EXPECT_EQ(c.server.max_total_memory, 9ull << 30);
+  EXPECT_EQ(c.server.buffer_pool_bytes, 512ull << 20);
+  EXPECT_EQ(c.server.ring_bytes, 4096u);
+  SetEnv("SPARSEREDUCE_RING_BYTES", "4M");
+  EXPECT_EQ(ParseOk({}).server.ring_bytes, 4ull << 20);
+  unsetenv("SPARSEREDUCE_RING_BYTES");
+  EXPECT_EQ(ParseOk({"--config", WriteConfig("ring-bytes = \"8KiB\"\nbuffer-pool-bytes = 1M\n")}).server.ring_bytes,
+            8192u);
+  ExpectExit2({"--ring-bytes", "4X"}, "--ring-bytes");
+  ExpectExit2({"--max-tensor-bytes", "1.5G"}, "--max-tensor-bytes");
+  ExpectExit2({"--max-tensor-bytes", "-1G"}, "--max-tensor-bytes: Value -1G is negative");
+  ExpectExit2({"--max-tensor-bytes", "16777216T"}, "--max-tensor-bytes");  // 2^64: overflows
+}
+
 // A check between two settings names where each came from: the config file was blamed for both when neither was in
 // it (the message's first flag decided).
 TEST_F(ConfigTest, AConflictBetweenTwoSettingsNamesTheSourceOfEach) {
