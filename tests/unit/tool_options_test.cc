@@ -98,6 +98,14 @@ TEST(PerfOptions, DensityOutsideZeroToOneIsAUsageError) {
   }
 }
 
+// The RDMA port and GID index have the daemon's ranges (perf had no way to give them: RoCE could not be measured).
+TEST(PerfOptions, RdmaPortAndGidIndexOutOfRangeAreUsageErrors) {
+  ExpectUsageError(SPARSEREDUCE_PERF_BIN, PerfArgs({"--rdma-port", "0"}), "--rdma-port");
+  ExpectUsageError(SPARSEREDUCE_PERF_BIN, PerfArgs({"--rdma-port", "256"}), "--rdma-port");
+  ExpectUsageError(SPARSEREDUCE_PERF_BIN, PerfArgs({"--rdma-gid-index", "-2"}), "--rdma-gid-index");
+  ExpectUsageError(SPARSEREDUCE_PERF_BIN, PerfArgs({"--rdma-gid-index", "256"}), "--rdma-gid-index");
+}
+
 std::vector<std::string> SpawnArgs(const std::string& ranks, std::vector<std::string> args) {
   for (const std::string& a : {std::string("--spawn"), ranks, std::string("--aggregator-bin"),
                                std::string(SPARSEREDUCE_AGGREGATOR_BIN), std::string("-b"), std::string("4K"),

@@ -62,6 +62,9 @@ struct Config {
   uint64_t timeout_ms = 120000;
   uint64_t run_timeout_ms = 0;  // --spawn: bound on the whole run; 0: none
   std::string transport;  // empty: SPARSEREDUCE_TRANSPORT, else auto
+  std::string rdma_device;  // empty: SPARSEREDUCE_RDMA_DEVICE, else the first
+  uint32_t rdma_port = 1;
+  int32_t rdma_gid_index = -1;  // -1: InfiniBand LID addressing
   std::string tcp_send_buffer = "0";  // 0: SPARSEREDUCE_TCP_SEND_BUFFER, else the kernel's autotuning
   bool restore_on_failure = true;
   bool yield_while_scanning = false;
@@ -456,6 +459,9 @@ int RunRank(const Config& c) {  // c has passed ValidateOptions
   options.blocks_per_message = c.blocks_per_message;
   options.window = c.window;
   options.transport = c.transport;
+  options.rdma_device = c.rdma_device;
+  options.rdma_port = c.rdma_port;
+  options.rdma_gid_index = c.rdma_gid_index;
   options.tcp_send_buffer = static_cast<uint32_t>(*tcp_send_buffer);
   options.restore_on_failure = c.restore_on_failure;
   options.yield_while_scanning = c.yield_while_scanning;
@@ -702,6 +708,13 @@ int Main(int argc, char** argv) {
                  "auto (shared memory with aggregators on this host, else TCP), tcp, shm or rdma; default "
                  "SPARSEREDUCE_TRANSPORT, else auto")
       ->check(CLI::IsMember({"auto", "tcp", "shm", "rdma"}));
+  app.add_option("--rdma-device", c.rdma_device,
+                 "RDMA NIC for --transport rdma; default SPARSEREDUCE_RDMA_DEVICE, else the first one");
+  app.add_option("--rdma-port", c.rdma_port, "Port of the RDMA NIC")->check(CLI::Range(1, 255))->capture_default_str();
+  app.add_option("--rdma-gid-index", c.rdma_gid_index,
+                 "GID index for RoCE (RoCEv2: usually 3); -1: InfiniBand LID addressing")
+      ->check(CLI::Range(-1, 255))
+      ->capture_default_str();
   app.add_option("--tcp-send-buffer", c.tcp_send_buffer,
                  "SO_SNDBUF of each TCP aggregator connection (K/M suffixes); 0: SPARSEREDUCE_TCP_SEND_BUFFER, else "
                  "the kernel's autotuning")
