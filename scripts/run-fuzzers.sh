@@ -8,7 +8,7 @@
 # Environment (all optional):
 #   BUILD_DIR        build tree (default: <repo>/build-fuzz)
 #   FUZZ_CXX         clang++ to use (default: clang++); CXX is deliberately not used, CI often points it at g++
-#   FUZZERS          space-separated subset of the targets (default: all four)
+#   FUZZERS          space-separated subset of the targets (default: all five)
 #   JOBS             build parallelism (default: nproc)
 #   FUZZ_ARGS        extra libFuzzer flags for every target, e.g. "-jobs=2" or "-only_ascii=0"
 set -euo pipefail
