@@ -488,6 +488,64 @@ TEST(ShmHostileWorker, AHeadThatMovesBackFailsTheConnection) {
   EXPECT_NE(read->message().find("the peer's head moved back from 140 to 90"), std::string::npos) << read->ToString();
 }
 
+// A failure that lands while a lent read yields cancels no wait (here the liveness read's: the worker wrote on its
+// TCP connection, a protocol violation), and the read used to go to sleep after it; Abort, the channel failed
+// already, did not wake it either, and the session kept the segment until the worker wrote again. The worker
+// trickles a payload in a byte at a time and writes its TCP byte with the wake-up of byte `at`: one of them meets
+// the read's yield (every 256 reads, RingChannel::kReadsPerYield; the old code failed at byte 253).
+TEST(ShmHostileWorker, AFailureWhileALentReadYieldsEndsTheRead) {
+  for (int at = 0; at < 300; ++at) {
+    asio::io_context io;
+    RawPair pair = ConnectRaw(io, 65536, /*make_worker_channel=*/false);
+    RingControl& ring = pair.segment->control(Direction::kToAggregator);
+    std::byte* memory = pair.segment->data(Direction::kToAggregator);
+    const int data = pair.wakeup(Direction::kToAggregator, /*space=*/false);
+    uint64_t head = 0;
+    auto publish = [&](const void* bytes, size_t n) {
+      std::memcpy(memory + head, bytes, n);
+      head += n;
+      ring.head.store(head, std::memory_order_seq_cst);
+      if (ring.consumer_waiting.load(std::memory_order_seq_cst)) {
+        const char one = 1;
+        (void)!send(data, &one, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+      }
+    };
+    std::array<std::byte, kFrameHeaderSize> header;
+    EncodeFrameHeader(FrameHeader{FrameType::kContribution, 1000, 0, 7, 1, 0}, header.data());
+    publish(header.data(), header.size());
+    std::optional<Status> read;
+    bool done = false;
+    pair.aggregator->set_recall_handler([] {});  // so that the payload is read in place, once it is whole
+    asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+      Result<FrameHeader> h = co_await pair.aggregator->ReadHeader();
+      EXPECT_TRUE(h.ok()) << h.status().ToString();
+      Result<ByteBuffer> payload = co_await pair.aggregator->ReadPayloadLent(h->payload_length, nullptr);
+      read = payload.status();
+      done = true;
+    }, asio::detached);
+    RunUntil(io, [&] { return ring.consumer_waiting.load() == 1; });  // it waits for the payload
+    for (int i = 0; i <= at; ++i) {
+      const std::byte byte{0x55};
+      publish(&byte, 1);
+      if (i == at) {
+        const char tcp_byte = 'x';
+        ASSERT_EQ(asio::write(*pair.worker_tcp, asio::buffer(&tcp_byte, 1)), 1u);
+        for (int k = 0; k < 3; ++k) {
+          io.restart();
+          io.run_one_for(200ms);
+        }
+      } else {
+        io.restart();
+        io.run_one_for(200ms);  // the wake-up: the reader reads the byte, then sleeps or yields
+      }
+    }
+    pair.aggregator->Abort();
+    RunUntil(io, done, 3s);
+    ASSERT_TRUE(done) << "the read still sleeps 3 s after Abort (TCP byte with payload byte " << at << ")";
+    EXPECT_FALSE(read->ok());
+  }
+}
+
 // The sending side's counterpart of AFullRingDoesNotStarveTheExecutor: a worker that frees its receive ring one byte
 // at a time (and asks to be woken each time) can keep the daemon's writer copying and signalling a byte per pass
 // for as long as it keeps up; the writer now lets other handlers run every 16 passes. Here (2 cores) the hostile
@@ -799,6 +857,66 @@ TEST(ShmHandoff, ConnectionsBeyondSixteenAreClosedAtOnce) {
   EXPECT_EQ(closed_at_once, 4);
   EXPECT_TRUE(handoff->ok()) << handoff->ToString();
   EXPECT_TRUE(*attached);
+}
+
+// docs/PROTOCOL.md §10.1: a handoff whose byte is not 'S' is refused, and the refusal says so. It said "carried 5
+// descriptors, expected 5" (one message for the byte, a cut-off and the count).
+TEST(ShmHandoff, AWrongHandoffByteIsRefusedNamingTheByte) {
+  const std::string name = "sparsereduce-test/wrong-byte-" + std::to_string(getpid());
+  const int listener = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  std::memcpy(address.sun_path + 1, name.data(), name.size());
+  const socklen_t length = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&address), length), 0) << std::strerror(errno);
+  ASSERT_EQ(listen(listener, 1), 0);
+  // An aggregator played by hand: takes the token, sends five proper descriptors with the byte 'X'.
+  std::thread aggregator([listener] {
+    const int connection = accept(listener, nullptr, nullptr);
+    if (connection < 0) return;
+    char token[kTokenBytes];
+    (void)!read(connection, token, sizeof token);
+    int pairs[2][2];
+    std::array<int, 5> fds{memfd_create("wrong-byte", MFD_CLOEXEC), -1, -1, -1, -1};
+    for (int i = 0; i < 2; ++i) {
+      if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pairs[i]) != 0) return;
+      fds[1 + 2 * i] = pairs[i][0];
+      fds[2 + 2 * i] = pairs[i][1];
+    }
+    char byte = 'X';
+    iovec part{&byte, 1};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 5)] = {};
+    msghdr message{};
+    message.msg_iov = &part;
+    message.msg_iovlen = 1;
+    message.msg_control = control;
+    message.msg_controllen = sizeof control;
+    cmsghdr* c = CMSG_FIRSTHDR(&message);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int) * 5);
+    std::memcpy(CMSG_DATA(c), fds.data(), sizeof(int) * 5);
+    (void)sendmsg(connection, &message, MSG_NOSIGNAL);
+    for (int fd : fds) close(fd);
+    char ignored;
+    (void)!read(connection, &ignored, 1);  // until the worker closes
+    close(connection);
+  });
+  asio::io_context io;
+  std::optional<Status> attached;
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+    auto a = co_await AttachShm(io.get_executor(), name, std::string(kTokenBytes, 'k'),
+                                std::chrono::steady_clock::now() + 10s);
+    attached = a.status();
+  }, asio::detached);
+  RunUntil(io, [&] { return attached.has_value(); });
+  aggregator.join();
+  close(listener);
+  ASSERT_TRUE(attached);
+  EXPECT_EQ(attached->code(), StatusCode::kProtocolViolation) << attached->ToString();
+  EXPECT_NE(attached->message().find("the shm handoff's byte is 88, expected 83 ('S')"), std::string::npos)
+      << attached->ToString();
 }
 
 TEST(ShmHandoff, DeadlineAndUnreachableSocket) {

@@ -269,8 +269,12 @@ asio::awaitable<Result<ByteBuffer>> RingChannel::ReadPayloadLent(uint64_t size, 
       co_return ClosedInsideFrame(received.head - rx_tail_, size);
     }
     // WaitForData returns at once when the head moved: a peer that trickles its payload in a byte at a time must
-    // not keep the thread here either.
-    if (YieldDue(0)) co_await asio::post(co_await asio::this_coro::executor, asio::use_awaitable);
+    // not keep the thread here either. After the yield the channel is looked at again: a failure while it was
+    // away (the liveness read's) cancelled no wait, and a sleep now would outlast it.
+    if (YieldDue(0)) {
+      co_await asio::post(co_await asio::this_coro::executor, asio::use_awaitable);
+      continue;
+    }
     co_await WaitForData(received.head);
   }
   std::byte* data = lender_->Lend(rx_tail_, ring_.Locate(rx_tail_, size).span[0].offset);
@@ -420,6 +424,7 @@ void RingChannel::Fail(const Status& error) {
 
 void RingChannel::Abort() {
   Fail(Status(StatusCode::kAborted, "connection closed"));
+  CancelWaits();  // also when it had failed already: whatever waits now must end, as Abort promises
   boost::system::error_code ignored;
   liveness_.close(ignored);
 }

@@ -82,6 +82,7 @@ void ShmChannel::Consumed(uint64_t tail) {
 }
 
 asio::awaitable<void> ShmChannel::WaitForData(uint64_t tail) {
+  if (failed()) co_return;  // the caller sees the failure; nothing would cancel a sleep begun now
   rx_.consumer_waiting.store(1, std::memory_order_seq_cst);
   // Sleep only if the ring is still empty now that the producer is sure to see the flag.
   if (rx_.head.load(std::memory_order_seq_cst) == tail && !rx_.producer_closed.load(std::memory_order_seq_cst)) {
