@@ -418,6 +418,13 @@ asio::awaitable<Status> Session::OfferShm(std::chrono::steady_clock::time_point 
     std::variant<Status, std::tuple<boost::system::error_code>> handed =
         co_await ((*offer)->HandOver(deadline) ||
                   socket_.async_wait(asio::socket_base::wait_read, asio::as_tuple(asio::use_awaitable)));
+    if (handed.index() == 1 && std::get<0>(std::get<1>(handed))) {
+      // The TCP socket was closed under the wait (the handshake deadline, Server::Stop): the handoff ended there,
+      // and where it stood is what the warning about it should say.
+      handshake_step_ = "handing the shared-memory segment over: " + (*offer)->handover_progress();
+      co_return Status(StatusCode::kUnavailable, "the connection was closed during the shared-memory handoff (" +
+                                                     (*offer)->handover_progress() + ")");
+    }
     const Status st = handed.index() == 0 ? std::get<0>(handed)
                                            : Status(StatusCode::kAborted, "the worker answered on TCP instead");
     if (st.code() == StatusCode::kResourceExhausted || st.code() == StatusCode::kAborted) {

@@ -103,7 +103,7 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<HandshakeLimit::Slot> handshake_slot_;
   bool handshake_stopped_ = false;        // on the session strand: Server::Stop closed the socket
   // Where the handshake is, for the warning when its deadline ends it: which side it waited for, and on what.
-  const char* handshake_step_ = "waiting for the Hello";
+  std::string handshake_step_ = "waiting for the Hello";
   JobRegistry& registry_;
   ServiceContext& context_;
   std::string peer_;

@@ -314,6 +314,20 @@ TEST(Service, AHandshakeCutOffByItsDeadlineSaysWhereItStood) {
   ASSERT_TRUE(offer && offer->has_transport_offer()) << "no shared-memory offer";
   EXPECT_TRUE(ReadUntilClosed(taker).has_value()) << "the daemon did not drop the connection at its deadline";
   close(taker);
+  // Presents the token and never receives the descriptors.
+  const int hoarder = ConnectToLoopback(daemon.address());
+  ASSERT_GE(hoarder, 0);
+  hello.mutable_hello()->set_job_id(8);
+  ASSERT_TRUE(SendControl(hoarder, hello));
+  const std::optional<proto::ControlMessage> second_offer = ReadControlFrame(hoarder);
+  ASSERT_TRUE(second_offer && second_offer->has_transport_offer()) << "no shared-memory offer";
+  const int unix_socket = ConnectToAbstract(second_offer->transport_offer().shm_socket());
+  ASSERT_GE(unix_socket, 0) << std::strerror(errno);
+  const std::string& token = second_offer->transport_offer().token();
+  ASSERT_EQ(write(unix_socket, token.data(), token.size()), static_cast<ssize_t>(token.size()));
+  EXPECT_TRUE(ReadUntilClosed(hoarder).has_value()) << "the daemon did not drop the connection at its deadline";
+  close(hoarder);
+  close(unix_socket);
   daemon.process()->Signal(SIGTERM);
   ASSERT_TRUE(daemon.process()->Wait(30s).ok()) << "the daemon did not stop";
   Result<std::string> log = daemon.process()->ReadStdout(10s);
@@ -322,6 +336,11 @@ TEST(Service, AHandshakeCutOffByItsDeadlineSaysWhereItStood) {
   EXPECT_NE(log->find("job 7 rank 0 (127.0.0.1:"), std::string::npos) << *log;
   EXPECT_NE(log->find("no complete handshake within 300 ms (waiting for the worker to present the shared-memory "
                       "token, or to decline on TCP)"),
+            std::string::npos)
+      << *log;
+  EXPECT_NE(log->find("job 8 rank 0 (127.0.0.1:"), std::string::npos) << *log;
+  EXPECT_NE(log->find("no complete handshake within 300 ms (handing the shared-memory segment over: the worker had "
+                      "not received the descriptors)"),
             std::string::npos)
       << *log;
 }

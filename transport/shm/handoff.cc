@@ -91,7 +91,7 @@ Status SendDescriptors(int socket, const UniqueFd& memory, const std::array<Uniq
 
 // A wake-up descriptor must be a Unix stream socket: this side only ever sends and receives on it with
 // MSG_DONTWAIT, which no flag on a shared file description can turn into a blocking call (docs/PROTOCOL.md §10.1).
-Status CheckWakeupSocket(int fd) {
+Status CheckWakeupSocket(int fd, size_t index) {
   struct stat st {};
   int type = 0, domain = 0;
   socklen_t type_len = sizeof type, domain_len = sizeof domain;
@@ -99,7 +99,8 @@ Status CheckWakeupSocket(int fd) {
       getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &type_len) != 0 ||
       getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &domain, &domain_len) != 0 || type != SOCK_STREAM ||
       domain != AF_UNIX) {
-    return ProtocolError("the shm handoff carried a wake-up descriptor that is not a Unix stream socket");
+    return ProtocolError("the shm handoff's wake-up descriptor " + std::to_string(index + 1) + " of 4 is not a Unix "
+                         "stream socket");
   }
   return Status::Ok();
 }
@@ -139,15 +140,19 @@ Result<SegmentFds> ReceiveDescriptors(int socket, bool* again) {
                   "out of file descriptors: the shm handoff delivered " + std::to_string(received.size()) + " of " +
                       std::to_string(kFdCount) + " (RLIMIT_NOFILE " + std::to_string(limit.rlim_cur) + ")");
   }
-  if (byte != kHandoffByte || (msg.msg_flags & MSG_CTRUNC) || received.size() != kFdCount) {
-    return ProtocolError("the shm handoff carried " + std::to_string(received.size()) + " descriptors, expected " +
-                         std::to_string(kFdCount));
+  if (byte != kHandoffByte) {
+    return ProtocolError("the shm handoff's byte is " + std::to_string(static_cast<unsigned char>(byte)) +
+                         ", expected " + std::to_string(static_cast<unsigned char>(kHandoffByte)) + " ('S')");
+  }
+  if ((msg.msg_flags & MSG_CTRUNC) || received.size() != kFdCount) {
+    return ProtocolError("the shm handoff carried " + std::string(msg.msg_flags & MSG_CTRUNC ? "more than " : "") +
+                         std::to_string(received.size()) + " descriptors, expected " + std::to_string(kFdCount));
   }
   SegmentFds fds;
   fds.memory = std::move(received[0]);
   for (size_t i = 0; i < 4; ++i) fds.events[i] = std::move(received[i + 1]);
-  for (const UniqueFd& e : fds.events) {
-    if (Status st = CheckWakeupSocket(e.get()); !st.ok()) return st;
+  for (size_t i = 0; i < fds.events.size(); ++i) {
+    if (Status st = CheckWakeupSocket(fds.events[i].get(), i); !st.ok()) return st;
   }
   return fds;
 }
@@ -306,6 +311,7 @@ asio::awaitable<Status> ShmOffer::HandOver(std::chrono::steady_clock::time_point
     co_return Status(StatusCode::kResourceExhausted, st.message());
   }
   peer_events_ = {};  // the worker's now: this side keeps only its own ends
+  handover_progress_ = "the descriptors were sent";
   const asio::any_io_executor executor = co_await asio::this_coro::executor;
   asio::steady_timer timeout(executor, deadline);
   char ack = 0;
@@ -327,7 +333,12 @@ asio::awaitable<Status> ShmOffer::HandOver(std::chrono::steady_clock::time_point
     // The byte alone proves nothing: it can be written without reading what this side sent.
     st = ProtocolError("the worker acknowledged the shm descriptors without receiving them");
   }
-  if (!st.ok()) {
+  if (st.ok()) {
+    handover_progress_ = "acknowledged";
+  } else {
+    handover_progress_ = Unreceived(worker_->native_handle()) > 0
+                             ? "the worker had not received the descriptors"
+                             : "the worker had received the descriptors and not acknowledged them";
     // The descriptors may still be in flight, charged to this daemon: they count until they are gone.
     asio::co_spawn(executor, WatchUnreceived(std::move(*worker_), std::move(place)), asio::detached);
   }

@@ -88,6 +88,11 @@ class ShmOffer {
   // AcceptWorker, then HandOver.
   boost::asio::awaitable<Status> Handoff(std::chrono::steady_clock::time_point deadline);
 
+  // How far HandOver got, for messages about a handoff cut short (also by cancellation): "not started", "the
+  // descriptors were sent", "the worker had not received the descriptors", "the worker had received the descriptors
+  // and not acknowledged them", "acknowledged".
+  const std::string& handover_progress() const { return handover_progress_; }
+
   // After Handoff: the aggregator's end of the connection.
   std::unique_ptr<transport::Channel> MakeChannel(boost::asio::ip::tcp::socket liveness,
                                                   const boost::asio::any_io_executor& executor);
@@ -107,6 +112,7 @@ class ShmOffer {
   std::string name_;
   std::string token_;
   uint64_t ring_capacity_;
+  std::string handover_progress_ = "not started";
   std::shared_ptr<Segment> segment_;     // made by HandOver
   SegmentFds fds_;                       // this side's
   std::array<UniqueFd, 4> peer_events_;  // the worker's socket ends, until handed over
