@@ -24,6 +24,7 @@
 #include "transport/deadline.h"
 #include "transport/tcp/channel.h"
 #include "transport/tcp/endpoint.h"
+#include "transport/tcp/readable.h"
 
 namespace sparsereduce::aggregator {
 
@@ -415,10 +416,13 @@ asio::awaitable<Status> Session::OfferShm(std::chrono::steady_clock::time_point 
     // would lose the decline. Readable is that decline, or the worker's close; the handshake deadline and
     // Server::Stop close the socket, which ends the wait too (a hoarder that never acknowledges kept it).
     handshake_step_ = "handing the shared-memory segment over: waiting for the worker's acknowledgement";
-    std::variant<Status, std::tuple<boost::system::error_code>> handed =
-        co_await ((*offer)->HandOver(deadline) ||
-                  socket_.async_wait(asio::socket_base::wait_read, asio::as_tuple(asio::use_awaitable)));
-    if (handed.index() == 1 && std::get<0>(std::get<1>(handed))) {
+    // Readable for real: the wait can complete with nothing to read (seen under load with two I/O threads: 0 bytes
+    // readable, the descriptors not yet received). That ended the handover as if the worker had declined; the
+    // worker then took the segment, and the daemon waited for a decline that never came until the handshake
+    // deadline (a CI flake of shm.MultiProcess.Int32AndSmallBlocks).
+    std::variant<Status, boost::system::error_code> handed =
+        co_await ((*offer)->HandOver(deadline) || tcp::WaitUntilReadable(socket_));
+    if (handed.index() == 1 && std::get<1>(handed)) {
       // The TCP socket was closed under the wait (the handshake deadline, Server::Stop): the handoff ended there,
       // and where it stood is what the warning about it should say.
       handshake_step_ = "handing the shared-memory segment over: " + (*offer)->handover_progress();
@@ -427,6 +431,7 @@ asio::awaitable<Status> Session::OfferShm(std::chrono::steady_clock::time_point 
     }
     const Status st = handed.index() == 0 ? std::get<0>(handed)
                                            : Status(StatusCode::kAborted, "the worker answered on TCP instead");
+    const std::string progress = (*offer)->handover_progress();
     if (st.code() == StatusCode::kResourceExhausted || st.code() == StatusCode::kAborted) {
       // kResourceExhausted, not the worker's fault: withdrawing the offer closes its Unix connection, and it
       // answers on TCP with a TransportDecline and stays there. kAborted: the worker gave the segment back.
@@ -434,7 +439,8 @@ asio::awaitable<Status> Session::OfferShm(std::chrono::steady_clock::time_point 
         spdlog::warn("{}: shared-memory offer withdrawn, staying on TCP: {}", Who(), st.message());
       }
       offer->reset();
-      handshake_step_ = "waiting for the worker's TransportDecline after the shared-memory offer ended";
+      handshake_step_ = "waiting for the worker's TransportDecline after the shared-memory offer ended: " +
+                        st.message() + "; " + progress;
       Result<proto::ControlMessage> reply = co_await ReadControl();
       if (!reply.ok()) co_return reply.status();
       if (reply->body_case() != proto::ControlMessage::kTransportDecline) {
