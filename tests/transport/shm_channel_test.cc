@@ -452,6 +452,19 @@ TEST(ShmHostileWorker, AFullRingDoesNotStarveTheExecutor) {
   EXPECT_GT(frames, 0u);
 }
 
+// Reads one frame on `aggregator`, its payload lent in place (a recall handler is set, so it is read once it is
+// whole); `read` gets the payload's status and `done` is set at the end.
+void SpawnLentRead(asio::io_context& io, transport::Channel& aggregator, std::optional<Status>& read, bool& done) {
+  aggregator.set_recall_handler([] {});
+  asio::co_spawn(io, [channel = &aggregator, read = &read, done = &done]() -> asio::awaitable<void> {
+    Result<FrameHeader> h = co_await channel->ReadHeader();
+    EXPECT_TRUE(h.ok()) << h.status().ToString();
+    Result<ByteBuffer> payload = co_await channel->ReadPayloadLent(h->payload_length, nullptr);
+    *read = payload.status();
+    *done = true;
+  }, asio::detached);
+}
+
 // A producer's head only moves forward. One that moved back and forth kept a reader that waits for a whole payload
 // (to use it in place) going round without suspending; a head that moves back now fails the connection.
 TEST(ShmHostileWorker, AHeadThatMovesBackFailsTheConnection) {
@@ -471,14 +484,7 @@ TEST(ShmHostileWorker, AHeadThatMovesBackFailsTheConnection) {
   wake();
   std::optional<Status> read;
   bool done = false;
-  pair.aggregator->set_recall_handler([] {});  // so that the payload is read in place, once it is whole
-  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
-    Result<FrameHeader> h = co_await pair.aggregator->ReadHeader();
-    EXPECT_TRUE(h.ok()) << h.status().ToString();
-    Result<ByteBuffer> payload = co_await pair.aggregator->ReadPayloadLent(h->payload_length, nullptr);
-    read = payload.status();
-    done = true;
-  }, asio::detached);
+  SpawnLentRead(io, *pair.aggregator, read, done);
   RunUntil(io, [&] { return ring.consumer_waiting.load() == 1; });  // it waits for the rest of the payload
   ring.head.store(kFrameHeaderSize + 50);
   wake();
@@ -515,14 +521,7 @@ TEST(ShmHostileWorker, AFailureWhileALentReadYieldsEndsTheRead) {
     publish(header.data(), header.size());
     std::optional<Status> read;
     bool done = false;
-    pair.aggregator->set_recall_handler([] {});  // so that the payload is read in place, once it is whole
-    asio::co_spawn(io, [&]() -> asio::awaitable<void> {
-      Result<FrameHeader> h = co_await pair.aggregator->ReadHeader();
-      EXPECT_TRUE(h.ok()) << h.status().ToString();
-      Result<ByteBuffer> payload = co_await pair.aggregator->ReadPayloadLent(h->payload_length, nullptr);
-      read = payload.status();
-      done = true;
-    }, asio::detached);
+    SpawnLentRead(io, *pair.aggregator, read, done);
     RunUntil(io, [&] { return ring.consumer_waiting.load() == 1; });  // it waits for the payload
     for (int i = 0; i <= at; ++i) {
       const std::byte byte{0x55};
