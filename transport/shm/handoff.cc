@@ -338,7 +338,7 @@ asio::awaitable<Status> ShmOffer::HandOver(std::chrono::steady_clock::time_point
   } else {
     handover_progress_ = Unreceived(worker_->native_handle()) > 0
                              ? "the worker had not received the descriptors"
-                             : "the worker had received the descriptors and not acknowledged them";
+                             : "the worker had received the descriptors (or closed its end) and not acknowledged them";
     st = Status(st.code(), st.message() + " (" + handover_progress_ + ")");
     // The descriptors may still be in flight, charged to this daemon: they count until they are gone.
     asio::co_spawn(executor, WatchUnreceived(std::move(*worker_), std::move(place)), asio::detached);

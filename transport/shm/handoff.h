@@ -90,7 +90,7 @@ class ShmOffer {
 
   // How far HandOver got, for messages about a handoff cut short (also by cancellation): "not started", "the
   // descriptors were sent", "the worker had not received the descriptors", "the worker had received the descriptors
-  // and not acknowledged them", "acknowledged".
+  // (or closed its end) and not acknowledged them", "acknowledged".
   const std::string& handover_progress() const { return handover_progress_; }
 
   // After Handoff: the aggregator's end of the connection.
