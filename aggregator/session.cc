@@ -431,16 +431,15 @@ asio::awaitable<Status> Session::OfferShm(std::chrono::steady_clock::time_point 
     }
     const Status st = handed.index() == 0 ? std::get<0>(handed)
                                            : Status(StatusCode::kAborted, "the worker answered on TCP instead");
-    const std::string progress = (*offer)->handover_progress();
     if (st.code() == StatusCode::kResourceExhausted || st.code() == StatusCode::kAborted) {
       // kResourceExhausted, not the worker's fault: withdrawing the offer closes its Unix connection, and it
       // answers on TCP with a TransportDecline and stays there. kAborted: the worker gave the segment back.
       if (st.code() == StatusCode::kResourceExhausted) {
         spdlog::warn("{}: shared-memory offer withdrawn, staying on TCP: {}", Who(), st.message());
       }
-      offer->reset();
       handshake_step_ = "waiting for the worker's TransportDecline after the shared-memory offer ended: " +
-                        st.message() + "; " + progress;
+                        st.message() + "; " + (*offer)->handover_progress();
+      offer->reset();
       Result<proto::ControlMessage> reply = co_await ReadControl();
       if (!reply.ok()) co_return reply.status();
       if (reply->body_case() != proto::ControlMessage::kTransportDecline) {

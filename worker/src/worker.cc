@@ -136,6 +136,9 @@ class Worker::Impl : public AggregatorLink::Handler {
   void FailWithoutAllocating() noexcept;
   // The I/O thread's loop: an exception escaping a handler fails the Worker (it terminated the process).
   void RunIo();
+  // In RunIo's handler of that exception: Fail with `code`, or FailWithoutAllocating when failing already or when
+  // describing it runs out of memory.
+  void FailOnHandlerException(StatusCode code) noexcept;
   // Completes a failure once no write can read the caller's tensor any more (every writer idle), or at once.
   void MaybeFinishFailure();
   void FinishFailure();
@@ -747,34 +750,29 @@ void Worker::Impl::FailWithoutAllocating() noexcept {
 }
 
 void Worker::Impl::RunIo() {
+  // A handler threw (std::bad_alloc where the Worker allocates as it goes): its state may be half changed, so the
+  // Worker fails; io_.run() may be called again without a restart (Asio's contract).
   while (true) {
     try {
       io_.run();
       return;
+    } catch (const std::bad_alloc&) {
+      FailOnHandlerException(StatusCode::kResourceExhausted);
     } catch (...) {
-      // A handler threw (std::bad_alloc where the Worker allocates as it goes): its state may be half changed, so
-      // the Worker fails; io_.run() may be called again without a restart (Asio's contract).
-      try {
-        const bool memory = [] {
-          try {
-            throw;
-          } catch (const std::bad_alloc&) {
-            return true;
-          } catch (...) {
-            return false;
-          }
-        }();
-        if (!broken_) {
-          Fail(Status(memory ? StatusCode::kResourceExhausted : StatusCode::kInternal,
-                      "the worker's I/O thread ended a step by an exception: " +
-                          ExceptionText(std::current_exception())));
-          continue;
-        }
-      } catch (...) {
-      }
-      FailWithoutAllocating();  // failing already, or no memory to say more
+      FailOnHandlerException(StatusCode::kInternal);
     }
   }
+}
+
+void Worker::Impl::FailOnHandlerException(StatusCode code) noexcept {
+  if (!broken_) {
+    try {
+      return Fail(Status(code, "the worker's I/O thread ended a step by an exception: " +
+                                   ExceptionText(std::current_exception())));
+    } catch (...) {
+    }
+  }
+  FailWithoutAllocating();  // failing already, or no memory to say more
 }
 
 void Worker::Impl::OnWriterIdle(AggregatorLink&) {
