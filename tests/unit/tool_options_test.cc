@@ -465,8 +465,7 @@ int SignalPerfSpawnOnceItTimes(int signal, const std::string& tmpdir) {
 
 // The pid of rank `rank` among the children of `parent` (whose command line has `--rank N`), or 0.
 int RankPid(int parent, int rank) {
-  std::ifstream children("/proc/" + std::to_string(parent) + "/task/" + std::to_string(parent) + "/children");
-  for (int child = 0; children >> child;) {
+  for (const int child : ChildrenOf(parent)) {
     std::ifstream cmdline("/proc/" + std::to_string(child) + "/cmdline");
     std::string args((std::istreambuf_iterator<char>(cmdline)), std::istreambuf_iterator<char>());
     if (args.find(std::string("--rank") + '\0' + std::to_string(rank) + '\0') != std::string::npos) return child;
