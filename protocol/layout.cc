@@ -57,6 +57,8 @@ Status ValidateShape(const JobShape& s) {
 }
 
 Status ValidateFrameSize(const JobShape& shape, const CollectiveSpec& spec) {
+  // MaxWireBytes is 32-bit: it takes the block sizes ValidateSpec lets through (at most 16 MiB), no others.
+  if (Status st = ValidateSpec(spec); !st.ok()) return st;
   const uint32_t element_size = FindDType(spec.dtype)->size;
   const uint64_t block_bytes = std::max(codec::MaxWireBytes(UploadFormat(spec.codec), spec.block_size, element_size),
                                         codec::MaxWireBytes(DownloadFormat(spec.codec), spec.block_size, element_size));
@@ -109,10 +111,10 @@ uint32_t ColumnLayout::NonEmptyLanes(uint32_t aggregator, uint32_t slot) const {
 }
 
 std::vector<ColumnLayout::Place> ColumnLayout::PlacesOf(uint32_t aggregator) const {
-  std::vector<Place> places(num_places());
+  std::vector<Place> places(places_per_aggregator());
   for (uint32_t s = 0; s < shape_.slots; ++s) {
     const uint32_t lanes = NonEmptyLanes(aggregator, s);
-    for (uint32_t lane = 0; lane < lanes; ++lane) places[Column(aggregator, s, lane)] = Place{s, lane};
+    for (uint32_t lane = 0; lane < lanes; ++lane) places[ServedIndex(Column(aggregator, s, lane))] = Place{s, lane};
   }
   return places;
 }

@@ -92,6 +92,41 @@ TEST(LayoutTest, EveryBlockHasExactlyOneHome) {
 
 // §2's run length: K once the tensor fills a row; below that the largest divisor of K that is at most NB / (A·S)
 // (at least 1), so that a small tensor still reaches every aggregator and slot.
+TEST(LayoutTest, PlaceTablesFindEveryServedColumnAndNoOther) {
+  for (const Combo& c : AllCombos()) {
+    SCOPED_TRACE(Describe(c));
+    const uint32_t A = c.shape.num_aggregators;
+    ColumnLayout layout(c.shape, c.n, c.b, 4);
+    const uint64_t holding = std::min(layout.num_columns(), layout.num_blocks());  // columns that hold a block
+    uint64_t entries = 0;
+    for (uint32_t a = 0; a < A; ++a) {
+      const std::vector<ColumnLayout::Place> places = layout.PlacesOf(a);
+      ASSERT_EQ(places.size(), layout.places_per_aggregator());
+      entries += places.size();
+      for (uint64_t column = 0; column < layout.num_columns(); ++column) {
+        const ColumnLayout::Place* place = layout.FindPlace(places, a, column);
+        if (column >= holding || layout.AggregatorOf(column) != a) {
+          EXPECT_EQ(place, nullptr) << "aggregator " << a << ", column " << column;
+          continue;
+        }
+        ASSERT_NE(place, nullptr) << "aggregator " << a << ", column " << column;
+        EXPECT_EQ(place->slot, layout.SlotOf(column));
+        EXPECT_EQ(place->lane, layout.LaneOf(column));
+      }
+    }
+    // One table per aggregator on every worker: together about one entry per column, not A per column.
+    EXPECT_LE(entries, holding + uint64_t{A} * layout.run_length());
+  }
+}
+
+TEST(LayoutTest, PlaceTablesStaySmallWithManyAggregators) {
+  // 64 aggregators x 8 slots x 128 lanes, one-element blocks: 65536 columns, all of them holding blocks. The
+  // tables of all 64 aggregators, which each worker builds, hold the 65536 columns once (they held 64 x 65536).
+  const JobShape shape{2, 64, 8, 128, 1};
+  const ColumnLayout layout(shape, uint64_t{64} * 8 * 128 * 4, 1, 4);
+  EXPECT_EQ(layout.places_per_aggregator(), 8u * 128);
+}
+
 TEST(LayoutTest, RunLengthIsKOrTheLargestFairDivisor) {
   for (const Combo& c : AllCombos()) {
     SCOPED_TRACE(Describe(c));
@@ -447,6 +482,15 @@ TEST(ValidateFrameSizeTest, TheLargestFrameMayReachTheLimitButNotPassIt) {
   // fp16 both ways: half the bytes.
   spec.codec = CodecSpec{Codec::kFloat16};
   EXPECT_TRUE(ValidateFrameSize(shape, spec).ok());
+}
+
+TEST(ValidateFrameSizeTest, ChecksTheSpecItself) {
+  // 2^30 int32 elements per block: 4 GiB, whose byte count wrapped to 0 in 32 bits and passed as a tiny frame.
+  const JobShape shape{1, 1, 1, 1, 1};
+  const Status huge = ValidateFrameSize(shape, CollectiveSpec{1, DType::kInt32, ReduceOp::kSum, 1u << 30});
+  EXPECT_EQ(huge.code(), StatusCode::kInvalidArgument) << huge.ToString();
+  const Status unknown = ValidateFrameSize(shape, CollectiveSpec{1, static_cast<DType>(99), ReduceOp::kSum, 256});
+  EXPECT_EQ(unknown.code(), StatusCode::kUnsupported) << unknown.ToString();
 }
 
 }  // namespace
