@@ -73,6 +73,7 @@ void WorkerSchedule::SendBlocks(Slot& slot, uint32_t s, std::vector<OutgoingFram
     }
     if (frame.entries.empty()) break;
     slot.frame_first.push_back(frame.entries.front().block);
+    slot.any_sent = true;
     slot.last_sent = frame.entries.back().block;
     slot.frame_waiting.push_back(static_cast<uint32_t>(frame.entries.size()));
     ++slot.held_frames;
@@ -80,10 +81,21 @@ void WorkerSchedule::SendBlocks(Slot& slot, uint32_t s, std::vector<OutgoingFram
   }
 }
 
+size_t WorkerSchedule::frame_records() const {
+  size_t records = 0;
+  for (const Slot& slot : slots_) records += slot.frame_first.size();
+  return records;
+}
+
 void WorkerSchedule::Aggregated(Slot& slot, uint64_t block) {
   const auto it = std::upper_bound(slot.frame_first.begin(), slot.frame_first.end(), block);
-  const size_t f = static_cast<size_t>(it - slot.frame_first.begin()) - 1;  // a sent block lies in a sent frame
-  if (--slot.frame_waiting[f] == 0) --slot.held_frames;
+  const size_t f = static_cast<size_t>(it - slot.frame_first.begin()) - 1;  // a sent block lies in a held frame
+  if (--slot.frame_waiting[f] != 0) return;
+  --slot.held_frames;
+  while (!slot.frame_waiting.empty() && slot.frame_waiting.front() == 0) {
+    slot.frame_waiting.pop_front();
+    slot.frame_first.pop_front();
+  }
 }
 
 Status WorkerSchedule::OnResult(uint32_t s, std::span<const Entry> entries, std::vector<OutgoingFrame>* frames) {
@@ -102,12 +114,12 @@ Status WorkerSchedule::OnResult(uint32_t s, std::span<const Entry> entries, std:
   const uint64_t columns = layout_.num_columns();
   for (const Entry& e : entries) {
     auto what = [&] { return where() + ", block " + std::to_string(e.block); };
-    // A block below NB has its column below place_.size().
-    const uint64_t column = e.block < layout_.num_blocks() ? layout_.ColumnOf(e.block) : 0;
-    if (e.block >= layout_.num_blocks() || place_[column].slot != s) {
+    const ColumnLayout::Place* place =
+        e.block < layout_.num_blocks() ? layout_.FindPlace(place_, aggregator_, layout_.ColumnOf(e.block)) : nullptr;
+    if (place == nullptr || place->slot != s) {
       return ProtocolError(what() + ": RESULT for a block that is not one of this slot's");
     }
-    Lane& lane = slot.lane[place_[column].lane];
+    Lane& lane = slot.lane[place->lane];
     if (e.block != lane.cur) {
       return ProtocolError(what() + ": RESULT for a block other than its column's current one (" +
                            (lane.cur == kEndOfColumn ? std::string("finished") : std::to_string(lane.cur)) + ")");
@@ -119,7 +131,7 @@ Status WorkerSchedule::OnResult(uint32_t s, std::span<const Entry> entries, std:
     // After this block, this worker's next block to aggregate in the column; the new cur cannot lie beyond it.
     uint64_t my_next = lane.my_next;
     if (lane.cur == my_next) {
-      if (slot.frame_first.empty() || lane.cur > slot.last_sent) {
+      if (!slot.any_sent || lane.cur > slot.last_sent) {
         return ProtocolError(what() + ": RESULT for a block of this worker that it has not sent yet");
       }
       my_next = NextNonzero(lane.cur + columns);

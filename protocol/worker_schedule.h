@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <span>
 #include <string>
 #include <vector>
@@ -38,6 +39,9 @@ class WorkerSchedule {
   Status OnResult(uint32_t slot, std::span<const Entry> entries, std::vector<OutgoingFrame>* frames);
 
   bool done() const { return started_slots_ == slots_.size() && active_slots_ == 0; }
+  // Frames sent whose records the schedule still keeps, over all slots: those from each slot's oldest frame with
+  // a block not yet aggregated on. What it costs in memory follows the window, not the collective's length.
+  size_t frame_records() const;
   const ColumnLayout& layout() const { return layout_; }
 
  private:
@@ -55,9 +59,13 @@ class WorkerSchedule {
     uint64_t send_row = 0;
     uint32_t send_lane = 0;
     bool all_sent = false;
-    std::vector<uint64_t> frame_first;    // first block of every frame sent, increasing
-    uint64_t last_sent = 0;               // the last block sent (when frame_first is not empty)
-    std::vector<uint32_t> frame_waiting;  // its blocks not yet aggregated
+    // The frames sent from the oldest one with a block not yet aggregated on (the ones before it are dropped, so
+    // that these hold about the window's frames, not one entry per frame of the collective): the first block of
+    // each, increasing, and how many of its blocks are not aggregated yet.
+    std::deque<uint64_t> frame_first;
+    std::deque<uint32_t> frame_waiting;
+    bool any_sent = false;
+    uint64_t last_sent = 0;               // the last block sent (when any_sent)
     uint32_t held_frames = 0;             // frames with blocks not yet aggregated (at most the window)
   };
 

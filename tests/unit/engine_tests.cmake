@@ -21,3 +21,7 @@ gtest_discover_tests(codec_simulation_test DISCOVERY_TIMEOUT 60 PROPERTIES LABEL
 add_executable(log_throttle_test log_throttle_test.cc)
 target_link_libraries(log_throttle_test PRIVATE sparsereduce_aggregator GTest::gtest_main)
 gtest_discover_tests(log_throttle_test DISCOVERY_TIMEOUT 60)
+
+add_executable(worker_schedule_test worker_schedule_test.cc)
+target_link_libraries(worker_schedule_test PRIVATE sparsereduce_protocol GTest::gtest_main)
+gtest_discover_tests(worker_schedule_test DISCOVERY_TIMEOUT 60)
