@@ -20,6 +20,28 @@ TEST(Auth, SameSecretSameTranscriptMatches) {
   EXPECT_TRUE(ProofMatches(ClientProof("s3cret", f.transcript()), ClientProof("s3cret", f.transcript())));
 }
 
+std::string Hex(const std::string& bytes) {
+  static const char kDigits[] = "0123456789abcdef";
+  std::string out;
+  for (unsigned char c : bytes) {
+    out += kDigits[c >> 4];
+    out += kDigits[c & 15];
+  }
+  return out;
+}
+
+// Known answers, computed from docs/PROTOCOL.md §5.1 alone (Python's hmac and struct.pack('<QIII', ...) over the
+// transcript): the tests above compare the code with itself, and would pass if both proofs drifted from the
+// contract together (byte order, field order, a label, the length prefixes).
+TEST(Auth, ProofsMatchTheProtocolsKnownAnswers) {
+  const std::string client_nonce(32, '\x11'), server_nonce(32, '\x22');
+  const Transcript transcript{0x0102030405060708, 3, 4, 1, client_nonce, server_nonce};
+  EXPECT_EQ(Hex(ServerProof("secret", transcript)),
+            "3d5b5b834cf6928beccd18dac2e91c583eae85e1f7b82cb1dc12de5e996286d3");
+  EXPECT_EQ(Hex(ClientProof("secret", transcript)),
+            "8e3542344adbed92694ab846f0e168fbea857e169d4f2414d1434ae98c5ba494");
+}
+
 TEST(Auth, DirectionsAreDistinct) {
   Fixture f;
   // A server proof replayed as the client's answer must not pass.
