@@ -145,9 +145,14 @@ SPARSEREDUCE_CLONES void Subtract(const float* x, const float* h, uint32_t n, fl
 // DIANA's Q: P(q_j = sign Δ_j) = |Δ_j| / ‖Δ‖, so E[norm · q_j] = Δ_j. Branch-free: the draws are unpredictable.
 // True when some q_j is nonzero.
 SPARSEREDUCE_CLONES bool QuantizeStochastic(const float* delta, const float* draws, float norm, uint32_t n, int8_t* q) {
+  // u·norm must keep its 24 significant bits for every draw u >= 2^-24 (the others are 0): under 2^-100 it would
+  // fall among the subnormals, and for a subnormal norm round up to norm itself and drop even the largest element.
+  // Scaling both sides by 2^64 is exact there and overflows nothing.
+  const float factor = norm < 0x1p-100f ? 0x1p64f : 1.0f;
+  const float scaled_norm = norm * factor;
   int any = 0;
   for (uint32_t j = 0; j < n; ++j) {
-    const int keep = static_cast<int>(draws[j] * norm < std::fabs(delta[j]));
+    const int keep = static_cast<int>(draws[j] * scaled_norm < std::fabs(delta[j]) * factor);
     const int sign = static_cast<int>(delta[j] > 0.0f) - static_cast<int>(delta[j] < 0.0f);
     q[j] = static_cast<int8_t>(keep * sign);
     any |= keep;
@@ -203,14 +208,17 @@ class ThreeLcEncoder final : public TensorEncoder {
     const Blocks blocks = Split(tensor.size(), block_size_);
     const float* x = tensor.data();
     const float* old_error = state_.error.data();
-    float tensor_max = spec_.tensor_scale ? MaxAbsWithError(x, old_error, tensor.size()) : 0;
-    const bool all_finite = std::isfinite(tensor_max);
+    // With tensor_scale, one M for the whole tensor. When it is not finite (some block holds an Inf or a NaN, or
+    // its M overflows), each block's own M decides: those not finite go out as such, and the others share the
+    // largest finite one (so that one overflowing block does not turn the whole tensor, zero blocks included, NaN).
+    float tensor_scale = spec_.tensor_scale ? ScaleOf(MaxAbsWithError(x, old_error, tensor.size()), spec_.sparsity) : 0;
+    const bool all_finite = !std::isnan(tensor_scale);
     if (!all_finite) {
-      // Some block is not finite: it goes out as such, and the others share the largest finite block's scale.
-      tensor_max = 0;
+      tensor_scale = 0;
       for (uint64_t b = 0; b < blocks.count; ++b) {
-        const float m = MaxAbsWithError(x + blocks.Begin(b), old_error + blocks.Begin(b), blocks.Length(b));
-        if (std::isfinite(m)) tensor_max = std::max(tensor_max, m);
+        const float m = ScaleOf(MaxAbsWithError(x + blocks.Begin(b), old_error + blocks.Begin(b), blocks.Length(b)),
+                                spec_.sparsity);
+        if (!std::isnan(m)) tensor_scale = std::max(tensor_scale, m);
       }
     }
     std::vector<int8_t> q(block_size_);
@@ -222,8 +230,8 @@ class ThreeLcEncoder final : public TensorEncoder {
       float scale;
       if (!spec_.tensor_scale) {
         scale = ScaleOf(MaxAbsWithError(x + at, old_error + at, n), spec_.sparsity);
-      } else if (all_finite || std::isfinite(MaxAbsWithError(x + at, old_error + at, n))) {
-        scale = ScaleOf(tensor_max, spec_.sparsity);
+      } else if (all_finite || !std::isnan(ScaleOf(MaxAbsWithError(x + at, old_error + at, n), spec_.sparsity))) {
+        scale = tensor_scale;
       } else {
         scale = kNotFiniteScale;
       }
@@ -372,8 +380,7 @@ class TopKEncoder final : public TensorEncoder {
     const auto larger_norm = [&](uint64_t a, uint64_t b) {
       return rank_key(a) > rank_key(b) || (rank_key(a) == rank_key(b) && a < b);
     };
-    k_ = std::min(blocks.count,
-                  std::max<uint64_t>(1, static_cast<uint64_t>(std::ceil(spec_.fraction * blocks.count))));
+    k_ = TopKCount(spec_.fraction, blocks.count);
     if (spec_.codec == Codec::kAdaptive) {
       std::sort(order.begin(), order.end(), larger_norm);
       k_ = ChooseK(norm2, order, blocks.count);
@@ -471,6 +478,13 @@ void CostModel::Add(double bytes, double seconds) {
     b_ = b;
     a_ = std::max(a, 0.0);
   }
+}
+
+uint64_t TopKCount(float fraction, uint64_t blocks) {
+  const double product = static_cast<double>(fraction) * static_cast<double>(blocks);
+  const double nearest = std::round(product);
+  const double k = std::fabs(product - nearest) <= product * 0x1p-24 ? nearest : std::ceil(product);
+  return std::min(blocks, std::max<uint64_t>(1, static_cast<uint64_t>(k)));
 }
 
 float DianaDefaultAlpha(uint32_t block_size) { return 1.0f / std::sqrt(static_cast<float>(block_size)); }

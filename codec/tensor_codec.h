@@ -1,7 +1,8 @@
 // The worker's side of a codec for one collective (docs/PROTOCOL.md §11.3): which blocks of an fp32 tensor to send
 // and their wire bytes, and how the decoded sums become the result. State that lives across collectives (3LC's
 // error, top-k's residual, DIANA's h, the adaptive cost model) is kept per collective key in a KeyState owned by
-// the Worker; an encoder changes it only in Finish, so a failed collective leaves it as it was.
+// the Worker; an encoder changes it only in Finish, so a failed collective leaves it as it was (except for a change
+// of the key's codec or element count, which drops the old state in Prepare).
 //
 // Pure computation: no I/O, no threads.
 #pragma once
@@ -82,5 +83,11 @@ std::unique_ptr<TensorEncoder> MakeEncoder(const CodecSpec& spec, uint32_t block
 // DIANA's step for blocks of `block_size` values when the spec leaves it 0: 1 / (ω + 1) with ω = √B − 1, the
 // variance factor of block-wise ternary quantization (E‖Q(x) − x‖² ≤ ω‖x‖² for both the ∞- and the 2-norm).
 float DianaDefaultAlpha(uint32_t block_size);
+
+// Top-k's k of `blocks`: ceil(fraction · blocks), at least 1 and at most `blocks`, computed in double. The fraction
+// is an fp32 (0.3 is 0.30000001): a product within its rounding (a relative 2^-24) of an integer counts as that
+// integer, so that 0.3 of 10 blocks is 3, not 4, and 1.0 of any count is all of them (in fp32, 1.0 of 2^24 + 1
+// blocks left one out).
+uint64_t TopKCount(float fraction, uint64_t blocks);
 
 }  // namespace sparsereduce::codec

@@ -52,12 +52,13 @@ SPARSEREDUCE_CLONES bool QuantizeWithError(const float* x, const float* error_in
     return false;
   }
   // |T / M| <= 1 / s <= 1, so round(T / M) is +1 from T >= M/2 on, -1 up to -M/2, else 0 (ties away from zero,
-  // as std::round). Comparing with M/2 (exact) instead of dividing keeps the loop branch-free and vectorized.
-  const float half = 0.5f * scale;
+  // as std::round). Comparing 2T with M instead of dividing keeps the loop branch-free and vectorized; 2T is exact
+  // (or overflows to ±Inf, which compares right), where M/2 is not for a subnormal M with an odd last bit.
   int any = 0;
   for (size_t j = 0; j < n; ++j) {
     const float t = x[j] + error_in[j];
-    const int v = static_cast<int>(t >= half) - static_cast<int>(t <= -half);
+    const float twice = t + t;
+    const int v = static_cast<int>(twice >= scale) - static_cast<int>(twice <= -scale);
     q[j] = static_cast<int8_t>(v);
     error_out[j] = t - scale * static_cast<float>(v);
     any |= v;

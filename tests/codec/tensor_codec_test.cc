@@ -11,6 +11,7 @@
 #include "codec/codec_spec.h"
 #include "codec/tensor_codec.h"
 #include "codec/ternary.h"
+#include "codec/three_lc.h"
 #include "codec/wire.h"
 
 namespace sparsereduce::codec {
@@ -120,6 +121,74 @@ TEST(TensorCodec, ThreeLcTensorScaleSkipsTheBlockThatIsNotFinite) {
   std::vector<float> result(6);
   encoder->Finish(result);
   EXPECT_EQ(state.error, std::vector<float>({-1.0f, 0.0f, 0.0f, 0.0f, 0.5f, 0.25f}));  // the Inf block's stays 0
+}
+
+// With a tensor-wide M that overflows (a finite value above FLT_MAX / s), only the block whose own M overflows goes
+// out not finite; the others share the largest finite M, and a block of zeros is not sent (the whole tensor went
+// out NaN, zero blocks included).
+TEST(TensorCodec, ThreeLcTensorScaleThatOverflowsSpoilsOnlyItsBlock) {
+  const std::vector<float> x = {2.5e38f, 1.0f, 0.0f, 0.0f, 0.5f, -2.0f};
+  KeyState state;
+  CodecSpec spec{Codec::kThreeLC, 1, 1.5f};
+  spec.tensor_scale = true;
+  auto encoder = MakeEncoder(spec, 2, state, 0, 1, 0);
+  std::vector<uint8_t> send(3);
+  EXPECT_EQ(encoder->Prepare(x, send), 2u);
+  EXPECT_EQ(send, std::vector<uint8_t>({1, 0, 1}));
+  EXPECT_TRUE(std::isnan(TernaryScale(encoder->Block(0))));
+  EXPECT_EQ(Bytes(encoder->Block(2)), TernaryBlock({0, -1}, 3.0f));  // M = 2 · 1.5 of the last block
+}
+
+// 3LC rounds T / M to the nearest of -1, 0, +1 exactly, also for a subnormal M: with M = 5·dmin, T = 2·dmin is 0.4 M
+// and rounds to 0 (M / 2 rounded to 2·dmin made it +1, and the error 3·dmin exceeded M / 2).
+TEST(TensorCodec, ThreeLcRoundsExactlyUnderASubnormalScale) {
+  const float dmin = std::numeric_limits<float>::denorm_min();
+  const std::vector<float> x = {5 * dmin, 2 * dmin, -3 * dmin, 0.0f};
+  std::vector<float> error(4, 0.0f);
+  std::vector<int8_t> q(4);
+  const float scale = ScaleOf(5 * dmin, 1.0f);
+  ASSERT_EQ(scale, 5 * dmin);
+  EXPECT_TRUE(QuantizeWithError(x.data(), error.data(), x.size(), scale, q.data()));
+  EXPECT_EQ(q, std::vector<int8_t>({1, 0, -1, 0}));  // -3·dmin is -0.6 M
+  for (size_t j = 0; j < x.size(); ++j) EXPECT_LE(std::fabs(error[j]), scale / 2 + dmin) << j;
+  EXPECT_EQ(error[1], 2 * dmin);
+}
+
+// Top-k's k: ceil(fraction · NB), with the fp32 fraction's rounding forgiven (0.3f is 0.30000001) and no fp32
+// rounding of NB (1.0 of 2^24 + 1 blocks is all of them).
+TEST(TensorCodec, TopKCountIsTheCeilingOfTheFractionOfTheBlocks) {
+  EXPECT_EQ(TopKCount(0.3f, 10), 3u);
+  EXPECT_EQ(TopKCount(0.3f, 11), 4u);
+  EXPECT_EQ(TopKCount(0.01f, 1000), 10u);
+  EXPECT_EQ(TopKCount(0.01f, 1001), 11u);
+  EXPECT_EQ(TopKCount(0.001f, 10), 1u);  // at least one
+  EXPECT_EQ(TopKCount(1.0f, 0), 0u);
+  EXPECT_EQ(TopKCount(1.0f, (uint64_t{1} << 24) + 1), (uint64_t{1} << 24) + 1);
+  EXPECT_EQ(TopKCount(0.5f, (uint64_t{1} << 25) + 2), (uint64_t{1} << 24) + 1);
+  EXPECT_EQ(TopKCount(0.5f, (uint64_t{1} << 25) + 3), (uint64_t{1} << 24) + 2);
+  EXPECT_EQ(TopKCount(1.0f, uint64_t{1} << 40), uint64_t{1} << 40);
+}
+
+// DIANA keeps the largest element of a block with probability |Δ| / ‖Δ‖ = 1 and the others unbiased, also when the
+// norm is subnormal (u · norm rounded up to norm dropped the largest element in about one draw of six).
+TEST(TensorCodec, DianaKeepsTheLargestElementOfASubnormalBlock) {
+  const float dmin = std::numeric_limits<float>::denorm_min();
+  const std::vector<float> x = {3 * dmin, 2 * dmin};
+  int second = 0;
+  const int draws = 3000;
+  for (int d = 0; d < draws; ++d) {
+    KeyState state;
+    auto encoder = MakeEncoder({Codec::kDiana, 1, 1.0f, false, 0.01f, 0.0f, false}, 2, state, 0, 1,
+                               static_cast<uint64_t>(d));
+    std::vector<uint8_t> send(1);
+    ASSERT_EQ(encoder->Prepare(x, send), 1u) << "draw " << d;
+    std::vector<float> decoded(2);
+    ASSERT_TRUE(DecodeFloats(WireFormat::kTernary, encoder->Block(0), 2, decoded.data(), false).ok());
+    ASSERT_EQ(decoded[0], 3 * dmin) << "draw " << d;
+    second += decoded[1] != 0.0f;
+  }
+  // P = 2/3: 2000 expected, standard deviation 26.
+  EXPECT_NEAR(second, 2000, 130);
 }
 
 // The key's state starts afresh when its tensor changes size or codec: an error memory of another shape or meaning
