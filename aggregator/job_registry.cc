@@ -15,6 +15,10 @@ std::shared_ptr<Job> JobRegistry::MakeJob(uint64_t id) {
 namespace {
 // The caller names the job, rank and peer (Session::Who).
 Status Draining() { return Status(StatusCode::kShuttingDown, "the aggregator is shutting down and admits no Hello"); }
+Status Full(uint32_t max_jobs) {
+  return Status(StatusCode::kResourceExhausted,
+                "the aggregator already serves its maximum of " + std::to_string(max_jobs) + " jobs (--max-jobs)");
+}
 }  // namespace
 
 Result<std::shared_ptr<Job>> JobRegistry::FindOrCreate(uint64_t id) {
@@ -23,11 +27,7 @@ Result<std::shared_ptr<Job>> JobRegistry::FindOrCreate(uint64_t id) {
   if (context_.draining) return Draining();
   auto it = jobs_.find(id);
   if (it != jobs_.end()) return it->second;
-  if (jobs_.size() >= context_.options.max_jobs) {
-    return Status(StatusCode::kResourceExhausted, "the aggregator already serves its maximum of " +
-                                                      std::to_string(context_.options.max_jobs) +
-                                                      " jobs (--max-jobs)");
-  }
+  if (jobs_.size() >= context_.options.max_jobs) return Full(context_.options.max_jobs);
   auto job = MakeJob(id);
   jobs_.emplace(id, job);
   context_.metrics.SetJobs(jobs_.size());
@@ -45,6 +45,8 @@ Result<std::shared_ptr<Job>> JobRegistry::Replace(uint64_t id, const std::shared
   auto it = jobs_.find(id);
   if (it != jobs_.end() && it->second != stale) return it->second;
   if (context_.draining) return Draining();
+  // The stale job may be gone from the registry already (aborted meanwhile), and its place taken by another job.
+  if (it == jobs_.end() && jobs_.size() >= context_.options.max_jobs) return Full(context_.options.max_jobs);
   auto job = MakeJob(id);
   jobs_[id] = job;
   context_.metrics.SetJobs(jobs_.size());

@@ -26,7 +26,8 @@ class JobRegistry {
   // The live job with this id, or nullptr.
   std::shared_ptr<Job> Find(uint64_t id) const;
   // Replaces `stale` (dead or superseded) by a fresh job with the same id and returns the live one; SHUTTING_DOWN
-  // instead of a fresh job while the aggregator drains.
+  // instead of a fresh job while the aggregator drains, RESOURCE_EXHAUSTED when `stale` has left the registry
+  // already and max_jobs others are live.
   Result<std::shared_ptr<Job>> Replace(uint64_t id, const std::shared_ptr<Job>& stale);
   // Forgets `job` if it is still the one registered under its id.
   void Remove(const Job* job);

@@ -28,6 +28,13 @@ Result<NetworkAllowlist> NetworkAllowlist::Parse(const std::vector<std::string>&
         return InvalidArgument("allowed network " + text + " has host bits set; did you mean " +
                                net.canonical().to_string() + "?");
       }
+      // IPv4 clients, also those a dual-stack listener sees as ::ffff:a.b.c.d, match the IPv4 entries only: such an
+      // entry would never match anything.
+      if (!ec && net.prefix_length() >= 96 && net.address().is_v4_mapped()) {
+        const ip::network_v4 v4(ip::make_address_v4(ip::v4_mapped, net.address()), net.prefix_length() - 96);
+        return InvalidArgument("allowed network " + text + " is IPv4-mapped; IPv4 clients match IPv4 entries: write " +
+                               v4.to_string());
+      }
       if (!ec) list.v6_.push_back(net);
     }
     if (ec) return InvalidArgument("allowed network '" + text + "' is not a CIDR such as 10.0.0.0/8 or fd00::/8");
@@ -46,8 +53,14 @@ bool NetworkAllowlist::Allows(const ip::address& address) const {
     }
     return false;
   }
-  const ip::network_v6 host(a.to_v6(), 128);
   for (const auto& net : v6_) {
+    // Asio compares scope ids too: an entry without one ("fe80::/10", "::/0") matches a link-local client on any
+    // interface (its address carries "%eth0"), one with a scope ("fe80::%eth0/10") only on that interface.
+    ip::address_v6 client = a.to_v6();
+    const unsigned long scope = net.address().scope_id();
+    if (scope != 0 && client.scope_id() != scope) continue;
+    client.scope_id(scope);
+    const ip::network_v6 host(client, 128);
     if (host == net || host.is_subnet_of(net)) return true;
   }
   return false;

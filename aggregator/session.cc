@@ -514,7 +514,7 @@ asio::awaitable<void> Session::ReadLoop(std::shared_ptr<Job> job) {
     // Asked before the channel exists: its writer's and liveness completions run on the executor it is made with,
     // which must be the strand of the job it serves (it was the first job's, racing the fresh job's strand).
     Result<std::shared_ptr<Job>> replaced = registry_.Replace(hello_.job_id(), job);
-    if (!replaced.ok()) {  // draining: refused as any Hello then is (docs/PROTOCOL.md §5 item 1)
+    if (!replaced.ok()) {  // draining, or full: refused as any Hello then is (docs/PROTOCOL.md §5 item 1)
       RejectBeforeJoin(replaced.status().WithContext(Who()));
       co_return;
     }

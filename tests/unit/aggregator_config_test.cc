@@ -15,10 +15,13 @@
 #include <optional>
 #include <sstream>
 
+#include "aggregator/job.h"
+#include "aggregator/job_registry.h"
 #include "aggregator/logging.h"
 #include "aggregator/memory_budget.h"
 #include "aggregator/network_allowlist.h"
 #include "aggregator/peer_text.h"
+#include "aggregator/service_context.h"
 #include "core/exception_text.h"
 #include "tools/common/temp_dir.h"
 
@@ -264,6 +267,56 @@ TEST(NetworkAllowlist, MatchesV4V6AndMappedAddresses) {
   EXPECT_TRUE(NetworkAllowlist::Parse({})->Allows(ip::make_address("1.2.3.4")));
   EXPECT_FALSE(NetworkAllowlist::Parse({"10.1.2.3/8"}).ok());  // host bits set
   EXPECT_FALSE(NetworkAllowlist::Parse({"banana"}).ok());
+}
+
+// A link-local client's address carries its interface ("fe80::1%2"): entries without a scope match it, even "::/0"
+// (Asio's comparison counted the scope, so none did); an entry with a scope matches that interface only.
+TEST(NetworkAllowlist, ScopedLinkLocalClientsMatchEntriesWithoutAScope) {
+  namespace ip = boost::asio::ip;
+  const ip::address client = ip::make_address("fe80::fc:ff:fe00:1%2");
+  for (const char* entry : {"::/0", "fe80::/10", "fe80::fc:ff:fe00:1", "fe80::%2/10"}) {
+    auto list = NetworkAllowlist::Parse({entry});
+    ASSERT_TRUE(list.ok()) << entry << ": " << list.status().ToString();
+    EXPECT_TRUE(list->Allows(client)) << entry;
+  }
+  auto other_interface = NetworkAllowlist::Parse({"fe80::%3/10"});
+  ASSERT_TRUE(other_interface.ok());
+  EXPECT_FALSE(other_interface->Allows(client));
+  EXPECT_TRUE(other_interface->Allows(ip::make_address("fe80::1%3")));
+  EXPECT_FALSE(NetworkAllowlist::Parse({"fd00::/8"})->Allows(client));
+  EXPECT_TRUE(NetworkAllowlist::Parse({"::/0"})->Allows(ip::make_address("2001:db8::1")));
+}
+
+// An IPv4-mapped entry could never match (IPv4 clients match IPv4 entries): refused, with the entry to write.
+TEST(NetworkAllowlist, RefusesIPv4MappedEntries) {
+  auto mapped = NetworkAllowlist::Parse({"::ffff:10.0.0.0/104"});
+  ASSERT_FALSE(mapped.ok());
+  EXPECT_NE(mapped.status().message().find("write 10.0.0.0/8"), std::string::npos) << mapped.status().ToString();
+  EXPECT_FALSE(NetworkAllowlist::Parse({"::ffff:10.1.2.3"}).ok());
+  EXPECT_TRUE(NetworkAllowlist::Parse({"::/0"}).ok());  // wider than the mapped range: matches IPv6 clients
+}
+
+// Replace stands in for a stale job that may have left the registry already (aborted while its last session was
+// still to read): if another job took its place meanwhile, the fresh one would be one beyond --max-jobs.
+TEST(JobRegistry, ReplaceKeepsToMaxJobs) {
+  ServerOptions options;
+  options.max_jobs = 1;
+  ServiceContext context(options, NetworkAllowlist{});
+  boost::asio::io_context io;
+  JobRegistry registry(io, context);
+  Result<std::shared_ptr<Job>> first = registry.FindOrCreate(1);
+  ASSERT_TRUE(first.ok());
+  const std::shared_ptr<Job> stale = *first;
+  Result<std::shared_ptr<Job>> again = registry.Replace(1, stale);  // still registered: replaced in its place
+  ASSERT_TRUE(again.ok());
+  EXPECT_NE(*again, stale);
+  EXPECT_EQ(registry.size(), 1u);
+  registry.Remove(again->get());
+  ASSERT_TRUE(registry.FindOrCreate(2).ok());
+  Result<std::shared_ptr<Job>> beyond = registry.Replace(1, *again);
+  EXPECT_EQ(beyond.status().code(), StatusCode::kResourceExhausted) << beyond.status().ToString();
+  EXPECT_EQ(registry.size(), 1u);
+  EXPECT_EQ(registry.FindOrCreate(3).status().code(), StatusCode::kResourceExhausted);
 }
 
 TEST(MemoryBudget, ReservesUpToTheLimitAndReleases) {
