@@ -31,18 +31,15 @@
 #include "protocol/frame_format.h"
 #include "sparsereduce/worker.h"
 #include "tests/integration/raw_peer.h"
+#include "tests/test_time.h"
 
 namespace sparsereduce::testing {
 namespace {
 
 using namespace std::chrono_literals;
 
-// The bound on "at once" where a test measures it: ThreadSanitizer runs 5-15x slower, and `make test-tsan` sets
-// SPARSEREDUCE_TEST_TIME_SCALE; the uninstrumented runs check the bound itself.
-std::chrono::milliseconds AtOnce(std::chrono::milliseconds bound) {
-  const char* scale = std::getenv("SPARSEREDUCE_TEST_TIME_SCALE");
-  return bound * (scale ? std::max(1, std::atoi(scale)) : 1);
-}
+// The bound on "at once" where a test measures it, scaled for sanitizer builds (tests/test_time.h).
+std::chrono::milliseconds AtOnce(std::chrono::milliseconds bound) { return TestTime(bound); }
 
 std::string UniqueName(const std::string& what) {
   return "sparsereduce-test/" + what + "/" + std::to_string(getpid());
