@@ -43,9 +43,12 @@ def _start_aggregator(work):
                     "tests through ctest (or set it and PYTHONPATH as python/CMakeLists.txt does)", pytrace=False)
     port_file, log_path = work / "port", work / "aggregator.log"
     with open(log_path, "w") as log:
+        # setpriv (util-linux, essential on Debian) gives the daemon a parent-death signal before it execs it: a
+        # pytest killed outright (ctest's timeout) leaves no daemon behind. Not preexec_fn, which is unsafe in a
+        # process with threads (torch's, the Workers').
         daemon = subprocess.Popen(
-            [binary, "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0", "--port-file", str(port_file),
-             "--io-threads", "2", "--stall-timeout-ms", "10000"],
+            ["setpriv", "--pdeathsig", "KILL", "--", binary, "--listen", "127.0.0.1:0", "--metrics-listen",
+             "127.0.0.1:0", "--port-file", str(port_file), "--io-threads", "2", "--stall-timeout-ms", "10000"],
             stdout=log, stderr=subprocess.STDOUT)
     try:
         yield f"127.0.0.1:{_wait_for_port(daemon, port_file, log_path)}", daemon

@@ -30,6 +30,7 @@
 #include "protocol/frame.h"
 #include "protocol/frame_format.h"
 #include "sparsereduce/worker.h"
+#include "tests/integration/destroy_within.h"
 #include "tests/integration/raw_peer.h"
 #include "tests/test_time.h"
 
@@ -284,8 +285,7 @@ TEST(WorkerLifecycle, AnAggregatorThatStopsReadingEndsAtTheCollectiveTimeout) {
     EXPECT_EQ(e.code(), "DEADLINE_EXCEEDED") << e.what();
   }
   EXPECT_TRUE(tensor == input);
-  auto destroyed = std::async(std::launch::async, [&] { j.worker.reset(); });
-  EXPECT_EQ(destroyed.wait_for(5s), std::future_status::ready) << "the destructor hung";
+  EXPECT_TRUE(DestroyWithin(std::move(j.worker), 5s)) << "the destructor hung";
 }
 
 // Destroying the Worker while another thread waits for a collective whose writes are blocked: the waiting thread
@@ -312,8 +312,7 @@ TEST(WorkerLifecycle, DestroyingTheWorkerWhileACollectiveWaitsOnBlockedWrites) {
   });
   auto second = j.worker->allreduce_async(std::span(queued));
   ASSERT_TRUE(ReadFrame(j.fd));  // the collective is under way
-  auto destroyed = std::async(std::launch::async, [&] { j.worker.reset(); });
-  ASSERT_EQ(destroyed.wait_for(10s), std::future_status::ready) << "the destructor hung";
+  ASSERT_TRUE(DestroyWithin(std::move(j.worker), 10s)) << "the destructor hung";
   ASSERT_EQ(waiter.wait_for(1s), std::future_status::ready);
   EXPECT_EQ(waiter.get(), "ABORTED");
   EXPECT_THROW(second.get(), Error);
@@ -350,8 +349,7 @@ TEST(WorkerLifecycle, DestroyingTheWorkerWhileSmallFramesAreBlockedReturnsWithin
     ioctl(j.fd, FIONREAD, &queued);
   }
   const auto start = std::chrono::steady_clock::now();
-  auto destroyed = std::async(std::launch::async, [&] { j.worker.reset(); });
-  ASSERT_EQ(destroyed.wait_for(10s), std::future_status::ready) << "the destructor hung";
+  ASSERT_TRUE(DestroyWithin(std::move(j.worker), 10s)) << "the destructor hung";
   EXPECT_LT(std::chrono::steady_clock::now() - start, 3s) << "the destructor outlasted the 0.5 s grace by far";
   try {
     done.get();
@@ -924,7 +922,15 @@ TEST(WorkerLifecycle, TheLongestTimeoutsDoNotOverflow) {
   options.world_size = 1;
   options.transport = "tcp";
   options.connect_timeout = options.join_timeout = std::chrono::milliseconds::max();
+  std::stop_source stop;
+  options.cancel = stop.get_token();
   auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  // A failed ASSERT below leaves `joined` pending, and its destructor would wait for a constructor that has no
+  // deadline: this cancel, destroyed first, ends it.
+  struct CancelOnExit {
+    std::stop_source& stop;
+    ~CancelOnExit() { stop.request_stop(); }
+  } cancel_on_exit{stop};
   const int fd = AcceptWithin(listener, 10s);
   ASSERT_GE(fd, 0) << "the worker did not connect";
   ASSERT_TRUE(ReadFrame(fd));  // Hello

@@ -20,6 +20,7 @@
 #include "protocol/control.h"
 #include "protocol/frame.h"
 #include "sparsereduce/worker.h"
+#include "tests/integration/destroy_within.h"
 #include "tests/integration/raw_peer.h"
 
 namespace {
@@ -111,9 +112,7 @@ void ExpectFailedAndRestored(std::future<void>& done, const std::vector<float>& 
 
 // The Worker's destructor returns (within 10 s); a Worker that hangs there is leaked, and the test fails.
 void DestroyWithin10s(std::unique_ptr<Worker> worker, long nth) {
-  Worker* w = worker.release();
-  auto destroyed = std::async(std::launch::async, [w] { delete w; });
-  EXPECT_EQ(destroyed.wait_for(10s), std::future_status::ready) << "allocation " << nth << ": ~Worker hangs";
+  EXPECT_TRUE(DestroyWithin(std::move(worker), 10s)) << "allocation " << nth << ": ~Worker hangs";
 }
 
 // The aggregator's Error fails the collective; each allocation on the way to delivering it may fail instead.

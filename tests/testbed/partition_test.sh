@@ -24,9 +24,11 @@ esac
 source "$(dirname "$0")/test_setup.sh" srpt
 testbed_up "$NAME" 3 --rate 1gbit >/dev/null
 agg_addr=$(testbed_addr "$NAME" 1)
-testbed_exec "$NAME" 1 "$AGG" --listen "$agg_addr:19875" --stall-timeout-ms $stall_ms --begin-timeout-ms $stall_ms --log-level warn &
+# Inner deadlines below ctest's 120 s: a hang ends here, with the FAIL lines and the teardown, instead of in a bare
+# ctest timeout that kills the script before its EXIT trap runs.
+testbed_exec "$NAME" 1 timeout 90 "$AGG" --listen "$agg_addr:19875" --stall-timeout-ms $stall_ms --begin-timeout-ms $stall_ms --log-level warn &
 for r in 0 1; do
-  testbed_exec "$NAME" $((r + 2)) timeout 150 "$WORKER" --aggregators "$agg_addr:19875" --job 1 --rank $r \
+  testbed_exec "$NAME" $((r + 2)) timeout 60 "$WORKER" --aggregators "$agg_addr:19875" --job 1 --rank $r \
     --world-size 2 --elements 4000000 --density 0.5 --collectives 100000 --timeout-ms $collective_ms \
     > "$OUT/rank$r.txt" 2>&1 &
   eval "pid$r=$!"

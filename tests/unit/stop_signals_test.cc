@@ -28,22 +28,38 @@ struct ChildResult {
 };
 
 // Runs `scenario` in a forked child with its stderr captured; the child exits with what `scenario` returns. Bounded:
-// the child is killed after 60 s.
+// the child is killed after 60 s, and the reading ends at 70 s whatever holds the pipe open. The child leads a
+// process group of its own, which is killed at the end: its ranks (stopped ones too, which ignore the SIGTERM of
+// their parent's death) inherit the pipe and would otherwise keep the read waiting and outlive the test.
 ChildResult RunInChild(const std::function<int()>& scenario) {
   int fds[2];
   if (pipe(fds) != 0) return {};
   const pid_t pid = fork();
   if (pid == 0) {
+    setpgid(0, 0);
     close(fds[0]);
     dup2(fds[1], STDERR_FILENO);
     alarm(60);
     _exit(scenario());
   }
+  setpgid(pid, pid);  // (also here: whichever of the two runs first)
   close(fds[1]);
   ChildResult result;
   char buf[4096];
-  for (ssize_t n; (n = read(fds[0], buf, sizeof buf)) > 0;) result.stderr_text.append(buf, static_cast<size_t>(n));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(70);
+  while (true) {
+    const auto left = std::chrono::duration_cast<milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd readable{fds[0], POLLIN, 0};
+    if (left.count() <= 0 || poll(&readable, 1, static_cast<int>(left.count())) <= 0) {
+      result.stderr_text += "\n[RunInChild: the output did not end within 70 s]";
+      break;
+    }
+    const ssize_t n = read(fds[0], buf, sizeof buf);
+    if (n <= 0) break;
+    result.stderr_text.append(buf, static_cast<size_t>(n));
+  }
   close(fds[0]);
+  kill(-pid, SIGKILL);  // the child, if the alarm did not end it, and everything it left in its group
   int status = 0;
   waitpid(pid, &status, 0);
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 100 + WTERMSIG(status);
