@@ -431,6 +431,9 @@ asio::awaitable<Status> Session::OfferShm(std::chrono::steady_clock::time_point 
     }
     const Status st = handed.index() == 0 ? std::get<0>(handed)
                                            : Status(StatusCode::kAborted, "the worker answered on TCP instead");
+    // Where it stood, for the handshake deadline's line too: the offer's own timer expires at the same instant as
+    // the handshake's, and when it ends the handover first, the line said only that the acknowledgement was awaited.
+    if (!st.ok()) handshake_step_ = "handing the shared-memory segment over: " + (*offer)->handover_progress();
     if (st.code() == StatusCode::kResourceExhausted || st.code() == StatusCode::kAborted) {
       // kResourceExhausted, not the worker's fault: withdrawing the offer closes its Unix connection, and it
       // answers on TCP with a TransportDecline and stays there. kAborted: the worker gave the segment back.

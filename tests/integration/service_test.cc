@@ -327,6 +327,10 @@ TEST(Service, AHandshakeCutOffByItsDeadlineSaysWhereItStood) {
   ASSERT_EQ(write(unix_socket, token.data(), token.size()), static_cast<ssize_t>(token.size()));
   EXPECT_TRUE(ReadUntilClosed(hoarder).has_value()) << "the daemon did not drop the connection at its deadline";
   close(hoarder);
+  // The close comes before the handshake's coroutine has ended and logged its line: a SIGTERM sent at once could
+  // find it still running and end it as "the aggregator is stopping". Each of the three is counted as it is logged.
+  const std::string deadline_errors = R"(sparsereduce_errors_total\{instance_name="svc",kind="DEADLINE_EXCEEDED"\})";
+  EXPECT_TRUE(Eventually([&] { return Sample(daemon.Metrics(), deadline_errors) == 3; })) << daemon.Metrics();
   daemon.process()->Signal(SIGTERM);
   ASSERT_TRUE(daemon.process()->Wait(30s).ok()) << "the daemon did not stop";
   Result<std::string> log = daemon.process()->ReadStdout(10s);
