@@ -37,15 +37,23 @@ Result<FrameHeader> DecodeFrameHeader(std::span<const std::byte> bytes) {
   }
   const std::byte* p = bytes.data();
   const uint32_t magic = DecodeFixed32(p);
-  if (magic != kFrameMagic) return ProtocolError("bad frame magic 0x" + [&] {
-      char buf[16];
-      std::snprintf(buf, sizeof buf, "%08x", magic);
-      return std::string(buf);
-    }());
+  if (magic != kFrameMagic) {
+    // The first bytes as text where they are printable: "SSH-", "HTTP" name the service at that port.
+    std::string text;
+    for (int i = 0; i < 4; ++i) {
+      const auto c = std::to_integer<unsigned char>(p[i]);
+      text += c >= 0x20 && c < 0x7f ? static_cast<char>(c) : '.';
+    }
+    char hex[16];
+    std::snprintf(hex, sizeof hex, "%08x", magic);
+    return ProtocolError("bad frame magic 0x" + std::string(hex) + " (\"" + text +
+                         "\"): the peer does not speak the sparsereduce protocol (the wrong host or port?)");
+  }
   const auto version = std::to_integer<uint8_t>(p[4]);
   if (version != kProtocolVersion) {
-    return Status(StatusCode::kVersionMismatch, "frame version " + std::to_string(version) + ", expected " +
-                                                    std::to_string(kProtocolVersion));
+    return Status(StatusCode::kVersionMismatch,
+                  "frame version " + std::to_string(version) + ", expected " + std::to_string(kProtocolVersion) +
+                      ": workers and aggregators must run sparsereduce releases of the same protocol version");
   }
   const auto type = std::to_integer<uint8_t>(p[5]);
   if (type < 1 || type > 3) return ProtocolError("unknown frame type " + std::to_string(type));

@@ -21,6 +21,11 @@
 
 namespace sparsereduce::transport {
 
+// The end of a stream between frames: the peer closed the connection, or its process ended. Every transport reports
+// it this way (UNAVAILABLE), so that those above can tell it from other failures and say what it means.
+Status PeerClosed();
+bool IsPeerClosed(const Status& status);
+
 class Channel {
  public:
   using ErrorHandler = std::function<void(const Status&)>;

@@ -747,14 +747,14 @@ TEST(WorkerLifecycle, AnErrorAboutCollective10DoesNotNameCollective1) {
     done.get();
     ADD_FAILURE() << "the collective completed";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("job 48 rank 0: collective 1: aggregator 0"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("job 48 rank 0: collective 1 (4 float32 elements): aggregator 0"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("accepted collective 10 unexpectedly"), std::string::npos) << e.what();
   }
   try {
     queued.get();
     ADD_FAILURE() << "the queued collective completed";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("job 48 rank 0: collective 2 (queued, not started): aggregator 0"),
+    EXPECT_NE(std::string(e.what()).find("job 48 rank 0: collective 2 (1 float32 element), queued, not started: aggregator 0"),
               std::string::npos)
         << e.what();
   }
@@ -779,7 +779,7 @@ TEST(WorkerLifecycle, AbortEndsTheCollectiveInFlightAtOnce) {
     queued.get();
     ADD_FAILURE() << "the queued collective completed";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("job 47 rank 0: collective 2 (queued, not started): aborted by the caller"),
+    EXPECT_NE(std::string(e.what()).find("job 47 rank 0: collective 2 (1 float32 element), queued, not started: aborted by the caller"),
               std::string::npos)
         << e.what();
   }
@@ -789,7 +789,7 @@ TEST(WorkerLifecycle, AbortEndsTheCollectiveInFlightAtOnce) {
     ADD_FAILURE() << "the collective completed";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), "ABORTED") << e.what();
-    EXPECT_NE(std::string(e.what()).find("job 47 rank 0: collective 1: aborted by the caller (Worker::abort)"),
+    EXPECT_NE(std::string(e.what()).find("job 47 rank 0: collective 1 (4 float32 elements): aborted by the caller (Worker::abort)"),
               std::string::npos)
         << e.what();
   }

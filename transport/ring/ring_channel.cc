@@ -12,7 +12,6 @@ namespace asio = boost::asio;
 
 namespace {
 
-Status PeerClosed() { return Status(StatusCode::kUnavailable, "connection closed by peer"); }
 
 // UNAVAILABLE, as for TCP (transport/tcp/frame_stream.cc): a peer killed while writing.
 Status ClosedInsideFrame(uint64_t done, uint64_t size) {

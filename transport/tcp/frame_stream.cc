@@ -14,11 +14,13 @@
 #include <climits>
 #include <cstring>
 
+#include "transport/channel.h"
+
 namespace sparsereduce::tcp {
 namespace {
 
 Status FromErrorCode(const boost::system::error_code& ec, const char* operation) {
-  if (ec == asio::error::eof) return Status(StatusCode::kUnavailable, "connection closed by peer");
+  if (ec == asio::error::eof) return transport::PeerClosed();
   if (ec == asio::error::operation_aborted) return Status(StatusCode::kAborted, std::string(operation) + " cancelled");
   return Status(StatusCode::kUnavailable, std::string(operation) + " failed: " + ec.message());
 }

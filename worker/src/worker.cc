@@ -24,6 +24,7 @@
 #include "protocol/control.h"
 #include "protocol/frame_format.h"
 #include "protocol/worker_collective.h"
+#include "transport/channel.h"
 #include "transport/shm/handoff.h"
 #include "transport/tcp/endpoint.h"
 #include "worker/src/aggregator_link.h"
@@ -50,6 +51,13 @@ bool NamesCollective(const std::string& message, uint64_t seq) {
     if (end == message.size() || !std::isdigit(static_cast<unsigned char>(message[end]))) return true;
   }
   return false;
+}
+
+// "collective 3 (16777216 float32 elements)": errors name the step and its tensor.
+std::string DescribeCollective(uint64_t seq, const CollectiveSpec& spec) {
+  const DTypeInfo* info = FindDType(spec.dtype);
+  return "collective " + std::to_string(seq) + " (" + std::to_string(spec.element_count) + " " +
+         (info ? info->name : "?") + (spec.element_count == 1 ? " element)" : " elements)");
 }
 
 }  // namespace
@@ -321,15 +329,27 @@ Worker::Impl::Impl(WorkerOptions options)
     deadline_.expires_at(join_deadline);
     deadline_.async_wait([this](const boost::system::error_code& ec) {
       if (ec || !join_pending_) return;
-      std::string waiting;
+      std::string connected, unconnected;
       for (auto& link : links_) {
         if (link_ready_[link->index()]) continue;
-        waiting += (waiting.empty() ? "" : ", ") + link->Name() + (link->connected() ? "" : " (not connected)");
+        std::string& list = link->connected() ? connected : unconnected;
+        list += (list.empty() ? "" : ", ") + link->Name();
       }
+      // A connected aggregator that has not said the job formed waits, almost always, for the job's other ranks:
+      // it is rarely the aggregator's fault, and the message must not read as if it were.
+      std::string what;
+      if (!connected.empty()) {
+        what += "; " + connected + " accepted this rank but has not reported the job formed: it waits for the " +
+                "job's other " + std::to_string(options_.world_size - 1) +
+                " rank(s), which must run with the same job id, world size and aggregator list (the aggregator's " +
+                "log names the missing ranks when its --formation-timeout-ms ends the job), unless the address is " +
+                "not an aggregator's data port";
+      }
+      if (!unconnected.empty()) what += "; no connection to " + unconnected + " yet";
       Fail(Status(StatusCode::kDeadlineExceeded,
                   "the job did not form within the connect and join timeouts (" +
                       std::to_string(options_.connect_timeout.count()) + " + " +
-                      std::to_string(options_.join_timeout.count()) + " ms); still waiting on " + waiting));
+                      std::to_string(options_.join_timeout.count()) + " ms)" + what));
     });
   });
   // A stop request arrives on another thread; the I/O thread fails the join as any other failure would.
@@ -462,11 +482,13 @@ void Worker::Impl::StartNext() {
         writing += (writing.empty() ? "" : ", ") + link->Name();
       }
     }
-    std::string what = "still waiting on " + waiting;
+    std::string what = waiting + " has not completed it: usually another rank has not called allreduce for it yet "
+                       "or is slow (the aggregator's --begin-timeout-ms and --stall-timeout-ms errors name it); "
+                       "raise collective_timeout if the step is legitimately this long";
     if (waiting.empty()) what = "its last frames to " + writing + " are still being written";
-    Fail(Status(StatusCode::kDeadlineExceeded, "collective " + std::to_string(seq) + " did not complete within " +
-                                                   std::to_string(options_.collective_timeout.count()) +
-                                                   " ms (collective_timeout); " + what));
+    Fail(Status(StatusCode::kDeadlineExceeded,
+                DescribeCollective(seq, active_->request.spec) + " did not complete within " +
+                    std::to_string(options_.collective_timeout.count()) + " ms (collective_timeout); " + what));
   });
   StartSlots(seq, 0);
 }
@@ -681,6 +703,15 @@ void Worker::Impl::MaybeComplete() {
 
 void Worker::Impl::OnFailure(AggregatorLink& link, const Status& status) {
   if (broken_) return;
+  if (transport::IsPeerClosed(status)) {
+    // Said what it means: an aggregator that refuses anything sends an Error first.
+    return Fail(Status(StatusCode::kUnavailable,
+                       link.Name() + ": the aggregator closed the connection without an Error" +
+                           (join_pending_ ? " while this rank waited for the job to form: its process ended or was "
+                                            "stopped (see its log), or the address is not its data port"
+                                          : ": its process ended or was stopped (see its log)")),
+                &link);
+  }
   if (status.code() == StatusCode::kUnavailable && link.connected()) {
     return Fail(Status(StatusCode::kUnavailable, link.Name() + ": " + status.message()), &link);
   }
@@ -809,12 +840,12 @@ void Worker::Impl::FinishFailure() {
   uint64_t seq = seq_;
   if (active_) {
     active_->collective->Restore();  // the caller gets its input back, so the step can be retried (if restorable)
-    active_->request.promise.set_exception(for_collective(seq, "collective " + std::to_string(seq)));
+    active_->request.promise.set_exception(for_collective(seq, DescribeCollective(seq, active_->request.spec)));
     active_.reset();
   }
   for (Request& r : queue_) {
     ++seq;
-    r.promise.set_exception(for_collective(seq, "collective " + std::to_string(seq) + " (queued, not started)"));
+    r.promise.set_exception(for_collective(seq, DescribeCollective(seq, r.spec) + ", queued, not started"));
   }
   queue_.clear();
 }
