@@ -283,6 +283,14 @@ TEST(WorkerLifecycle, AnAggregatorThatStopsReadingEndsAtTheCollectiveTimeout) {
     ADD_FAILURE() << "completed without an aggregator";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), "DEADLINE_EXCEEDED") << e.what();
+    // Names the collective with its tensor, and says what usually keeps an aggregator from completing it.
+    EXPECT_NE(std::string(e.what()).find("job 44 rank 0: collective 1 (4194304 float32 elements) did not complete "
+                                         "within 1000 ms (collective_timeout); aggregator 0 (127.0.0.1:"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("has not completed it: usually another rank has not called allreduce"),
+              std::string::npos)
+        << e.what();
   }
   EXPECT_TRUE(tensor == input);
   EXPECT_TRUE(DestroyWithin(std::move(j.worker), 5s)) << "the destructor hung";
@@ -381,9 +389,75 @@ TEST(WorkerLifecycle, ASilentAggregatorEndsTheConstructorAtTheJoinDeadline) {
     ADD_FAILURE() << "joined without a JobReady";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), "DEADLINE_EXCEEDED") << e.what();
+    EXPECT_NE(std::string(e.what()).find("aggregator 0 (127.0.0.1:" + std::to_string(port) +
+                                         ") accepted the connection but has not answered (a job of one rank forms "
+                                         "at once): is the address an aggregator's data port?"),
+              std::string::npos)
+        << e.what();
   }
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
   close(fd);
+  close(listener);
+}
+
+// A rank whose job does not form because another rank never comes: the error says the aggregator waits for the
+// job's other ranks (it said "still waiting on aggregator 0", which read as the aggregator's fault).
+TEST(WorkerLifecycle, AJobThatDoesNotFormSaysTheAggregatorWaitsForTheOtherRanks) {
+  uint16_t port = 0;
+  const int listener = ListenOnLoopback(&port);
+  ASSERT_GE(listener, 0);
+  WorkerOptions options;
+  options.aggregators = {"127.0.0.1:" + std::to_string(port)};
+  options.job = 50;
+  options.world_size = 3;
+  options.connect_timeout = options.join_timeout = 300ms;
+  auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  const int fd = AcceptWithin(listener, 10s);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(joined.wait_for(10s), std::future_status::ready) << "the constructor outlived its join deadline";
+  try {
+    joined.get();
+    ADD_FAILURE() << "joined without a JobReady";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "DEADLINE_EXCEEDED") << e.what();
+    EXPECT_NE(std::string(e.what()).find("aggregator 0 (127.0.0.1:" + std::to_string(port) +
+                                         ") accepted this rank but has not reported the job formed: it waits for "
+                                         "the job's other 2 rank(s), which must run with the same job id"),
+              std::string::npos)
+        << e.what();
+  }
+  close(fd);
+  close(listener);
+}
+
+// An aggregator that closes the connection without an Error while the job forms: the error says what that means,
+// not only "connection closed by peer".
+TEST(WorkerLifecycle, AConnectionClosedWhileJoiningSaysWhatThatMeans) {
+  uint16_t port = 0;
+  const int listener = ListenOnLoopback(&port);
+  ASSERT_GE(listener, 0);
+  WorkerOptions options;
+  options.aggregators = {"127.0.0.1:" + std::to_string(port)};
+  options.job = 49;
+  options.world_size = 2;
+  options.connect_timeout = options.join_timeout = 20s;
+  auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  const int fd = AcceptWithin(listener, 10s);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(ReadFrame(fd));  // Hello
+  close(fd);
+  ASSERT_EQ(joined.wait_for(10s), std::future_status::ready) << "the close did not end the join";
+  try {
+    joined.get();
+    ADD_FAILURE() << "joined without a JobReady";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "UNAVAILABLE") << e.what();
+    EXPECT_NE(std::string(e.what()).find("aggregator 0 (127.0.0.1:" + std::to_string(port) +
+                                         "): the aggregator closed the connection without an Error while this rank "
+                                         "waited for the job to form"),
+              std::string::npos)
+        << e.what();
+  }
   close(listener);
 }
 

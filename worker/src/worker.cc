@@ -338,12 +338,15 @@ Worker::Impl::Impl(WorkerOptions options)
       // A connected aggregator that has not said the job formed waits, almost always, for the job's other ranks:
       // it is rarely the aggregator's fault, and the message must not read as if it were.
       std::string what;
-      if (!connected.empty()) {
+      if (!connected.empty() && options_.world_size > 1) {
         what += "; " + connected + " accepted this rank but has not reported the job formed: it waits for the " +
                 "job's other " + std::to_string(options_.world_size - 1) +
                 " rank(s), which must run with the same job id, world size and aggregator list (the aggregator's " +
                 "log names the missing ranks when its --formation-timeout-ms ends the job), unless the address is " +
                 "not an aggregator's data port";
+      } else if (!connected.empty()) {
+        what += "; " + connected + " accepted the connection but has not answered (a job of one rank forms at " +
+                "once): is the address an aggregator's data port?";
       }
       if (!unconnected.empty()) what += "; no connection to " + unconnected + " yet";
       Fail(Status(StatusCode::kDeadlineExceeded,
