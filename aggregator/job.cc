@@ -29,6 +29,33 @@ JobShape ShapeOf(const proto::Hello& h) {
   return JobShape{h.world_size(), h.num_aggregators(), h.slots(), h.blocks_per_message(), h.window()};
 }
 
+// How a Hello's shape differs from the job's, only the fields that do: "rank 2 (PEER) has world_size=4 where rank(s)
+// 0,1 have world_size=3; ..." (the whole shapes side by side had to be compared by eye).
+std::string ShapeMismatch(const std::string& newcomer, const JobShape& got, uint32_t got_index,
+                          const std::string& members, const JobShape& job, uint32_t job_index) {
+  std::string has, have;
+  const auto field = [&](const char* name, uint32_t a, uint32_t b) {
+    if (a == b) return;
+    has += std::string(has.empty() ? "" : " and ") + name + "=" + std::to_string(a);
+    have += std::string(have.empty() ? "" : " and ") + name + "=" + std::to_string(b);
+  };
+  field("world_size", got.world_size, job.world_size);
+  field("aggregators", got.num_aggregators, job.num_aggregators);
+  field("slots", got.slots, job.slots);
+  field("blocks_per_message", got.blocks_per_message, job.blocks_per_message);
+  field("window", got.window, job.window);
+  std::string out;
+  if (!has.empty()) {
+    out = newcomer + " has " + has + " where " + members + " have " + have + "; every rank must use the same values";
+  }
+  if (got_index != job_index) {
+    out += std::string(out.empty() ? "" : "; and ") + newcomer + " lists this aggregator at position " +
+           std::to_string(got_index) + " of its aggregator list, " + members + " at position " +
+           std::to_string(job_index) + ": every rank must list the same aggregators in the same order";
+  }
+  return out;
+}
+
 }  // namespace
 
 Job::Job(uint64_t id, boost::asio::any_io_executor strand, JobRegistry& registry, ServiceContext& context)
@@ -252,11 +279,10 @@ Job::JoinOutcome Job::Join(const std::shared_ptr<Session>& session) {
       if (members_[r]) ranks.push_back(r);
     }
     const Status error(StatusCode::kJobConfigMismatch,
-                       "job " + std::to_string(id_) + ": rank " + std::to_string(rank) + " (" + session->peer() +
-                           ") joined with " + ShapeOf(hello).ToString() + " aggregator_index=" +
-                           std::to_string(hello.aggregator_index()) + " but rank(s) " + RankList(ranks) +
-                           " joined with " + shape_.ToString() + " aggregator_index=" +
-                           std::to_string(aggregator_index_));
+                       "job " + std::to_string(id_) + ": " +
+                           ShapeMismatch("rank " + std::to_string(rank) + " (" + session->peer() + ")",
+                                         ShapeOf(hello), hello.aggregator_index(), "rank(s) " + RankList(ranks),
+                                         shape_, aggregator_index_));
     ranks.push_back(rank);
     session->Fail(error, 0, ranks);
     Abort(error, ranks);

@@ -998,6 +998,36 @@ std::optional<proto::Error> NextError(int fd) {
   return std::nullopt;
 }
 
+// Ranks that list the aggregators in different orders, or disagree on the job's shape: the JOB_CONFIG_MISMATCH says
+// which field differs and what every rank must do (it printed both whole shapes, to be compared by eye).
+TEST(Service, AJobConfigMismatchNamesOnlyWhatDiffers) {
+  Daemon daemon;
+  const int first = ConnectToLoopback(daemon.address());
+  ASSERT_GE(first, 0);
+  ASSERT_TRUE(SendControl(first, RawHello(43, 0, 2, 2)));  // lists this aggregator first
+  ASSERT_TRUE(Eventually([&] { return Sample(daemon.Metrics(), R"(sparsereduce_jobs\{instance_name="svc"\})") == 1; }));
+  const int second = ConnectToLoopback(daemon.address());
+  ASSERT_GE(second, 0);
+  proto::ControlMessage hello = RawHello(43, 1, 2, 2);
+  hello.mutable_hello()->set_aggregator_index(1);  // lists it second
+  hello.mutable_hello()->set_slots(4);
+  ASSERT_TRUE(SendControl(second, hello));
+  const std::optional<proto::Error> error = NextError(second);
+  close(second);
+  close(first);
+  ASSERT_TRUE(error.has_value()) << "no Error";
+  EXPECT_EQ(error->code(), proto::JOB_CONFIG_MISMATCH);
+  const std::string& text = error->message();
+  EXPECT_NE(text.find("has slots=4 where rank(s) 0 have slots=8; every rank must use the same values"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("lists this aggregator at position 1 of its aggregator list, rank(s) 0 at position 0: every "
+                      "rank must list the same aggregators in the same order"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("world_size"), std::string::npos) << "the fields that agree are left out: " << text;
+}
+
 // --max-jobs bounds the jobs served at once: the Hello of one more job is refused with RESOURCE_EXHAUSTED naming
 // the job and the flag, and the job already served is not disturbed (it still forms).
 TEST(Service, AJobBeyondTheJobLimitIsRefusedNamingItsRankPeerAndTheFlag) {
