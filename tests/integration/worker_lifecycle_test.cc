@@ -796,6 +796,22 @@ TEST_P(HostileCollective, FailsNamingTheAggregatorAndRestoresTheInput) {
   std::vector<float> later(4, 1.0f);
   EXPECT_THROW(j.worker->allreduce(std::span(later)), Error);  // the Worker is unusable after a failure
   EXPECT_EQ(later, std::vector<float>(4, 1.0f));
+  // The aggregator that broke the protocol hears why the rank leaves (its log and the other ranks would otherwise
+  // see a bare close); one that sent an Error knows already.
+  std::optional<std::string> reason;
+  while (std::optional<RawFrame> frame = ReadFrame(j.fd)) {
+    Result<proto::ControlMessage> message = DecodeControl(frame->payload);
+    if (frame->header.type == FrameType::kControl && message.ok() && message->has_goodbye()) {
+      reason = message->goodbye().reason();
+      break;
+    }
+  }
+  if (code == "PROTOCOL_VIOLATION") {
+    ASSERT_TRUE(reason.has_value()) << "no Goodbye to the aggregator that broke the protocol";
+    EXPECT_NE(reason->find(text), std::string::npos) << *reason;
+  } else {
+    EXPECT_FALSE(reason.has_value()) << *reason;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(WorkerLifecycle, HostileCollective,

@@ -744,12 +744,17 @@ void Worker::Impl::FailWithGoodbyes(const Status& status, AggregatorLink* origin
   // before every Goodbye is queued and the grace timer armed, or a Goodbye queued after it would wait, with nothing
   // to bound it, behind a socket the aggregator no longer reads.
   queueing_goodbyes_ = true;
+  // The aggregator whose link failed hears why too when the failure is what it sent (a protocol violation), not its
+  // connection's: its operator then sees the cause in its log instead of a bare close, and so do the other ranks.
+  const bool tell_origin = status.code() == StatusCode::kProtocolViolation;
   for (auto& link : links_) {
     link->DropQueued();
     // Only once the handshake is over (JobReady): within it the aggregator reads what the handshake expects next
     // (an AuthResponse, a TransportDecline) and takes anything else as a protocol violation of this worker's. The
     // close alone tells it that this rank left the forming job (docs/PROTOCOL.md §5 item 4).
-    if (link.get() != origin && link->connected() && link->job_ready()) link->Send(EncodeControl(goodbye));
+    if ((link.get() != origin || tell_origin) && link->connected() && link->job_ready()) {
+      link->Send(EncodeControl(goodbye));
+    }
     link->Close();
   }
   queueing_goodbyes_ = false;
