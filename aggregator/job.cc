@@ -483,7 +483,9 @@ void Job::OnCollectiveBegin(uint32_t rank, const proto::CollectiveBegin& begin) 
                                                 std::to_string(active_->seq) + ": rank " + std::to_string(rank) +
                                                 " passed " + spec->ToString() + " but rank(s) " +
                                                 RankList(agreeing) + " passed " + active_->spec.ToString() +
-                                                PeersOf(ranks)),
+                                                PeersOf(ranks) +
+                                                "; every rank must call allreduce with the same element count, "
+                                                "dtype, block size, codec and key, in the same order"),
           ranks);
     return;
   }
@@ -549,9 +551,10 @@ Result<Job::Admission> Job::Admit(const CollectiveSpec& spec) {
   const uint32_t element_size = FindDType(spec.dtype)->size;
   if (spec.element_count > limits.max_tensor_bytes / element_size) {
     return Status(StatusCode::kResourceExhausted,
-                  "the tensor of " + std::to_string(spec.element_count) + " x " + std::to_string(element_size) +
-                      " bytes exceeds this aggregator's --max-tensor-bytes of " +
-                      std::to_string(limits.max_tensor_bytes));
+                  "the tensor of " + std::to_string(spec.element_count) + " " + FindDType(spec.dtype)->name +
+                      " elements (" + std::to_string(element_size) + " bytes each) exceeds this aggregator's " +
+                      "--max-tensor-bytes of " + std::to_string(limits.max_tensor_bytes) +
+                      ": split it into smaller collectives, or raise the limit");
   }
   // For the columns of this collective that this aggregator serves (a small tensor leaves most lanes empty).
   const ColumnLayout layout(shape_, spec.element_count, spec.block_size, element_size);
