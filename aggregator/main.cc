@@ -179,14 +179,14 @@ int main(int argc, char** argv) {
   boost::asio::steady_timer drain_deadline(lifecycle);
   bool finished = false;
   // Once: the jobs that Stop() aborts empty the registry, which posts the drain's own "drained" finish again.
-  auto finish = [&] {
+  auto finish = [&](const std::string& why) {
     if (finished) return;
     finished = true;
     drain_deadline.cancel();
     signals.cancel();
     systemd.StopWatchdog();
     http.Stop();
-    server.Stop();
+    server.Stop(why);
   };
   std::function<void(const boost::system::error_code&, int)> on_signal;
   bool draining = false;
@@ -201,7 +201,7 @@ int main(int argc, char** argv) {
     }
     if (draining) {
       spdlog::warn("signal {} while draining: aborting the remaining jobs", signal);
-      finish();
+      finish("it was signalled again while draining, before this job's collective finished");
       return;
     }
     draining = true;
@@ -212,12 +212,13 @@ int main(int argc, char** argv) {
     drain_deadline.async_wait([&](const boost::system::error_code& ec) {
       if (ec) return;
       spdlog::warn("drain deadline of {} ms passed: aborting the remaining jobs", config.drain_timeout.count());
-      finish();
+      finish("its --drain-timeout-ms of " + std::to_string(config.drain_timeout.count()) +
+             " ms passed before this job's collective finished");
     });
     server.Drain([&] { boost::asio::post(lifecycle, [&] {
       if (finished) return;
       spdlog::info("drained: no job left");
-      finish();
+      finish("drained");
     }); });
     signals.async_wait(on_signal);
   };

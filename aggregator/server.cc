@@ -185,8 +185,8 @@ void Server::Drain(std::function<void()> on_drained) {
   });
 }
 
-void Server::Stop() {
-  asio::dispatch(acceptor_strand_, [this] {
+void Server::Stop(const std::string& why) {
+  asio::dispatch(acceptor_strand_, [this, why] {
     stopping_ = true;
     context_.draining = true;
     context_.shm_offers.Stop();  // offers a hoarding peer never received must not keep the daemon from exiting
@@ -194,8 +194,8 @@ void Server::Stop() {
     StopLogTimers();  // a pending report would keep io.run() from returning for up to a window
     context_.handshakes.CloseAll();  // connections that joined no job yet would otherwise wait for their deadline
     for (auto& job : registry_.Snapshot()) {
-      asio::dispatch(job->strand(), [job] {
-        job->Abort(Status(StatusCode::kShuttingDown, "the aggregator is shutting down"), {});
+      asio::dispatch(job->strand(), [job, why] {
+        job->Abort(Status(StatusCode::kShuttingDown, "the aggregator is shutting down: " + why), {});
       });
     }
   });

@@ -30,9 +30,9 @@ class Server {
   // Stops accepting new connections and jobs; running collectives finish, then their jobs end with SHUTTING_DOWN.
   // `on_drained` runs once no job is left. Returns immediately.
   void Drain(std::function<void()> on_drained);
-  // Stops accepting and aborts every job with SHUTTING_DOWN; returns immediately. io.run() returns once the
-  // goodbyes are written (and the caller's own I/O objects are closed).
-  void Stop();
+  // Stops accepting and aborts every job with SHUTTING_DOWN, whose message gives `why` (what ended the drain); returns
+  // immediately. io.run() returns once the goodbyes are written (and the caller's own I/O objects are closed).
+  void Stop(const std::string& why);
 
   const JobRegistry& registry() const { return registry_; }
   ServiceContext& context() { return context_; }

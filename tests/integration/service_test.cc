@@ -1165,6 +1165,9 @@ TEST(Service, ASecondSigtermDuringTheDrainAbortsTheRemainingJobs) {
   close(fd);  // (the daemon waits for the rank to close after its Error, up to a grace period)
   ASSERT_TRUE(error) << "the rank was not told";
   EXPECT_EQ(error->code(), proto::SHUTTING_DOWN) << error->message();
+  EXPECT_NE(error->message().find("the aggregator is shutting down: it was signalled again while draining"),
+            std::string::npos)
+      << error->message();
   Result<int> status = daemon.process()->Wait(10s);
   ASSERT_TRUE(status.ok()) << "the second SIGTERM did not end the drain";
   EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 0) << tools::DescribeExit(*status);
