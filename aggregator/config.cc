@@ -79,10 +79,17 @@ CLI::Option* AddMilliseconds(CLI::App& app, const std::string& flag, std::chrono
 
 Status Validate(const DaemonConfig& config) {
   if (config.server.listen.empty()) return InvalidArgument("--listen: at least one address is needed");
+  std::vector<std::string> seen;
   for (const std::string& text : config.server.listen) {
-    if (Result<tcp::HostPort> hp = tcp::ParseHostPort(text); !hp.ok()) {
-      return hp.status().WithContext("--listen");
+    Result<tcp::HostPort> hp = tcp::ParseHostPort(text);
+    if (!hp.ok()) return hp.status().WithContext("--listen");
+    // Bound twice, it failed with "Address already in use", which sent operators looking for another process. A
+    // port 0 may be listed more than once: each gets a port of its own.
+    const std::string address = hp->ToString();
+    if (hp->port != 0 && std::find(seen.begin(), seen.end(), address) != seen.end()) {
+      return InvalidArgument("--listen: " + address + " is listed twice");
     }
+    seen.push_back(address);
   }
   if (!config.metrics_listen.empty()) {
     if (Result<tcp::HostPort> hp = tcp::ParseHostPort(config.metrics_listen); !hp.ok()) {

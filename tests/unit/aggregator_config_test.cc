@@ -118,6 +118,7 @@ TEST_F(ConfigTest, InvalidConfigurationExitsWithCode2) {
   ExpectExit2({"--max-jobs", "x"}, "(given on the command line)");
   unsetenv("SPARSEREDUCE_CONFIG");
   ExpectExit2({"--listen", "nohostport"}, "--listen");
+  ExpectExit2({"--listen", "127.0.0.1:9000,127.0.0.1:9000"}, "--listen: 127.0.0.1:9000 is listed twice");
   ExpectExit2({"--allow-network", "10.0.0.0/33"}, "10.0.0.0/33");
   ExpectExit2({"--allow-network", "fd00::1/8"}, "allowed network fd00::1/8 has host bits set; did you mean fd00::/8?");
   ExpectExit2({"--metrics-listen", "nohostport"}, "--metrics-listen");
