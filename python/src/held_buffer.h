@@ -33,6 +33,7 @@ class HeldBuffer {
   void Release();
 
   ElementType type() const { return type_; }
+  size_t count() const { return count_; }
   std::span<float> floats() const { return {static_cast<float*>(view_.buf), count_}; }
   std::span<int32_t> ints() const { return {static_cast<int32_t*>(view_.buf), count_}; }
 

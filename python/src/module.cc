@@ -261,8 +261,10 @@ class Handle {
         deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(t));
     }
     if (!WaitUntil(future_, deadline)) {
-      std::string message = "sparsereduce: " + JobRank(job_, rank_) +
-                            ": the allreduce did not finish within " + PythonSeconds(*timeout) +
+      std::string message = "sparsereduce: " + JobRank(job_, rank_) + ": the allreduce (collective " +
+                            std::to_string(seq_) + ", " + std::to_string(buffer_.count()) +
+                            (buffer_.type() == ElementType::kFloat32 ? " float32" : " int32") +
+                            " elements) did not finish within " + PythonSeconds(*timeout) +
                             " s (it keeps running: wait again)";
       PyErr_SetString(PyExc_TimeoutError, message.c_str());
       throw py::error_already_set();

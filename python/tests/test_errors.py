@@ -236,7 +236,7 @@ def test_wait_refuses_nan_and_negative_timeouts(aggregator, job):
 def test_wait_timeout_names_the_job_and_rank(aggregator, job):
     workers = run_ranks(2, lambda r: sparsereduce.Worker(aggregator, job, r, 2, **FAST))
     handle = workers[0].allreduce_async(np.ones(4, dtype=np.float32))
-    with pytest.raises(TimeoutError, match=f"job {job} rank 0"):
+    with pytest.raises(TimeoutError, match=fr"job {job} rank 0: the allreduce \(collective 1, 4 float32 elements\)"):
         handle.wait(timeout=0)
     workers[1].allreduce(np.ones(4, dtype=np.float32))
     handle.wait(timeout=10)
