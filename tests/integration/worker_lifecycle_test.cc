@@ -19,8 +19,10 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <memory>
+#include <optional>
 #include <stop_token>
 #include <string>
 #include <thread>
@@ -368,97 +370,102 @@ TEST(WorkerLifecycle, DestroyingTheWorkerWhileSmallFramesAreBlockedReturnsWithin
   EXPECT_TRUE(tensor == input);
 }
 
-// An aggregator that accepts the connection and never answers: the constructor ends at the join deadline.
-TEST(WorkerLifecycle, ASilentAggregatorEndsTheConstructorAtTheJoinDeadline) {
+struct JoinFailure {
+  std::string code;
+  std::string what;
+};
+
+// Rank 0 of `options` joins through one aggregator played by hand: `play` acts on the accepted connection (its port
+// given too). Returns how the constructor failed; fails the test if it joined, or did not end within 10 s.
+std::optional<JoinFailure> FailedJoin(WorkerOptions options, const std::function<void(int fd, uint16_t port)>& play) {
   uint16_t port = 0;
   const int listener = ListenOnLoopback(&port);
-  ASSERT_GE(listener, 0);
-  WorkerOptions options;
+  if (listener < 0) {
+    ADD_FAILURE() << "no listener";
+    return std::nullopt;
+  }
   options.aggregators = {"127.0.0.1:" + std::to_string(port)};
+  auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  const int fd = AcceptWithin(listener, 10s);
+  std::optional<JoinFailure> failure;
+  if (fd < 0) {
+    ADD_FAILURE() << "the worker did not connect";
+  } else {
+    play(fd, port);
+  }
+  if (joined.wait_for(10s) != std::future_status::ready) {
+    ADD_FAILURE() << "the constructor did not end within 10 s";
+  } else {
+    try {
+      joined.get();
+      ADD_FAILURE() << "joined without a JobReady";
+    } catch (const Error& e) {
+      failure = JoinFailure{e.code(), e.what()};
+    }
+  }
+  if (fd >= 0) close(fd);
+  close(listener);
+  return failure;
+}
+
+// An aggregator that accepts the connection and never answers: the constructor ends at the join deadline. A job of
+// one rank forms at once, so the error asks whether the address is an aggregator's data port.
+TEST(WorkerLifecycle, ASilentAggregatorEndsTheConstructorAtTheJoinDeadline) {
+  WorkerOptions options;
   options.job = 46;
   options.world_size = 1;
   options.connect_timeout = 500ms;
   options.join_timeout = 500ms;
   const auto start = std::chrono::steady_clock::now();
-  auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
-  const int fd = AcceptWithin(listener, 10s);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(joined.wait_for(10s), std::future_status::ready) << "the constructor outlived its join deadline";
-  try {
-    joined.get();
-    ADD_FAILURE() << "joined without a JobReady";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), "DEADLINE_EXCEEDED") << e.what();
-    EXPECT_NE(std::string(e.what()).find("aggregator 0 (127.0.0.1:" + std::to_string(port) +
-                                         ") accepted the connection but has not answered (a job of one rank forms "
-                                         "at once): is the address an aggregator's data port?"),
-              std::string::npos)
-        << e.what();
-  }
+  std::string address;
+  const std::optional<JoinFailure> failure =
+      FailedJoin(options, [&](int, uint16_t port) { address = "127.0.0.1:" + std::to_string(port); });
+  ASSERT_TRUE(failure.has_value());
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5s);
-  close(fd);
-  close(listener);
+  EXPECT_EQ(failure->code, "DEADLINE_EXCEEDED") << failure->what;
+  EXPECT_NE(failure->what.find("aggregator 0 (" + address + ") accepted the connection but has not answered (a job "
+                               "of one rank forms at once): is the address an aggregator's data port?"),
+            std::string::npos)
+      << failure->what;
 }
 
 // A rank whose job does not form because another rank never comes: the error says the aggregator waits for the
 // job's other ranks (it said "still waiting on aggregator 0", which read as the aggregator's fault).
 TEST(WorkerLifecycle, AJobThatDoesNotFormSaysTheAggregatorWaitsForTheOtherRanks) {
-  uint16_t port = 0;
-  const int listener = ListenOnLoopback(&port);
-  ASSERT_GE(listener, 0);
   WorkerOptions options;
-  options.aggregators = {"127.0.0.1:" + std::to_string(port)};
   options.job = 50;
   options.world_size = 3;
   options.connect_timeout = options.join_timeout = 300ms;
-  auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
-  const int fd = AcceptWithin(listener, 10s);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(joined.wait_for(10s), std::future_status::ready) << "the constructor outlived its join deadline";
-  try {
-    joined.get();
-    ADD_FAILURE() << "joined without a JobReady";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), "DEADLINE_EXCEEDED") << e.what();
-    EXPECT_NE(std::string(e.what()).find("aggregator 0 (127.0.0.1:" + std::to_string(port) +
-                                         ") accepted this rank but has not reported the job formed: it waits for "
-                                         "the job's other 2 rank(s), which must run with the same job id"),
-              std::string::npos)
-        << e.what();
-  }
-  close(fd);
-  close(listener);
+  std::string address;
+  const std::optional<JoinFailure> failure =
+      FailedJoin(options, [&](int, uint16_t port) { address = "127.0.0.1:" + std::to_string(port); });
+  ASSERT_TRUE(failure.has_value());
+  EXPECT_EQ(failure->code, "DEADLINE_EXCEEDED") << failure->what;
+  EXPECT_NE(failure->what.find("aggregator 0 (" + address + ") accepted this rank but has not reported the job "
+                               "formed: it waits for the job's other 2 rank(s), which must run with the same job id"),
+            std::string::npos)
+      << failure->what;
 }
 
 // An aggregator that closes the connection without an Error while the job forms: the error says what that means,
 // not only "connection closed by peer".
 TEST(WorkerLifecycle, AConnectionClosedWhileJoiningSaysWhatThatMeans) {
-  uint16_t port = 0;
-  const int listener = ListenOnLoopback(&port);
-  ASSERT_GE(listener, 0);
   WorkerOptions options;
-  options.aggregators = {"127.0.0.1:" + std::to_string(port)};
   options.job = 49;
   options.world_size = 2;
   options.connect_timeout = options.join_timeout = 20s;
-  auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
-  const int fd = AcceptWithin(listener, 10s);
-  ASSERT_GE(fd, 0);
-  ASSERT_TRUE(ReadFrame(fd));  // Hello
-  close(fd);
-  ASSERT_EQ(joined.wait_for(10s), std::future_status::ready) << "the close did not end the join";
-  try {
-    joined.get();
-    ADD_FAILURE() << "joined without a JobReady";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), "UNAVAILABLE") << e.what();
-    EXPECT_NE(std::string(e.what()).find("aggregator 0 (127.0.0.1:" + std::to_string(port) +
-                                         "): the aggregator closed the connection without an Error while this rank "
-                                         "waited for the job to form"),
-              std::string::npos)
-        << e.what();
-  }
-  close(listener);
+  std::string address;
+  const std::optional<JoinFailure> failure = FailedJoin(options, [&](int fd, uint16_t port) {
+    address = "127.0.0.1:" + std::to_string(port);
+    EXPECT_TRUE(ReadFrame(fd));  // Hello
+    shutdown(fd, SHUT_RDWR);
+  });
+  ASSERT_TRUE(failure.has_value());
+  EXPECT_EQ(failure->code, "UNAVAILABLE") << failure->what;
+  EXPECT_NE(failure->what.find("aggregator 0 (" + address + "): the aggregator closed the connection without an "
+                               "Error while this rank waited for the job to form"),
+            std::string::npos)
+      << failure->what;
 }
 
 // A worker out of file descriptors (RLIMIT_NOFILE) that cannot open its connection's socket says so: Asio reports

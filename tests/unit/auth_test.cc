@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <boost/algorithm/hex.hpp>
+#include <iterator>
+
 namespace sparsereduce::auth {
 namespace {
 
@@ -21,12 +24,8 @@ TEST(Auth, SameSecretSameTranscriptMatches) {
 }
 
 std::string Hex(const std::string& bytes) {
-  static const char kDigits[] = "0123456789abcdef";
   std::string out;
-  for (unsigned char c : bytes) {
-    out += kDigits[c >> 4];
-    out += kDigits[c & 15];
-  }
+  boost::algorithm::hex_lower(bytes.begin(), bytes.end(), std::back_inserter(out));
   return out;
 }
 

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <boost/algorithm/hex.hpp>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
@@ -19,6 +20,7 @@
 #include <boost/asio/write.hpp>
 #include <cerrno>
 #include <cstring>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <stdexcept>
@@ -42,12 +44,8 @@ constexpr char kHandoffByte = 'S';
 constexpr char kAckByte = 'A';  // the worker's, once it has received the descriptors and mapped the segment
 
 std::string Hex(const std::string& bytes) {
-  static constexpr char kDigits[] = "0123456789abcdef";
   std::string hex;
-  for (unsigned char c : bytes) {
-    hex += kDigits[c >> 4];
-    hex += kDigits[c & 15];
-  }
+  boost::algorithm::hex_lower(bytes.begin(), bytes.end(), std::back_inserter(hex));
   return hex;
 }
 
