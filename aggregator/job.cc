@@ -587,8 +587,8 @@ Result<Job::Admission> Job::Admit(const CollectiveSpec& spec) {
                       std::to_string(engine) + " for " + std::to_string(shape_.world_size) + " ranks x window " +
                       std::to_string(shape_.window) + " frames per slot over " + std::to_string(columns) +
                       " columns of " + std::to_string(spec.block_size * element_size) +
-                      "-byte blocks, a RESULT and a table of its " + std::to_string(layout.places_per_aggregator()) +
-                      " columns; " +
+                      "-byte blocks, a RESULT and tables over " + std::to_string(layout.num_places()) +
+                      " columns of " + std::to_string(shape_.num_aggregators) + " aggregators; " +
                       std::to_string(results) + " for RESULTs waiting in send queues)" + earlier + ", above its " +
                       "--max-job-memory of " + std::to_string(limits.max_job_memory) +
                       (queued == 0 ? "; use fewer slots, blocks per message or a smaller window"

@@ -54,7 +54,7 @@ uint64_t ColumnEngine::MemoryBound(const JobShape& shape, uint64_t columns, uint
                                    const ColumnLayout& layout) {
   const uint64_t entry = kEntrySize + Pad8(block_bytes);
   const uint64_t W = shape.world_size;
-  const uint64_t places = layout.places_per_aggregator() * sizeof(ColumnLayout::Place);
+  const uint64_t places = layout.num_places() * sizeof(ColumnLayout::Place);
   return W * shape.window * columns * (entry + kHeldBlockOverhead) + columns * entry + W * columns * 16 + places;
 }
 
@@ -176,11 +176,10 @@ Status ColumnEngine::UnexpectedBlock(uint32_t rank, const Slot& slot, uint32_t s
     return ProtocolError(where + ": beyond the tensor's " + std::to_string(layout_.num_blocks()) + " blocks");
   }
   const uint64_t column = layout_.ColumnOf(block);
-  const ColumnLayout::Place* place = layout_.FindPlace(place_, aggregator_, column);
-  if (place == nullptr || place->slot != s) {
+  if (place_[column].slot != s) {
     return ProtocolError(where + ": not a block of this slot of aggregator " + std::to_string(aggregator_));
   }
-  const uint64_t expected = slot.expect[size_t{place->lane} * shape_.world_size + rank];
+  const uint64_t expected = slot.expect[size_t{place_[column].lane} * shape_.world_size + rank];
   if (expected != block) {
     return ProtocolError(where + ": the rank announced " +
                          (expected == kEndOfColumn ? std::string("no further block")
@@ -239,10 +238,9 @@ Status ColumnEngine::OnBlocks(uint32_t rank, Slot& slot, uint32_t s, const Frame
                          std::to_string(shape_.blocks_per_message) + " blocks per message");
   }
   for (const EntryView& e : entries) {
-    const ColumnLayout::Place* place =
-        e.block < layout_.num_blocks() ? layout_.FindPlace(place_, aggregator_, layout_.ColumnOf(e.block)) : nullptr;
-    if (place == nullptr || place->slot != s) return UnexpectedBlock(rank, slot, s, e.block);
-    const uint32_t lane = place->lane;
+    const uint64_t column = e.block < layout_.num_blocks() ? layout_.ColumnOf(e.block) : 0;
+    if (e.block >= layout_.num_blocks() || place_[column].slot != s) return UnexpectedBlock(rank, slot, s, e.block);
+    const uint32_t lane = place_[column].lane;
     const size_t i = size_t{lane} * W + rank;
     if (slot.expect[i] != e.block || (stream.any_block && e.block <= stream.last_block)) {
       return UnexpectedBlock(rank, slot, s, e.block);

@@ -111,10 +111,21 @@ uint32_t ColumnLayout::NonEmptyLanes(uint32_t aggregator, uint32_t slot) const {
 }
 
 std::vector<ColumnLayout::Place> ColumnLayout::PlacesOf(uint32_t aggregator) const {
-  std::vector<Place> places(places_per_aggregator());
+  std::vector<Place> places(num_places());
   for (uint32_t s = 0; s < shape_.slots; ++s) {
     const uint32_t lanes = NonEmptyLanes(aggregator, s);
-    for (uint32_t lane = 0; lane < lanes; ++lane) places[ServedIndex(Column(aggregator, s, lane))] = Place{s, lane};
+    for (uint32_t lane = 0; lane < lanes; ++lane) places[Column(aggregator, s, lane)] = Place{s, lane};
+  }
+  return places;
+}
+
+std::vector<ColumnLayout::ColumnPlace> ColumnLayout::AllPlaces() const {
+  std::vector<ColumnPlace> places(num_places());
+  for (uint32_t a = 0; a < shape_.num_aggregators; ++a) {
+    for (uint32_t s = 0; s < shape_.slots; ++s) {
+      const uint32_t lanes = NonEmptyLanes(a, s);
+      for (uint32_t lane = 0; lane < lanes; ++lane) places[Column(a, s, lane)] = ColumnPlace{a, s, lane};
+    }
   }
   return places;
 }

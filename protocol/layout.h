@@ -81,35 +81,25 @@ class ColumnLayout {
       ForEachRunInRow(row_start, aggregator, slot, fn);
     }
   }
-  // Where `column` stands among the columns of its aggregator, in increasing order (row 0's share of LocalBlock).
-  uint64_t ServedIndex(uint64_t column) const {
-    const uint64_t run = column / run_length_;
-    return run / shape_.num_aggregators * run_length_ + column % run_length_;
-  }
-  // Slot and lane of every column below min(C, NB) that `aggregator` serves, at its ServedIndex (slot kNotServed
-  // where no column of a block lands): one lookup instead of the divisions of SlotOf and LaneOf where every block
-  // received needs its lane. Indexed by ServedIndex rather than by column, so that a worker's A tables, one per
-  // aggregator, hold about C entries in all and not A·C.
+  // Slot and lane of every column below min(C, NB) that `aggregator` serves (slot kNotServed for the others'):
+  // one lookup instead of the divisions of SlotOf and LaneOf where every block received needs its lane (the
+  // aggregator's engine, per block of every CONTRIBUTION).
   static constexpr uint32_t kNotServed = ~uint32_t{0};
   struct Place {
     uint32_t slot = kNotServed;
     uint32_t lane = 0;
   };
   std::vector<Place> PlacesOf(uint32_t aggregator) const;
-  // Entries of PlacesOf (the same for every aggregator): ServedIndex of every column below min(C, NB) fits.
-  uint64_t places_per_aggregator() const {
-    const uint64_t cycle = uint64_t{run_length_} * shape_.num_aggregators;
-    return (std::min(num_columns_, num_blocks_) + cycle - 1) / cycle * run_length_;
-  }
-  // The place of `column` (below num_columns) in `places` = PlacesOf(aggregator), or nullptr when another aggregator
-  // serves it or it holds no block.
-  const Place* FindPlace(const std::vector<Place>& places, uint32_t aggregator, uint64_t column) const {
-    const uint64_t run = column / run_length_;
-    if (run % shape_.num_aggregators != aggregator) return nullptr;
-    const uint64_t index = run / shape_.num_aggregators * run_length_ + column % run_length_;
-    if (index >= places.size() || places[index].slot == kNotServed) return nullptr;
-    return &places[index];
-  }
+  // Entries of PlacesOf and AllPlaces: every column that holds a block, whichever aggregator serves it.
+  uint64_t num_places() const { return std::min(num_columns_, num_blocks_); }
+  // Aggregator, slot and lane of every column below min(C, NB): a worker's one table for all its aggregators (a
+  // PlacesOf per aggregator held A·C entries in all, 34 MB per collective with A = 64, S = 8, K = 128 and B = 1).
+  struct ColumnPlace {
+    uint32_t aggregator = 0;
+    uint32_t slot = 0;
+    uint32_t lane = 0;
+  };
+  std::vector<ColumnPlace> AllPlaces() const;
   // Blocks in the columns of `aggregator` (what it aggregates when every block is nonzero).
   uint64_t BlocksOf(uint32_t aggregator) const;
   // Lanes 0..n-1 of a slot hold non-empty columns (columns grow with the lane, so they form a prefix).
@@ -127,7 +117,9 @@ class ColumnLayout {
   // an aggregator keeps per-block state (3LC error memory).
   uint64_t LocalBlock(uint64_t block) const {
     // Within a row, the aggregator's columns in increasing order: a partial last row fills a prefix.
-    return block / num_columns_ * shape_.slots * shape_.blocks_per_message + ServedIndex(block % num_columns_);
+    const uint64_t column = block % num_columns_;
+    return block / num_columns_ * shape_.slots * shape_.blocks_per_message +
+           column / run_length_ / shape_.num_aggregators * run_length_ + column % run_length_;
   }
   uint32_t BlockBytes(uint64_t block) const { return static_cast<uint32_t>(BlockElements(block) * element_size_); }
   uint64_t BlockByteOffset(uint64_t block) const { return block * block_size_ * element_size_; }

@@ -43,9 +43,10 @@ WorkerCollective::WorkerCollective(const JobShape& shape, uint64_t job, uint64_t
   // Without a codec the blocks are scanned slot by slot as the slots start (StartSlot).
   const uint32_t element_size = FindDType(spec.dtype)->size;
   pending_.resize(shape.num_aggregators);
+  places_ = layout_.AllPlaces();
   schedules_.reserve(shape.num_aggregators);
   for (uint32_t a = 0; a < shape.num_aggregators; ++a) {
-    schedules_.emplace_back(shape, a, spec, element_size, flags_);
+    schedules_.emplace_back(shape, a, spec, element_size, flags_, places_);
   }
 }
 

@@ -127,6 +127,7 @@ class WorkerCollective {
   uint64_t nonzero_blocks_ = 0;
   uint64_t zero_bytes_scanned_ = 0;
   bool restorable_;
+  std::vector<ColumnLayout::ColumnPlace> places_;  // layout_.AllPlaces(), the schedules' one lookup table
   std::vector<WorkerSchedule> schedules_;
   // Original bytes of sent blocks and of overwritten blocks that were not all-zero bits, in the order they were
   // saved (see Restore).

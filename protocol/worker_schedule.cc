@@ -8,7 +8,8 @@
 namespace sparsereduce {
 
 WorkerSchedule::WorkerSchedule(const JobShape& shape, uint32_t aggregator_index, const CollectiveSpec& spec,
-                               uint32_t element_size, std::span<const uint8_t> block_flags)
+                               uint32_t element_size, std::span<const uint8_t> block_flags,
+                               std::span<const ColumnLayout::ColumnPlace> places)
     : shape_(shape),
       aggregator_(aggregator_index),
       layout_(shape, spec.element_count, spec.block_size, element_size),
@@ -16,7 +17,7 @@ WorkerSchedule::WorkerSchedule(const JobShape& shape, uint32_t aggregator_index,
       download_(DownloadFormat(spec.codec)),
       flags_(block_flags),
       slots_(shape.slots),
-      place_(layout_.PlacesOf(aggregator_)) {}
+      places_(places) {}
 
 uint64_t WorkerSchedule::NextNonzero(uint64_t from) const {
   const uint64_t stride = layout_.num_columns();
@@ -114,9 +115,10 @@ Status WorkerSchedule::OnResult(uint32_t s, std::span<const Entry> entries, std:
   const uint64_t columns = layout_.num_columns();
   for (const Entry& e : entries) {
     auto what = [&] { return where() + ", block " + std::to_string(e.block); };
-    const ColumnLayout::Place* place =
-        e.block < layout_.num_blocks() ? layout_.FindPlace(place_, aggregator_, layout_.ColumnOf(e.block)) : nullptr;
-    if (place == nullptr || place->slot != s) {
+    // A block below NB has its column below places_.size().
+    const ColumnLayout::ColumnPlace* place =
+        e.block < layout_.num_blocks() ? &places_[layout_.ColumnOf(e.block)] : nullptr;
+    if (place == nullptr || place->aggregator != aggregator_ || place->slot != s) {
       return ProtocolError(what() + ": RESULT for a block that is not one of this slot's");
     }
     Lane& lane = slot.lane[place->lane];

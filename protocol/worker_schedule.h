@@ -23,9 +23,11 @@ struct OutgoingFrame {
 
 class WorkerSchedule {
  public:
-  // `block_flags` holds one ScanBlocks flag byte per block of the tensor and must outlive the schedule.
+  // `block_flags` holds one ScanBlocks flag byte per block of the tensor, `places` the layout's AllPlaces (shared
+  // by the schedules of all aggregators); both must outlive the schedule.
   WorkerSchedule(const JobShape& shape, uint32_t aggregator_index, const CollectiveSpec& spec,
-                 uint32_t element_size, std::span<const uint8_t> block_flags);
+                 uint32_t element_size, std::span<const uint8_t> block_flags,
+                 std::span<const ColumnLayout::ColumnPlace> places);
 
   // Starts one slot: appends its announce and its first CONTRIBUTIONs (as many as the window allows) to
   // `*frames`, or returns false and appends nothing when the slot has no block. The flags of the slot's blocks
@@ -83,7 +85,7 @@ class WorkerSchedule {
   codec::WireFormat download_;
   std::span<const uint8_t> flags_;
   std::vector<Slot> slots_;
-  std::vector<ColumnLayout::Place> place_;  // layout_.PlacesOf(aggregator_): a RESULT entry's lane
+  std::span<const ColumnLayout::ColumnPlace> places_;  // layout_.AllPlaces(): a RESULT entry's lane
   uint32_t active_slots_ = 0;
   uint32_t started_slots_ = 0;
 };

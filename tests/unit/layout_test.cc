@@ -92,39 +92,30 @@ TEST(LayoutTest, EveryBlockHasExactlyOneHome) {
 
 // §2's run length: K once the tensor fills a row; below that the largest divisor of K that is at most NB / (A·S)
 // (at least 1), so that a small tensor still reaches every aggregator and slot.
-TEST(LayoutTest, PlaceTablesFindEveryServedColumnAndNoOther) {
+TEST(LayoutTest, PlaceTablesAgreeWithTheArithmetic) {
   for (const Combo& c : AllCombos()) {
     SCOPED_TRACE(Describe(c));
     const uint32_t A = c.shape.num_aggregators;
     ColumnLayout layout(c.shape, c.n, c.b, 4);
     const uint64_t holding = std::min(layout.num_columns(), layout.num_blocks());  // columns that hold a block
-    uint64_t entries = 0;
+    const std::vector<ColumnLayout::ColumnPlace> all = layout.AllPlaces();
+    ASSERT_EQ(all.size(), holding);
     for (uint32_t a = 0; a < A; ++a) {
-      const std::vector<ColumnLayout::Place> places = layout.PlacesOf(a);
-      ASSERT_EQ(places.size(), layout.places_per_aggregator());
-      entries += places.size();
-      for (uint64_t column = 0; column < layout.num_columns(); ++column) {
-        const ColumnLayout::Place* place = layout.FindPlace(places, a, column);
-        if (column >= holding || layout.AggregatorOf(column) != a) {
-          EXPECT_EQ(place, nullptr) << "aggregator " << a << ", column " << column;
-          continue;
+      const std::vector<ColumnLayout::Place> mine = layout.PlacesOf(a);
+      ASSERT_EQ(mine.size(), holding);
+      for (uint64_t column = 0; column < holding; ++column) {
+        EXPECT_EQ(all[column].aggregator, layout.AggregatorOf(column)) << "column " << column;
+        EXPECT_EQ(all[column].slot, layout.SlotOf(column)) << "column " << column;
+        EXPECT_EQ(all[column].lane, layout.LaneOf(column)) << "column " << column;
+        if (layout.AggregatorOf(column) == a) {
+          EXPECT_EQ(mine[column].slot, layout.SlotOf(column));
+          EXPECT_EQ(mine[column].lane, layout.LaneOf(column));
+        } else {
+          EXPECT_EQ(mine[column].slot, ColumnLayout::kNotServed) << "aggregator " << a << ", column " << column;
         }
-        ASSERT_NE(place, nullptr) << "aggregator " << a << ", column " << column;
-        EXPECT_EQ(place->slot, layout.SlotOf(column));
-        EXPECT_EQ(place->lane, layout.LaneOf(column));
       }
     }
-    // One table per aggregator on every worker: together about one entry per column, not A per column.
-    EXPECT_LE(entries, holding + uint64_t{A} * layout.run_length());
   }
-}
-
-TEST(LayoutTest, PlaceTablesStaySmallWithManyAggregators) {
-  // 64 aggregators x 8 slots x 128 lanes, one-element blocks: 65536 columns, all of them holding blocks. The
-  // tables of all 64 aggregators, which each worker builds, hold the 65536 columns once (they held 64 x 65536).
-  const JobShape shape{2, 64, 8, 128, 1};
-  const ColumnLayout layout(shape, uint64_t{64} * 8 * 128 * 4, 1, 4);
-  EXPECT_EQ(layout.places_per_aggregator(), 8u * 128);
 }
 
 TEST(LayoutTest, RunLengthIsKOrTheLargestFairDivisor) {

@@ -1,5 +1,6 @@
 // Property tests of the whole data plane (ColumnEngine + WorkerCollective) against a reference sum, bit-exact.
 #include <gtest/gtest.h>
+#include <malloc.h>
 
 #include <algorithm>
 #include <cmath>
@@ -8,6 +9,7 @@
 #include <set>
 
 #include "simulation.h"
+#include "tests/sanitized_build.h"
 
 namespace sparsereduce::testing {
 namespace {
@@ -407,6 +409,24 @@ TEST(WorkerCollectiveScratch, NextCollectiveReusesTheMemory) {
     if (scratch.backup_data.size() == 0) scratch.backup_data = ByteBuffer(1 << 20);
     backup = scratch.backup_data.data();
   }
+}
+
+// A worker's schedules, one per aggregator, share one table from column to (aggregator, slot, lane): a table per
+// schedule held A times every column, 34 MB for this collective of 256 KiB with A = 64 (S = 8, K = 128, B = 1).
+TEST(WorkerCollectiveMemory, ManyAggregatorsShareOneColumnTable) {
+  if (kSanitizedBuild) GTEST_SKIP() << "the sanitizers' allocator does not report through mallinfo2";
+  const JobShape shape{2, 64, 8, 128, 1};
+  const CollectiveSpec spec{uint64_t{64} * 8 * 128, DType::kFloat32, ReduceOp::kSum, 1};
+  std::vector<std::byte> tensor(spec.element_count * 4);
+  const auto heap = [] {
+    const struct mallinfo2 info = mallinfo2();
+    return info.uordblks + info.hblkhd;
+  };
+  const size_t before = heap();
+  WorkerCollective collective(shape, 1, 1, spec, tensor);
+  const size_t grown = heap() - before;
+  // The table (65536 columns x 12 bytes), the per-block flags and the 64 schedules' own state.
+  EXPECT_LT(grown, size_t{4} << 20) << "the collective holds " << grown << " bytes";
 }
 
 }  // namespace

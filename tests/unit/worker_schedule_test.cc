@@ -70,8 +70,9 @@ TEST(WorkerSchedule, FrameRecordsFollowTheWindowNotTheCollectivesLength) {
   const JobShape shape{1, 1, 1, 2, 2};
   const CollectiveSpec spec{4096, DType::kFloat32, ReduceOp::kSum, 1};
   const std::vector<uint8_t> flags(spec.element_count, kBlockNonzero);
+  const std::vector<ColumnLayout::ColumnPlace> places = ColumnLayout(shape, spec.element_count, 1, 4).AllPlaces();
   {
-    WorkerSchedule schedule(shape, 0, spec, 4, flags);
+    WorkerSchedule schedule(shape, 0, spec, 4, flags, places);
     const size_t most = RunAlone(schedule, [](const std::vector<uint32_t>& ready) { return ready[0]; });
     EXPECT_TRUE(schedule.done());
     EXPECT_LE(most, shape.window) << "in order, only the held frames need a record";
@@ -80,7 +81,7 @@ TEST(WorkerSchedule, FrameRecordsFollowTheWindowNotTheCollectivesLength) {
   {
     // The lanes in a random order: frames complete out of order, and the records end with the last one.
     std::mt19937_64 rng(3);
-    WorkerSchedule schedule(shape, 0, spec, 4, flags);
+    WorkerSchedule schedule(shape, 0, spec, 4, flags, places);
     RunAlone(schedule, [&](const std::vector<uint32_t>& ready) { return ready[rng() % ready.size()]; });
     EXPECT_TRUE(schedule.done());
     EXPECT_EQ(schedule.frame_records(), 0u);
