@@ -28,6 +28,17 @@ Result<NetworkAllowlist> NetworkAllowlist::Parse(const std::vector<std::string>&
         return InvalidArgument("allowed network " + text + " has host bits set; did you mean " +
                                net.canonical().to_string() + "?");
       }
+      // A scope is an interface's (its name, or its number): Asio reads a name that is no interface as scope 0, which
+      // would match link-local clients on every interface; and only link-local clients carry one.
+      if (!ec && cidr.find('%') != std::string::npos) {
+        if (net.address().scope_id() == 0) {
+          return InvalidArgument("allowed network " + text + " names no interface of this host after '%'");
+        }
+        if (!net.address().is_link_local()) {
+          return InvalidArgument("allowed network " + text +
+                                 " has a scope, which only link-local networks (fe80::/10) take");
+        }
+      }
       // IPv4 clients, also those a dual-stack listener sees as ::ffff:a.b.c.d, match the IPv4 entries only: such an
       // entry would never match anything.
       if (!ec && net.prefix_length() >= 96 && net.address().is_v4_mapped()) {

@@ -14,7 +14,8 @@ namespace sparsereduce::aggregator {
 class NetworkAllowlist {
  public:
   // Parses "10.0.0.0/8", "fd00::/8", "fe80::%eth0/10" or a single address (a /32 or /128). INVALID_ARGUMENT names
-  // the bad entry (host bits set, an IPv4-mapped IPv6 network).
+  // the bad entry (host bits set, an IPv4-mapped IPv6 network, a scope that names no interface or is not on a
+  // link-local network).
   static Result<NetworkAllowlist> Parse(const std::vector<std::string>& cidrs);
 
   // IPv4-mapped IPv6 addresses (::ffff:a.b.c.d, seen on dual-stack listeners) match as their IPv4 address. An IPv6

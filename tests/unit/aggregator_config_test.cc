@@ -285,6 +285,10 @@ TEST(NetworkAllowlist, ScopedLinkLocalClientsMatchEntriesWithoutAScope) {
   EXPECT_FALSE(other_interface->Allows(client));
   EXPECT_TRUE(other_interface->Allows(ip::make_address("fe80::1%3")));
   EXPECT_FALSE(NetworkAllowlist::Parse({"fd00::/8"})->Allows(client));
+  // A scope that names no interface read as scope 0, which matched every interface; one on a network other than
+  // link-local could never match.
+  EXPECT_FALSE(NetworkAllowlist::Parse({"fe80::%nosuchinterface0/10"}).ok());
+  EXPECT_FALSE(NetworkAllowlist::Parse({"fd00::%2/8"}).ok());
   EXPECT_TRUE(NetworkAllowlist::Parse({"::/0"})->Allows(ip::make_address("2001:db8::1")));
 }
 
