@@ -483,7 +483,10 @@ void CostModel::Add(double bytes, double seconds) {
 uint64_t TopKCount(float fraction, uint64_t blocks) {
   const double product = static_cast<double>(fraction) * static_cast<double>(blocks);
   const double nearest = std::round(product);
-  const double k = std::fabs(product - nearest) <= product * 0x1p-24 ? nearest : std::ceil(product);
+  // The forgiveness stays below a 1024th of a block: from 2^24 blocks on, the relative 2^-24 alone would round any
+  // product, not raise it (0.25 of 2^26 + 1 blocks gave 2^24, not 2^24 + 1).
+  const double k =
+      std::fabs(product - nearest) <= std::min(product * 0x1p-24, 0x1p-10) ? nearest : std::ceil(product);
   return std::min(blocks, std::max<uint64_t>(1, static_cast<uint64_t>(k)));
 }
 

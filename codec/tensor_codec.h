@@ -85,9 +85,9 @@ std::unique_ptr<TensorEncoder> MakeEncoder(const CodecSpec& spec, uint32_t block
 float DianaDefaultAlpha(uint32_t block_size);
 
 // Top-k's k of `blocks`: ceil(fraction · blocks), at least 1 and at most `blocks`, computed in double. The fraction
-// is an fp32 (0.3 is 0.30000001): a product within its rounding (a relative 2^-24) of an integer counts as that
-// integer, so that 0.3 of 10 blocks is 3, not 4, and 1.0 of any count is all of them (in fp32, 1.0 of 2^24 + 1
-// blocks left one out).
+// is an fp32 (0.3 is 0.30000001): a product within its rounding (a relative 2^-24, and less than 2^-10) of an integer
+// counts as that integer, so that 0.3 of 10 blocks is 3, not 4, and 1.0 of any count is all of them (in fp32, 1.0
+// of 2^24 + 1 blocks left one out).
 uint64_t TopKCount(float fraction, uint64_t blocks);
 
 }  // namespace sparsereduce::codec

@@ -167,6 +167,7 @@ TEST(TensorCodec, TopKCountIsTheCeilingOfTheFractionOfTheBlocks) {
   EXPECT_EQ(TopKCount(0.5f, (uint64_t{1} << 25) + 2), (uint64_t{1} << 24) + 1);
   EXPECT_EQ(TopKCount(0.5f, (uint64_t{1} << 25) + 3), (uint64_t{1} << 24) + 2);
   EXPECT_EQ(TopKCount(1.0f, uint64_t{1} << 40), uint64_t{1} << 40);
+  EXPECT_EQ(TopKCount(0.25f, (uint64_t{1} << 26) + 1), (uint64_t{1} << 24) + 1);  // 0.25 is exact: raised, not rounded
 }
 
 // DIANA keeps the largest element of a block with probability |Δ| / ‖Δ‖ = 1 and the others unbiased, also when the

@@ -740,7 +740,7 @@ TEST(WorkerLifecycle, AnUnreachableSharedMemoryOfferIsDeclinedAndTheJoinGoesOnOv
 }
 
 // What a misbehaving aggregator may send during a one-block collective, after the worker's three frames.
-enum class Misstep { kAcceptedOutOfOrder, kResultForABlockNeverAnnounced, kResultAfterError };
+enum class Misstep { kAcceptedOutOfOrder, kResultForABlockNeverAnnounced, kResultAfterError, kErrorOfAViolation };
 
 class HostileCollective : public ::testing::TestWithParam<Misstep> {};
 
@@ -788,6 +788,15 @@ TEST_P(HostileCollective, FailsNamingTheAggregatorAndRestoresTheInput) {
       text = "rank 1 left";
       break;
     }
+    case Misstep::kErrorOfAViolation: {  // the aggregator's own Error: it needs no Goodbye to know
+      proto::ControlMessage error;
+      error.mutable_error()->set_code(proto::PROTOCOL_VIOLATION);
+      error.mutable_error()->set_message("rank 0 sent block 9 twice");
+      ASSERT_TRUE(SendControl(j.fd, error));
+      code = "PROTOCOL_VIOLATION";
+      text = "rank 0 sent block 9 twice";
+      break;
+    }
   }
   ASSERT_EQ(done.wait_for(10s), std::future_status::ready) << "the worker did not fail";
   try {
@@ -813,7 +822,7 @@ TEST_P(HostileCollective, FailsNamingTheAggregatorAndRestoresTheInput) {
       break;
     }
   }
-  if (code == "PROTOCOL_VIOLATION") {
+  if (code == "PROTOCOL_VIOLATION" && GetParam() != Misstep::kErrorOfAViolation) {
     ASSERT_TRUE(reason.has_value()) << "no Goodbye to the aggregator that broke the protocol";
     EXPECT_NE(reason->find(text), std::string::npos) << *reason;
   } else {
@@ -823,7 +832,7 @@ TEST_P(HostileCollective, FailsNamingTheAggregatorAndRestoresTheInput) {
 
 INSTANTIATE_TEST_SUITE_P(WorkerLifecycle, HostileCollective,
                          ::testing::Values(Misstep::kAcceptedOutOfOrder, Misstep::kResultForABlockNeverAnnounced,
-                                           Misstep::kResultAfterError));
+                                           Misstep::kResultAfterError, Misstep::kErrorOfAViolation));
 
 // Each failed collective's error says which one it is unless its cause names it: an aggregator's error about
 // collective 10 named "collective 1" too (a substring), so collective 1's error did not say it was collective 1.

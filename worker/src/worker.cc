@@ -134,10 +134,12 @@ class Worker::Impl : public AggregatorLink::Handler {
     if (!codec.ok()) throw MakeError(codec.status());
     return {*codec, key, c.sparsity, c.fp32_results, c.fraction, c.alpha, c.l2_norm, c.tensor_scale};
   }
-  // I/O thread: the worker becomes unusable. `origin` is the link that failed, if one did.
-  void Fail(const Status& status, AggregatorLink* origin = nullptr);
+  // I/O thread: the worker becomes unusable. `origin` is the link that failed, if one did; it gets no Goodbye unless
+  // the failure is a protocol violation of its aggregator's that this worker found (not an Error its aggregator
+  // sent, `origin_knows`).
+  void Fail(const Status& status, AggregatorLink* origin = nullptr, bool origin_knows = false);
   // Fail's work: the Goodbyes, the grace for frames in flight. May throw (std::bad_alloc).
-  void FailWithGoodbyes(const Status& status, AggregatorLink* origin);
+  void FailWithGoodbyes(const Status& status, AggregatorLink* origin, bool origin_knows);
   // Out of memory while failing, or an exception from a handler: ends everything at once without allocating. The
   // links are aborted (no Goodbyes, no grace), the tensor restored, and every waiter gets the failure's error if it
   // was made, else out_of_memory_error_.
@@ -616,7 +618,7 @@ void Worker::Impl::OnControl(AggregatorLink& link, const proto::ControlMessage& 
       return;
     case proto::ControlMessage::kError: {
       const proto::Error& e = message.error();
-      return Fail(Status(FromProtoCode(e.code()), link.Name() + ": " + e.message()), &link);
+      return Fail(Status(FromProtoCode(e.code()), link.Name() + ": " + e.message()), &link, /*origin_knows=*/true);
     }
     default:
       return Fail(ProtocolError(link.Name() + " sent an unexpected control message (field " +
@@ -721,16 +723,16 @@ void Worker::Impl::OnFailure(AggregatorLink& link, const Status& status) {
   Fail(status.WithContext(link.Name()), &link);
 }
 
-void Worker::Impl::Fail(const Status& status, AggregatorLink* origin) {
+void Worker::Impl::Fail(const Status& status, AggregatorLink* origin, bool origin_knows) {
   if (broken_) return;
   try {
-    FailWithGoodbyes(status, origin);
+    FailWithGoodbyes(status, origin, origin_knows);
   } catch (...) {
     FailWithoutAllocating();
   }
 }
 
-void Worker::Impl::FailWithGoodbyes(const Status& status, AggregatorLink* origin) {
+void Worker::Impl::FailWithGoodbyes(const Status& status, AggregatorLink* origin, bool origin_knows) {
   broken_ = status;
   deadline_.cancel();
   failure_ = ErrorFor(status);
@@ -744,9 +746,10 @@ void Worker::Impl::FailWithGoodbyes(const Status& status, AggregatorLink* origin
   // before every Goodbye is queued and the grace timer armed, or a Goodbye queued after it would wait, with nothing
   // to bound it, behind a socket the aggregator no longer reads.
   queueing_goodbyes_ = true;
-  // The aggregator whose link failed hears why too when the failure is what it sent (a protocol violation), not its
-  // connection's: its operator then sees the cause in its log instead of a bare close, and so do the other ranks.
-  const bool tell_origin = status.code() == StatusCode::kProtocolViolation;
+  // The aggregator whose link failed hears why too when the failure is what it sent (a protocol violation this
+  // worker found), not its connection's: its operator then sees the cause in its log instead of a bare close, and so
+  // do the other ranks. Not when it said so itself (its Error).
+  const bool tell_origin = status.code() == StatusCode::kProtocolViolation && !origin_knows;
   for (auto& link : links_) {
     link->DropQueued();
     // Only once the handshake is over (JobReady): within it the aggregator reads what the handshake expects next
