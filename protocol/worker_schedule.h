@@ -42,7 +42,8 @@ class WorkerSchedule {
 
   bool done() const { return started_slots_ == slots_.size() && active_slots_ == 0; }
   // Frames sent whose records the schedule still keeps, over all slots: those from each slot's oldest frame with
-  // a block not yet aggregated on. What it costs in memory follows the window, not the collective's length.
+  // a block not yet aggregated on. Bounded by the frames in flight (the window's, and the finished ones behind an
+  // old unfinished frame), not by the collective's length.
   size_t frame_records() const;
   const ColumnLayout& layout() const { return layout_; }
 

@@ -66,7 +66,7 @@ size_t RunAlone(WorkerSchedule& schedule, Pick pick) {
 }
 
 TEST(WorkerSchedule, FrameRecordsFollowTheWindowNotTheCollectivesLength) {
-  // One block of one element per frame: a frame for every block, 4096 in all.
+  // Two one-element blocks per frame: 2048 frames in all.
   const JobShape shape{1, 1, 1, 2, 2};
   const CollectiveSpec spec{4096, DType::kFloat32, ReduceOp::kSum, 1};
   const std::vector<uint8_t> flags(spec.element_count, kBlockNonzero);
