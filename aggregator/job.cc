@@ -548,10 +548,11 @@ void Job::EraseErrorMemory(std::map<uint64_t, std::unique_ptr<KeyedErrorMemory>>
 
 Result<Job::Admission> Job::Admit(const CollectiveSpec& spec) {
   const ServerOptions& limits = context_.options;
-  const uint32_t element_size = FindDType(spec.dtype)->size;
+  const DTypeInfo& dtype = *FindDType(spec.dtype);
+  const uint32_t element_size = dtype.size;
   if (spec.element_count > limits.max_tensor_bytes / element_size) {
     return Status(StatusCode::kResourceExhausted,
-                  "the tensor of " + std::to_string(spec.element_count) + " " + FindDType(spec.dtype)->name +
+                  "the tensor of " + std::to_string(spec.element_count) + " " + dtype.name +
                       " elements (" + std::to_string(element_size) + " bytes each) exceeds this aggregator's " +
                       "--max-tensor-bytes of " + std::to_string(limits.max_tensor_bytes) +
                       ": split it into smaller collectives, or raise the limit");

@@ -60,9 +60,9 @@ Metrics::Metrics(const std::string& instance)
       errors_(Register(pm::BuildCounter(), "sparsereduce_errors_total",
                        "Errors reported to workers or on dropped connections, by kind", *registry_, instance)),
       memory_reserved_(Register(pm::BuildGauge(), "sparsereduce_memory_reserved_bytes",
-                                "Memory bound reserved by running collectives, RESULTs still queued and 3LC error memory (see "
-                                "--max-total-memory)", *registry_,
-                                instance)
+                                "Memory bound reserved by running collectives, RESULTs still queued and 3LC error "
+                                "memory (see --max-total-memory)",
+                                *registry_, instance)
                            .Add({})),
       draining_(Register(pm::BuildGauge(), "sparsereduce_draining",
                          "1 while the aggregator drains after SIGTERM (not ready), else 0", *registry_, instance)

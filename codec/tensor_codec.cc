@@ -227,13 +227,11 @@ class ThreeLcEncoder final : public TensorEncoder {
     for (uint64_t b = 0; b < blocks.count; ++b) {
       const uint32_t n = blocks.Length(b);
       const uint64_t at = blocks.Begin(b);
-      float scale;
-      if (!spec_.tensor_scale) {
-        scale = ScaleOf(MaxAbsWithError(x + at, old_error + at, n), spec_.sparsity);
-      } else if (all_finite || !std::isnan(ScaleOf(MaxAbsWithError(x + at, old_error + at, n), spec_.sparsity))) {
-        scale = tensor_scale;
-      } else {
-        scale = kNotFiniteScale;
+      float scale = tensor_scale;
+      if (!spec_.tensor_scale || !all_finite) {
+        // The block's own M: its scale without tensor_scale, and with it whether the block is finite.
+        const float own = ScaleOf(MaxAbsWithError(x + at, old_error + at, n), spec_.sparsity);
+        if (!spec_.tensor_scale || std::isnan(own)) scale = own;
       }
       send[b] = QuantizeWithError(x + at, old_error + at, error.data() + at, n, scale, q.data());
       if (!send[b]) continue;

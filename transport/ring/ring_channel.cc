@@ -12,7 +12,6 @@ namespace asio = boost::asio;
 
 namespace {
 
-
 // UNAVAILABLE, as for TCP (transport/tcp/frame_stream.cc): a peer killed while writing.
 Status ClosedInsideFrame(uint64_t done, uint64_t size) {
   return Status(StatusCode::kUnavailable, "connection closed inside a frame (" + std::to_string(done) + " of " +
