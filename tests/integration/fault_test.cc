@@ -12,21 +12,14 @@
 // random: set SPARSEREDUCE_FAULT_SEED to repeat a run (the seed is printed). Detection latencies are printed as
 // "[latency]" lines: "raise" is from just before kill() to the moment the worker's allreduce threw (the worker
 // prints its CLOCK_MONOTONIC time, comparable across processes), "exit" until the test saw the worker exit.
-#include <fcntl.h>
 #include <gtest/gtest.h>
-#include <poll.h>
 #include <signal.h>
-#include <sys/prctl.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
-#include <cstring>
 #include <functional>
 #include <iostream>
 #include <map>
@@ -42,9 +35,7 @@
 #include <vector>
 
 #include "tests/test_time.h"
-#include "tools/common/subprocess.h"  // DescribeExit
-
-extern char** environ;
+#include "tools/common/subprocess.h"
 
 namespace sparsereduce::testing {
 namespace {
@@ -84,60 +75,30 @@ std::optional<std::string> FindPrefix(const std::vector<Line>& lines, const std:
   return std::nullopt;
 }
 
-// A child process whose stdout is read line by line (by a thread, as it arrives) and, optionally, whose stdin
-// is a pipe. Killed (SIGKILL) and reaped when destroyed.
+// A child process (tools::Subprocess) whose stdout is read line by line, by a thread, as it arrives, and whose
+// stdin is optionally a pipe. Killed (SIGKILL) and reaped when destroyed; killed with the test too
+// (PR_SET_PDEATHSIG SIGKILL), so that a test process killed at ctest's timeout leaves no daemon or busy worker
+// behind to load the rest of the run.
 class Child {
  public:
   Child(std::string name, const std::vector<std::string>& argv, bool pipe_stdin) : name_(std::move(name)) {
-    int out[2], in[2] = {-1, -1};
-    if (pipe2(out, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe2: ") + std::strerror(errno));
-    if (pipe_stdin && pipe2(in, O_CLOEXEC) != 0) {
-      throw std::runtime_error(std::string("pipe2: ") + std::strerror(errno));
-    }
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    // fork, not posix_spawn: the child asks to be killed with the test (PR_SET_PDEATHSIG) before it execs, so that
-    // a test process killed at ctest's timeout leaves no daemon or busy worker behind to load the rest of the run.
-    // Only async-signal-safe calls between fork and exec (the reader threads of other children run meanwhile).
-    const pid_t parent = getpid();
-    pid_ = fork();
-    if (pid_ == 0) {
-      if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(127);
-      if (dup2(out[1], STDOUT_FILENO) < 0) _exit(127);
-      if (pipe_stdin && dup2(in[0], STDIN_FILENO) < 0) _exit(127);
-      execve(args[0], args.data(), environ);
-      _exit(127);
-    }
-    const int fork_errno = errno;
-    close(out[1]);
-    if (pipe_stdin) close(in[0]);
-    if (pid_ < 0) {
-      close(out[0]);
-      if (pipe_stdin) close(in[1]);
-      throw std::runtime_error("cannot start " + argv[0] + ": " + std::strerror(fork_errno));
-    }
-    stdout_fd_ = out[0];
-    stdin_fd_ = in[1];
+    auto process = tools::Subprocess::Spawn(
+        argv, {.capture_stdout = true, .pipe_stdin = pipe_stdin, .parent_death_signal = SIGKILL});
+    if (!process.ok()) throw std::runtime_error(process.status().ToString());
+    process_ = std::move(*process);
     reader_ = std::thread([this] { ReadLoop(); });
   }
 
   ~Child() {
-    if (!exit_status_) {
-      kill(pid_, SIGKILL);
-      int status = 0;
-      while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
-      }
-    }
-    if (stdin_fd_ >= 0) close(stdin_fd_);
+    if (!exit_status_) process_->Signal(SIGKILL);
+    (void)process_->Wait(kFinishDeadline);
     reader_.join();  // the child is gone, so its stdout reaches EOF
-    close(stdout_fd_);
   }
   Child(const Child&) = delete;
   Child& operator=(const Child&) = delete;
 
   const std::string& name() const { return name_; }
-  int pid() const { return pid_; }
+  int pid() const { return process_->pid(); }
 
   std::vector<Line> Lines() const {
     std::lock_guard lock(mutex_);
@@ -155,58 +116,32 @@ class Child {
     return cv_.wait_until(lock, deadline, [&] { return eof_; });
   }
 
-  bool WriteStdin(const std::string& text) {
-    return stdin_fd_ >= 0 && write(stdin_fd_, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-  }
+  bool WriteStdin(const std::string& text) { return process_->WriteStdin(text).ok(); }
 
   // Sends `signal`; returns the time just before it was sent.
   Clock::time_point Signal(int signal) {
     const Clock::time_point at = Clock::now();
-    if (!exit_status_) kill(pid_, signal);
+    if (!exit_status_) process_->Signal(signal);
     return at;
   }
 
   // Waits for the exit until the deadline; the waitpid status, or nullopt.
   std::optional<int> WaitExit(Clock::time_point deadline) {
     if (exit_status_) return exit_status_;
-    const int pidfd = static_cast<int>(syscall(SYS_pidfd_open, pid_, 0));
-    std::optional<int> result;
-    while (true) {
-      int status = 0;
-      if (waitpid(pid_, &status, WNOHANG) == pid_) {
-        exit_seen_at_ = Clock::now();
-        exit_status_ = status;
-        result = status;
-        break;
-      }
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-      if (left <= 0) break;
-      if (pidfd >= 0) {
-        pollfd pfd{pidfd, POLLIN, 0};
-        poll(&pfd, 1, static_cast<int>(left));
-      } else {
-        std::this_thread::sleep_for(2ms);  // kernels without pidfd_open
-      }
-    }
-    if (pidfd >= 0) close(pidfd);
-    return result;
+    const auto left = std::max(Clock::duration::zero(), deadline - Clock::now());
+    Result<int> exited = process_->Wait(std::chrono::ceil<std::chrono::milliseconds>(left));
+    if (!exited.ok()) return std::nullopt;
+    exit_seen_at_ = Clock::now();
+    exit_status_ = *exited;
+    return exit_status_;
   }
   std::optional<Clock::time_point> exit_seen_at() const { return exit_seen_at_; }
-  bool Running() {
-    if (exit_status_) return false;
-    int status = 0;
-    if (waitpid(pid_, &status, WNOHANG) == pid_) {
-      exit_seen_at_ = Clock::now();
-      exit_status_ = status;
-      return false;
-    }
-    return true;
-  }
+  bool Running() { return !WaitExit(Clock::now()); }
 
   std::string Dump(size_t last = 20) const {
     std::vector<Line> lines = Lines();
     std::ostringstream out;
-    out << "--- " << name_ << " (pid " << pid_ << ")"
+    out << "--- " << name_ << " (pid " << pid() << ")"
         << (exit_status_ ? ", " + tools::DescribeExit(*exit_status_) : std::string(", running")) << ", " << lines.size()
         << " lines";
     if (lines.size() > last) out << ", last " << last;
@@ -220,20 +155,17 @@ class Child {
  private:
   void ReadLoop() {
     std::string partial;
-    std::vector<char> buf(1 << 16);
-    while (true) {
-      const ssize_t n = read(stdout_fd_, buf.data(), buf.size());
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;
+    // Reads until EOF: the process closes its stdout only by exiting, and the destructor kills it first.
+    (void)process_->ReadStdout(std::chrono::hours(24), [&](std::string_view chunk) {
       const Clock::time_point now = Clock::now();
-      partial.append(buf.data(), static_cast<size_t>(n));
+      partial.append(chunk);
       std::lock_guard lock(mutex_);
       for (size_t pos; (pos = partial.find('\n')) != std::string::npos;) {
         lines_.push_back({now, partial.substr(0, pos)});
         partial.erase(0, pos + 1);
       }
       cv_.notify_all();
-    }
+    });
     std::lock_guard lock(mutex_);
     if (!partial.empty()) lines_.push_back({Clock::now(), partial});
     eof_ = true;
@@ -241,9 +173,7 @@ class Child {
   }
 
   std::string name_;
-  pid_t pid_ = -1;
-  int stdout_fd_ = -1;
-  int stdin_fd_ = -1;
+  std::unique_ptr<tools::Subprocess> process_;
   std::optional<int> exit_status_;
   std::optional<Clock::time_point> exit_seen_at_;
   std::thread reader_;

@@ -1,6 +1,7 @@
 #include "tools/common/subprocess.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <fstream>
 #include <thread>
+#include <utility>
 
 extern char** environ;
 
@@ -29,21 +31,37 @@ int RemainingMs(Clock::time_point deadline) {
 
 }  // namespace
 
-Result<std::unique_ptr<Subprocess>> Subprocess::Spawn(const std::vector<std::string>& argv, bool capture_stdout) {
-  if (argv.empty()) return InvalidArgument("no program to start");
-  int pipe_fds[2] = {-1, -1};
-  if (capture_stdout && pipe2(pipe_fds, O_CLOEXEC) != 0) {
-    return Status(StatusCode::kInternal, std::string("pipe: ") + std::strerror(errno));
+namespace {
+
+// The ends of a pipe; closes those still open.
+struct Pipe {
+  int read_end = -1;
+  int write_end = -1;
+  ~Pipe() {
+    if (read_end >= 0) close(read_end);
+    if (write_end >= 0) close(write_end);
   }
+  Status Open() {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) return Status(StatusCode::kInternal, std::string("pipe: ") + std::strerror(errno));
+    read_end = fds[0];
+    write_end = fds[1];
+    return Status();
+  }
+  int Release(int& end) { return std::exchange(end, -1); }
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Subprocess>> Subprocess::Spawn(const std::vector<std::string>& argv,
+                                                      const SpawnOptions& options) {
+  if (argv.empty()) return InvalidArgument("no program to start");
+  Pipe out, in;
   // The child reports a failed exec through this pipe (closed by a successful exec), as posix_spawn would.
-  int exec_error_fds[2] = {-1, -1};
-  if (pipe2(exec_error_fds, O_CLOEXEC) != 0) {
-    const int e = errno;
-    if (capture_stdout) {
-      close(pipe_fds[0]);
-      close(pipe_fds[1]);
-    }
-    return Status(StatusCode::kInternal, std::string("pipe: ") + std::strerror(e));
+  Pipe exec_error;
+  for (auto [wanted, pipe] : {std::pair{options.capture_stdout, &out}, {options.pipe_stdin, &in}, {true, &exec_error}}) {
+    if (!wanted) continue;
+    if (Status opened = pipe->Open(); !opened.ok()) return opened;
   }
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
@@ -55,8 +73,9 @@ Result<std::unique_ptr<Subprocess>> Subprocess::Spawn(const std::vector<std::str
   if (pid == 0) {
     // Ends with its parent: a tool killed by SIGKILL leaves no ranks or aggregators running. The check after the
     // prctl covers a parent that died before it.
-    if (prctl(PR_SET_PDEATHSIG, SIGTERM) != 0 || getppid() != parent) _exit(127);
-    if (capture_stdout && dup2(pipe_fds[1], STDOUT_FILENO) < 0) _exit(127);
+    if (prctl(PR_SET_PDEATHSIG, options.parent_death_signal) != 0 || getppid() != parent) _exit(127);
+    if (options.capture_stdout && dup2(out.write_end, STDOUT_FILENO) < 0) _exit(127);
+    if (options.pipe_stdin && dup2(in.read_end, STDIN_FILENO) < 0) _exit(127);
     // No signal blocked, whatever the spawning thread blocks (sparsereduce-perf --spawn blocks the stop signals to
     // forward them): a blocked mask survives exec, and the child could not be stopped by them.
     sigset_t none;
@@ -64,28 +83,25 @@ Result<std::unique_ptr<Subprocess>> Subprocess::Spawn(const std::vector<std::str
     sigprocmask(SIG_SETMASK, &none, nullptr);
     execve(args[0], args.data(), environ);
     const int e = errno;
-    [[maybe_unused]] const ssize_t n = write(exec_error_fds[1], &e, sizeof e);
+    [[maybe_unused]] const ssize_t n = write(exec_error.write_end, &e, sizeof e);
     _exit(127);
   }
   const int fork_errno = errno;
-  close(exec_error_fds[1]);
-  if (capture_stdout) close(pipe_fds[1]);
+  close(exec_error.Release(exec_error.write_end));
   int exec_errno = 0;
   if (pid > 0) {
     ssize_t n;
     do {
-      n = read(exec_error_fds[0], &exec_errno, sizeof exec_errno);
+      n = read(exec_error.read_end, &exec_errno, sizeof exec_errno);
     } while (n < 0 && errno == EINTR);
     if (n != static_cast<ssize_t>(sizeof exec_errno)) exec_errno = 0;  // EOF: the exec succeeded
   }
-  close(exec_error_fds[0]);
   if (pid < 0 || exec_errno != 0) {
     if (pid > 0) waitpid(pid, nullptr, 0);
-    if (capture_stdout) close(pipe_fds[0]);
     return Status(StatusCode::kUnavailable,
                   "cannot start " + argv[0] + ": " + std::strerror(pid < 0 ? fork_errno : exec_errno));
   }
-  return std::unique_ptr<Subprocess>(new Subprocess(pid, capture_stdout ? pipe_fds[0] : -1));
+  return std::unique_ptr<Subprocess>(new Subprocess(pid, out.Release(out.read_end), in.Release(in.write_end)));
 }
 
 Subprocess::~Subprocess() {
@@ -95,10 +111,45 @@ Subprocess::~Subprocess() {
     waitpid(pid_, &status, 0);
   }
   if (stdout_fd_ >= 0) close(stdout_fd_);
+  if (stdin_fd_ >= 0) close(stdin_fd_);
 }
 
 void Subprocess::Signal(int signal) {
   if (!exit_status_) kill(pid_, signal);
+}
+
+void Subprocess::CloseStdin() {
+  if (stdin_fd_ >= 0) close(std::exchange(stdin_fd_, -1));
+}
+
+Status Subprocess::WriteStdin(std::string_view text) {
+  if (stdin_fd_ < 0) return InvalidArgument("stdin is not a pipe");
+  // A child that has exited makes the write fail with EPIPE and raise SIGPIPE, which would end this process: block
+  // it on this thread for the write and take a pending one away before unblocking.
+  sigset_t sigpipe, old_mask;
+  sigemptyset(&sigpipe);
+  sigaddset(&sigpipe, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &sigpipe, &old_mask);
+  int error = 0;
+  while (!text.empty()) {
+    const ssize_t n = write(stdin_fd_, text.data(), text.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      error = errno;
+      break;
+    }
+    text.remove_prefix(static_cast<size_t>(n));
+  }
+  if (error == EPIPE) {
+    const timespec no_wait{0, 0};
+    sigtimedwait(&sigpipe, nullptr, &no_wait);
+  }
+  pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+  if (error != 0) {
+    return Status(StatusCode::kUnavailable,
+                  "writing to process " + std::to_string(pid_) + "'s stdin: " + std::strerror(error));
+  }
+  return Status();
 }
 
 Result<std::string> Subprocess::ReadStdout(std::chrono::milliseconds timeout,
