@@ -7,6 +7,7 @@
 #include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
+#include <functional>
 #include <regex>
 
 #include <sys/wait.h>
@@ -42,6 +43,58 @@ TEST(RdmaMemlock, ConnectionsThatFitTheLimit) {
   EXPECT_EQ(ConnectionsWithinMemlock({3ull << 20, false}, 4ull << 20), 0u);
   EXPECT_EQ(ConnectionsWithinMemlock({UINT64_MAX, false}, 4ull << 20), UINT64_MAX);
   EXPECT_EQ(ConnectionsWithinMemlock({64 * 1024, true}, 4ull << 20), UINT64_MAX);
+}
+
+proto::RdmaEndpoint GoodEndpoint(bool roce) {
+  proto::RdmaEndpoint e;
+  e.set_qpn(0x123456);
+  e.set_psn(0xABCDEF);
+  e.set_lid(roce ? 0 : 7);  // RoCE ports have no LID
+  if (roce) {
+    std::string gid(16, '\0');
+    gid[10] = gid[11] = '\xff';
+    gid[12] = 10, gid[15] = 1;  // ::ffff:10.0.0.1, a RoCEv2 GID
+    e.set_gid(gid);
+  }
+  e.set_mtu(IBV_MTU_4096);
+  e.set_ring_address(0x7f0000001000);
+  e.set_ring_rkey(42);
+  e.set_ring_capacity(1 << 20);
+  e.set_credit_address(0x7f0000000800);
+  e.set_credit_rkey(43);
+  return e;
+}
+
+TEST(RdmaPeerEndpoint, AGoodOneIsAcceptedOnInfinibandAndRoce) {
+  EXPECT_TRUE(CheckPeerEndpoint(GoodEndpoint(false), 1 << 20, false).ok());
+  EXPECT_TRUE(CheckPeerEndpoint(GoodEndpoint(true), 1 << 20, true).ok());
+}
+
+TEST(RdmaPeerEndpoint, WhatCannotBeConnectedToIsRefusedSayingWhy) {
+  struct Case {
+    const char* name;
+    bool roce;
+    std::function<void(proto::RdmaEndpoint&)> spoil;
+    const char* message;
+  } cases[] = {
+      {"ring size", false, [](auto& e) { e.set_ring_capacity(1 << 21); }, "ring holds 2097152 bytes, this one 1048576"},
+      {"no GID", true, [](auto& e) { e.clear_gid(); }, "no 16-byte GID"},
+      {"short GID", true, [](auto& e) { e.set_gid(std::string(8, '\1')); }, "no 16-byte GID"},
+      {"zero GID", true, [](auto& e) { e.set_gid(std::string(16, '\0')); }, "all-zero GID"},
+      {"LID 0", false, [](auto& e) { e.set_lid(0); }, "LID 0"},
+      {"MTU", false, [](auto& e) { e.set_mtu(9); }, "bad MTU"},
+      {"MTU 0", true, [](auto& e) { e.set_mtu(0); }, "bad MTU"},
+      {"QPN", false, [](auto& e) { e.set_qpn(1 << 24); }, "out of range (16777216"},
+      {"PSN", false, [](auto& e) { e.set_psn(1 << 24); }, "out of range"},
+      {"LID", false, [](auto& e) { e.set_lid(1 << 16); }, "out of range"},
+  };
+  for (const Case& c : cases) {
+    proto::RdmaEndpoint e = GoodEndpoint(c.roce);
+    c.spoil(e);
+    const Status st = CheckPeerEndpoint(e, 1 << 20, c.roce);
+    EXPECT_EQ(st.code(), StatusCode::kProtocolViolation) << c.name << ": " << st.ToString();
+    EXPECT_NE(st.message().find(c.message), std::string::npos) << c.name << ": " << st.message();
+  }
 }
 
 // Whatever this machine lacks, opening fails with a reason a user can act on (and never crashes).

@@ -3,6 +3,7 @@
 #include <endian.h>
 #include <fcntl.h>
 
+#include <algorithm>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/post.hpp>
@@ -37,28 +38,58 @@ Result<std::unique_ptr<RdmaConnection>> RdmaConnection::Create(std::shared_ptr<R
                                                                uint64_t ring_capacity) {
   if (Status st = transport::ByteRing::CheckCapacity(ring_capacity); !st.ok()) return st;
   if (ring_capacity > kMaxRingCapacity) return InvalidArgument("RDMA rings hold at most 1 GiB");
+  // Registered per connection: both rings and the two credit words.
+  const uint64_t pinned = 2 * ring_capacity + 2 * sizeof(uint64_t);
+  if (Status st = CheckMemlock(ReadMemlockState(), pinned); !st.ok()) return st;
+  const ibv_device_attr& limits = device->device_attr();
+  if (static_cast<uint64_t>(limits.max_qp_wr) < std::max(kSendQueue, kReceiveQueue) ||
+      static_cast<uint64_t>(limits.max_cqe) < kSendQueue + kReceiveQueue) {
+    return Status(StatusCode::kUnavailable,
+                  "RDMA device " + device->name() + " allows " + std::to_string(limits.max_qp_wr) +
+                      " work requests per queue and " + std::to_string(limits.max_cqe) +
+                      " completions per queue; a connection needs " + std::to_string(kSendQueue) + " and " +
+                      std::to_string(kSendQueue + kReceiveQueue));
+  }
   std::unique_ptr<RdmaConnection> c(new RdmaConnection(std::move(device)));
   c->capacity_ = ring_capacity;
   c->psn_ = std::random_device()() & 0xFFFFFF;
   c->receive_ring_.resize(ring_capacity);
   c->send_ring_.resize(ring_capacity);
-  ibv_pd* pd = c->device_->pd();
+  // A protection domain per connection: the rings and credit words a peer may write are reachable only through
+  // this connection's queue pair, so a peer of one job cannot write another job's memory with a guessed rkey.
+  c->pd_ = ibv_alloc_pd(c->device_->context());
+  if (c->pd_ == nullptr) return VerbsError("ibv_alloc_pd on " + c->device_->name(), errno);
   // ints, not the enum: ibv_reg_mr is a macro that ORs its argument with another enum type (clang warns).
   const int local = IBV_ACCESS_LOCAL_WRITE;
   const int remote = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
-  c->receive_mr_ = ibv_reg_mr(pd, c->receive_ring_.data(), ring_capacity, remote);
-  c->send_mr_ = ibv_reg_mr(pd, c->send_ring_.data(), ring_capacity, local);
-  c->credit_mr_ = ibv_reg_mr(pd, &c->credit_word_, sizeof c->credit_word_, remote);
-  c->credit_staging_mr_ = ibv_reg_mr(pd, &c->credit_staging_, sizeof c->credit_staging_, local);
-  if (!c->receive_mr_ || !c->send_mr_ || !c->credit_mr_ || !c->credit_staging_mr_) {
-    return VerbsError("ibv_reg_mr of " + std::to_string(2 * ring_capacity) + " bytes on " + c->device_->name() +
-                          " (memlock limit?)",
-                      errno);
+  const struct {
+    ibv_mr** mr;
+    void* address;
+    uint64_t length;
+    int access;
+    const char* what;
+  } regions[] = {
+      {&c->receive_mr_, c->receive_ring_.data(), ring_capacity, remote, "the receive ring"},
+      {&c->send_mr_, c->send_ring_.data(), ring_capacity, local, "the staging ring"},
+      {&c->credit_mr_, &c->credit_word_, sizeof c->credit_word_, remote, "the credit word"},
+      {&c->credit_staging_mr_, &c->credit_staging_, sizeof c->credit_staging_, local, "the credit staging word"},
+  };
+  for (const auto& region : regions) {
+    *region.mr = ibv_reg_mr(c->pd_, region.address, region.length, region.access);
+    if (*region.mr == nullptr) {
+      const int e = errno;
+      return VerbsError("ibv_reg_mr of " + std::string(region.what) + " (" + std::to_string(region.length) +
+                            " bytes) on " + c->device_->name() + (e == ENOMEM ? " (memlock limit?)" : ""),
+                        e);
+    }
   }
   c->events_ = ibv_create_comp_channel(c->device_->context());
   if (c->events_ == nullptr) return VerbsError("ibv_create_comp_channel", errno);
   // Several waiters share the event descriptor; each reads the event without blocking.
-  fcntl(c->events_->fd, F_SETFL, fcntl(c->events_->fd, F_GETFL) | O_NONBLOCK);
+  const int flags = fcntl(c->events_->fd, F_GETFL);
+  if (flags < 0 || fcntl(c->events_->fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+    return VerbsError("making the RDMA completion channel non-blocking", errno);
+  }
   c->cq_ = ibv_create_cq(c->device_->context(), kSendQueue + kReceiveQueue, nullptr, c->events_, 0);
   if (c->cq_ == nullptr) return VerbsError("ibv_create_cq", errno);
   ibv_qp_init_attr init{};
@@ -69,7 +100,7 @@ Result<std::unique_ptr<RdmaConnection>> RdmaConnection::Create(std::shared_ptr<R
   init.cap.max_recv_wr = kReceiveQueue;
   init.cap.max_send_sge = 1;
   init.cap.max_recv_sge = 1;
-  c->qp_ = ibv_create_qp(pd, &init);
+  c->qp_ = ibv_create_qp(c->pd_, &init);
   if (c->qp_ == nullptr) return VerbsError("ibv_create_qp", errno);
   ibv_qp_attr attr{};
   attr.qp_state = IBV_QPS_INIT;
@@ -93,6 +124,7 @@ RdmaConnection::~RdmaConnection() {
   for (ibv_mr* mr : {receive_mr_, send_mr_, credit_mr_, credit_staging_mr_}) {
     if (mr) ibv_dereg_mr(mr);
   }
+  if (pd_) ibv_dealloc_pd(pd_);
 }
 
 Status RdmaConnection::PostReceive() {
@@ -117,19 +149,31 @@ proto::RdmaEndpoint RdmaConnection::LocalEndpoint() const {
   return e;
 }
 
-Status RdmaConnection::Connect(const proto::RdmaEndpoint& remote) {
-  if (remote.ring_capacity() != capacity_) {
+Status CheckPeerEndpoint(const proto::RdmaEndpoint& remote, uint64_t ring_capacity, bool roce) {
+  if (remote.ring_capacity() != ring_capacity) {
     return ProtocolError("the peer's RDMA ring holds " + std::to_string(remote.ring_capacity()) + " bytes, this one " +
-                         std::to_string(capacity_));
+                         std::to_string(ring_capacity));
   }
-  const bool roce = device_->options().gid_index >= 0;
   if (roce && remote.gid().size() != 16) return ProtocolError("the peer sent no 16-byte GID for RoCE");
+  if (roce && remote.gid().find_first_not_of('\0') == std::string::npos) {
+    return ProtocolError("the peer sent an all-zero GID (its GID index names an unused entry)");
+  }
+  if (!roce && remote.lid() == 0) {
+    return ProtocolError("the peer sent LID 0: its port has no LID yet (is the subnet manager running?), or it is "
+                         "RoCE and needs a GID index");
+  }
   if (remote.mtu() < IBV_MTU_256 || remote.mtu() > IBV_MTU_4096) return ProtocolError("the peer sent a bad MTU");
   // Queue pair numbers and PSNs are 24 bits, LIDs 16: a wider value is not the peer's, whatever it means.
   if (remote.qpn() > 0xFFFFFF || remote.psn() > 0xFFFFFF || remote.lid() > 0xFFFF) {
     return ProtocolError("the peer sent a queue pair number, PSN or LID out of range (" + std::to_string(remote.qpn()) +
                          ", " + std::to_string(remote.psn()) + ", " + std::to_string(remote.lid()) + ")");
   }
+  return Status::Ok();
+}
+
+Status RdmaConnection::Connect(const proto::RdmaEndpoint& remote) {
+  const bool roce = device_->options().gid_index >= 0;
+  if (Status st = CheckPeerEndpoint(remote, capacity_, roce); !st.ok()) return st;
   remote_ring_ = remote.ring_address();
   remote_ring_rkey_ = remote.ring_rkey();
   remote_credit_ = remote.credit_address();
@@ -278,9 +322,15 @@ void RdmaChannel::Drain() {
     if (n < 0) return Fail(Status(StatusCode::kUnavailable, "ibv_poll_cq failed"));
     for (int i = 0; i < n; ++i) {
       if (wc[i].status != IBV_WC_SUCCESS) {
+        // A queue pair in error flushes every outstanding request with WR_FLUSH_ERR, the receives first perhaps:
+        // the error that caused it is the batch's first other one.
+        const ibv_wc* cause = &wc[i];
+        for (int j = i; j < n && cause->status == IBV_WC_WR_FLUSH_ERR; ++j) {
+          if (wc[j].status != IBV_WC_SUCCESS && wc[j].status != IBV_WC_WR_FLUSH_ERR) cause = &wc[j];
+        }
         return Fail(Status(StatusCode::kUnavailable,
-                           std::string("RDMA completion error on a ") + WorkName(wc[i].wr_id) + ": " +
-                               ibv_wc_status_str(wc[i].status) + " (vendor error " + Hex(wc[i].vendor_err) +
+                           std::string("RDMA completion error on a ") + WorkName(cause->wr_id) + ": " +
+                               ibv_wc_status_str(cause->status) + " (vendor error " + Hex(cause->vendor_err) +
                                ", queue pair " + std::to_string(connection_->qp_->qp_num) + ")"));
       }
       if ((wc[i].opcode & IBV_WC_RECV) == 0) {  // one of this side's writes
@@ -317,6 +367,9 @@ void RdmaChannel::Drain() {
 
 void RdmaChannel::Arm() {
   if (armed_) return;
+  // Asking before the wait is queued loses no event, also with the loop on several threads: an event another
+  // thread's epoll_wait took meanwhile is found again, since Asio starts a wait on a descriptor with EPOLL_CTL_MOD,
+  // which re-checks readiness (reactive_descriptor_service::async_wait, epoll_reactor::start_op).
   if (int e = ibv_req_notify_cq(connection_->cq_, 0)) return Fail(VerbsError("ibv_req_notify_cq", e));
   armed_ = true;
   events_.async_wait(asio::posix::stream_descriptor::wait_read,

@@ -30,6 +30,10 @@ inline constexpr uint32_t kImmCredit = 1u << 31;       // 8 bytes (the consumer'
 inline constexpr uint32_t kImmEndOfStream = 1u << 30;  // nothing follows
 inline constexpr uint64_t kMaxRingCapacity = 1ull << 30;
 
+// Whether the endpoint a peer announced can be connected to from this side, whose rings hold `ring_capacity` bytes
+// and which addresses by GID (RoCE) or else by LID (InfiniBand). A ProtocolError naming what is wrong if not.
+Status CheckPeerEndpoint(const proto::RdmaEndpoint& remote, uint64_t ring_capacity, bool roce);
+
 // The verbs resources of one connection, from creation to a connected queue pair. Becomes an RdmaChannel.
 class RdmaConnection {
  public:
@@ -55,6 +59,7 @@ class RdmaConnection {
   std::shared_ptr<RdmaDevice> device_;
   uint64_t capacity_ = 0;
   uint32_t psn_ = 0;
+  ibv_pd* pd_ = nullptr;
   std::vector<std::byte> receive_ring_, send_ring_;
   alignas(8) uint64_t credit_word_ = 0;   // the peer writes its tail here
   alignas(8) uint64_t credit_staging_ = 0;  // this side's tail, the source of credit writes

@@ -50,6 +50,16 @@ uint64_t ConnectionsWithinMemlock(const MemlockState& state, uint64_t per_connec
 
 Result<std::shared_ptr<RdmaDevice>> RdmaDevice::Open(const RdmaOptions& options, uint64_t memory_needed) {
   if (Status st = CheckMemlock(ReadMemlockState(), memory_needed); !st.ok()) return st;
+  // Registered memory must not be copied-on-write into a child: the training process may fork (data loader workers).
+  // Kernels from 5.13 with rdma-core 35 need nothing (IBV_FORK_UNNEEDED); older ones need the madvise that
+  // ibv_fork_init sets up, and it must come before any registration in the process.
+  if (ibv_is_fork_initialized() == IBV_FORK_DISABLED) {
+    if (int e = ibv_fork_init()) {
+      return Status(StatusCode::kUnavailable,
+                    std::string("ibv_fork_init: ") + std::strerror(e) +
+                        " (memory was registered in this process before RDMA was set up; set RDMAV_FORK_SAFE=1)");
+    }
+  }
   int count = 0;
   errno = 0;
   ibv_device** list = ibv_get_device_list(&count);
@@ -82,6 +92,9 @@ Result<std::shared_ptr<RdmaDevice>> RdmaDevice::Open(const RdmaOptions& options,
                   "cannot open RDMA device " + device->name_ + ": " + std::strerror(errno) +
                       " (is /dev/infiniband/uverbs* accessible?)");
   }
+  if (int e = ibv_query_device(device->context_, &device->device_attr_)) {
+    return Status(StatusCode::kUnavailable, "ibv_query_device on " + device->name_ + ": " + std::strerror(e));
+  }
   if (ibv_query_port(device->context_, options.port, &device->port_attr_) != 0) {
     return Status(StatusCode::kUnavailable,
                   "RDMA device " + device->name_ + " has no port " + std::to_string(options.port));
@@ -91,22 +104,27 @@ Result<std::shared_ptr<RdmaDevice>> RdmaDevice::Open(const RdmaOptions& options,
                                                 device->name_ + " is not active (" +
                                                 ibv_port_state_str(device->port_attr_.state) + ")");
   }
-  if (options.gid_index >= 0 && ibv_query_gid(device->context_, options.port, options.gid_index, &device->gid_) != 0) {
-    return Status(StatusCode::kUnavailable, "RDMA device " + device->name_ + " port " + std::to_string(options.port) +
-                                                " has no GID at index " + std::to_string(options.gid_index));
+  if (options.gid_index >= 0) {
+    const ibv_gid empty{};
+    // An index within the table but not in use reads as all zeros: no address a peer could reach.
+    if (options.gid_index >= device->port_attr_.gid_tbl_len ||
+        ibv_query_gid(device->context_, options.port, options.gid_index, &device->gid_) != 0 ||
+        std::memcmp(device->gid_.raw, empty.raw, sizeof empty.raw) == 0) {
+      return Status(StatusCode::kUnavailable,
+                    "RDMA device " + device->name_ + " port " + std::to_string(options.port) + " has no GID at index " +
+                        std::to_string(options.gid_index) + " (" + std::to_string(device->port_attr_.gid_tbl_len) +
+                        " entries; `show_gids` lists those in use)");
+    }
   }
   if (options.gid_index < 0 && device->port_attr_.link_layer == IBV_LINK_LAYER_ETHERNET) {
     return Status(StatusCode::kInvalidArgument,
                   "RDMA device " + device->name_ + " is RoCE (Ethernet): give a GID index (RoCEv2: usually 3; "
                   "`show_gids` lists them)");
   }
-  device->pd_ = ibv_alloc_pd(device->context_);
-  if (device->pd_ == nullptr) return Status(StatusCode::kUnavailable, "ibv_alloc_pd failed on " + device->name_);
   return device;
 }
 
 RdmaDevice::~RdmaDevice() {
-  if (pd_ != nullptr) ibv_dealloc_pd(pd_);
   if (context_ != nullptr) ibv_close_device(context_);
 }
 

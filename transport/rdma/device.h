@@ -30,7 +30,8 @@ Status CheckMemlock(const MemlockState& state, uint64_t needed);
 // How many connections of `per_connection` pinned bytes each fit under `state` at once; UINT64_MAX when unbounded.
 uint64_t ConnectionsWithinMemlock(const MemlockState& state, uint64_t per_connection);
 
-// An open device: context, protection domain, port attributes. Shared by the connections of one process.
+// An open device: context, port and device attributes. Shared by the connections of one process; each connection
+// has a protection domain of its own (RdmaConnection).
 class RdmaDevice {
  public:
   // Opens `options.device` (or the first one) and checks the port. `memory_needed` is what the caller will
@@ -42,9 +43,9 @@ class RdmaDevice {
   ~RdmaDevice();
 
   ibv_context* context() const { return context_; }
-  ibv_pd* pd() const { return pd_; }
   const RdmaOptions& options() const { return options_; }
   const ibv_port_attr& port_attr() const { return port_attr_; }
+  const ibv_device_attr& device_attr() const { return device_attr_; }
   const ibv_gid& gid() const { return gid_; }
   const std::string& name() const { return name_; }
 
@@ -54,8 +55,8 @@ class RdmaDevice {
   RdmaOptions options_;
   std::string name_;
   ibv_context* context_ = nullptr;
-  ibv_pd* pd_ = nullptr;
   ibv_port_attr port_attr_{};
+  ibv_device_attr device_attr_{};
   ibv_gid gid_{};
 };
 

@@ -594,7 +594,8 @@ void Worker::Impl::OnControl(AggregatorLink& link, const proto::ControlMessage& 
       if (options_.transport == "rdma" && std::string_view(link.transport()) != "rdma") {
         return Fail(Status(StatusCode::kUnavailable,
                            link.Name() + " did not offer RDMA (transport \"rdma\" was required): start it with "
-                                         "--transports ...,rdma on an RDMA-capable host"),
+                                         "--transports ...,rdma on an RDMA-capable host; if it was, its RDMA setup for "
+                                         "this connection failed (its log says why)"),
                     &link);
       }
       transports_[link.index()] = link.transport();
