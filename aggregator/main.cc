@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <spdlog/spdlog.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
@@ -40,6 +41,9 @@ Status WritePortFile(const std::string& option, const std::string& path, uint16_
   std::ofstream out(tmp);
   out << port << "\n";
   out.close();
+  // Readable by anyone, whatever the umask (the unit's is 0077): a port number is no secret, and the scripts and
+  // tests that read it need not run as the daemon's user.
+  if (out) chmod(tmp.c_str(), 0644);
   if (!out)
     return Status(StatusCode::kUnavailable, "--" + option + ": cannot write " + tmp + ": " + std::strerror(errno));
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
@@ -88,7 +92,7 @@ Status OpenRdma(const ServerOptions& options, ServiceContext& context) {
 #endif
 }
 
-// Every worker connection holds a descriptor (two over shared memory, while its segment is handed over), and the
+// Every worker connection holds a descriptor (five over shared memory: the daemon's ends of its wake-ups), and the
 // soft limit a daemon inherits is often 1024 (containers, shells) though the hard limit allows far more: raise it
 // to the hard limit, as systemd's LimitNOFILE= does for the unit.
 void RaiseOpenFileLimit() {

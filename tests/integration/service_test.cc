@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -173,6 +174,42 @@ TEST(Service, DaemonThatCannotStartIsReportedAtOnce) {
                        taken_address + ": Address already in use"),
               std::string::npos)
         << *log;
+  }
+}
+
+// A link-local listen address scoped to an interface that does not exist (yet: IPoIB or a VLAN that comes up late)
+// exits 1, which systemd's Restart=on-failure retries; it exited 2, as a typo would, and stayed down for good.
+TEST(Service, AListenAddressOnAMissingInterfaceIsRetriable) {
+  auto daemon = tools::Subprocess::Spawn({SPARSEREDUCE_AGGREGATOR_BIN, "--listen", "[fe80::1%sr-no-such-if]:0",
+                                          "--metrics-listen", "", "--log-level", "critical"},
+                                         /*capture_stdout=*/true);
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+  Result<int> status = (*daemon)->Wait(30s);
+  ASSERT_TRUE(status.ok()) << "the daemon kept running without its listener";
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1) << tools::DescribeExit(*status);
+  Result<std::string> log = (*daemon)->ReadStdout(10s);
+  ASSERT_TRUE(log.ok()) << log.status().ToString();
+  EXPECT_NE(log->find("this host has no interface sr-no-such-if (yet)"), std::string::npos) << *log;
+}
+
+// The port files are readable by anyone whatever the daemon's umask (the systemd unit's is 0077): scripts that read
+// them need not run as the daemon's user.
+TEST(Service, PortFilesAreWorldReadableUnderARestrictiveUmask) {
+  auto temp_dir = tools::TempDir::Create("sr-svc-umask-");
+  ASSERT_TRUE(temp_dir.ok()) << temp_dir.status().ToString();
+  const mode_t old_umask = umask(077);  // inherited by the daemon
+  auto daemon = tools::Subprocess::Spawn({SPARSEREDUCE_AGGREGATOR_BIN, "--listen", "127.0.0.1:0", "--metrics-listen",
+                                          "127.0.0.1:0", "--port-file", temp_dir->File("port"),
+                                          "--metrics-port-file", temp_dir->File("metrics-port"), "--log-level",
+                                          "critical"},
+                                         false);
+  umask(old_umask);
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+  ASSERT_TRUE(tools::WaitForFileLine(temp_dir->File("port"), 30s, daemon->get()).ok());
+  for (const char* name : {"port", "metrics-port"}) {
+    struct stat st {};
+    ASSERT_EQ(stat(temp_dir->File(name).c_str(), &st), 0) << name;
+    EXPECT_EQ(st.st_mode & 0777, 0644u) << name;
   }
 }
 

@@ -1,5 +1,7 @@
 #include "transport/tcp/listener.h"
 
+#include <net/if.h>
+
 #include <boost/asio/ip/v6_only.hpp>
 
 #include "transport/tcp/endpoint.h"
@@ -18,6 +20,19 @@ Result<std::unique_ptr<tcp::acceptor>> OpenListener(const asio::any_io_executor&
   auto results = resolver.resolve(hp->host, std::to_string(hp->port),
                                   tcp::resolver::passive | tcp::resolver::numeric_service, ec);
   if (ec || results.empty()) {
+    // A name server that does not answer yet (at boot) and an interface that does not exist yet (a scoped link-local
+    // address on a late interface) may be there later: UNAVAILABLE, which the daemon's exit code lets systemd retry.
+    // Anything else is a mistake in the address.
+    const size_t percent = hp->host.find('%');
+    const bool interface_missing =
+        percent != std::string::npos && if_nametoindex(hp->host.substr(percent + 1).c_str()) == 0 &&
+        hp->host.find_first_not_of("0123456789", percent + 1) != std::string::npos;
+    if (ec == asio::error::host_not_found_try_again || interface_missing) {
+      return Status(StatusCode::kUnavailable,
+                    "cannot resolve " + what + " " + address + ": " +
+                        (interface_missing ? "this host has no interface " + hp->host.substr(percent + 1) + " (yet)"
+                                           : ec.message()));
+    }
     return Status(StatusCode::kInvalidArgument, "cannot resolve " + what + " " + address + ": " + ec.message());
   }
   const tcp::endpoint endpoint = results.begin()->endpoint();
