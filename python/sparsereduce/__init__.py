@@ -13,6 +13,7 @@ sparsereduce.torch.
 """
 
 import atexit
+import os
 import pkgutil
 import sys
 import threading
@@ -34,6 +35,14 @@ __all__ = ["Codec", "CollectiveStats", "Error", "Handle", "Worker", "as_buffer"]
 # tempfile.TemporaryDirectory() before `import sparsereduce`), and then runs after the extension's.
 _exit_finalizers = []  # weakref.finalize objects, oldest first; they hold no reference to their object
 _exit_finalizers_lock = threading.Lock()
+
+
+def _reset_exit_finalizers_lock_after_fork():
+    global _exit_finalizers_lock
+    _exit_finalizers_lock = threading.Lock()  # another thread of the parent may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_reset_exit_finalizers_lock_after_fork)
 
 
 def _finalize_before_extension_exit(finalizer):

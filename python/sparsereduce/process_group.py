@@ -18,6 +18,8 @@ Configuration, read at init on every rank:
   so that two groups (or two runs) on the same aggregators never share a job by accident.
   SPARSEREDUCE_CODEC: none (default), fp16 or bf16. The stateful codecs (3lc, diana, topk, adaptive) keep state per
   tensor key, which dist.all_reduce cannot name: use the DDP comm hook (sparsereduce.torch) for those.
+All of them, and the Worker's own SPARSEREDUCE_* settings, are checked before the store and gloo's rendezvous
+(ValueError naming the variable).
 The group's timeout bounds the Worker's join and each collective (as torch's timeout bounds gloo's).
 
 DDP works on this backend without a comm hook: its reducer calls allreduce and then get_future() on the returned
@@ -35,6 +37,7 @@ import torch
 import torch.distributed as dist
 
 import sparsereduce
+from sparsereduce._sparsereduce import check_environment as _check_environment
 from sparsereduce.torch import _WAIT_SLICE_S, _ctrl_c, _join, _value_or_raise
 
 BACKEND = "sparsereduce"
@@ -47,6 +50,25 @@ _UNCONSUMED_KEPT = 16
 # Jobs of live groups taken from SPARSEREDUCE_JOB: a second group with the same would join the first one's job.
 _env_jobs = set()
 _env_jobs_lock = threading.Lock()
+# The live groups' _Shared and the live Works, whose locks a child of fork() gets new (_after_fork_in_child).
+_live_shared = weakref.WeakSet()
+_live_works = weakref.WeakSet()
+
+
+def _after_fork_in_child():
+    """Another thread of the parent (a completion thread, a training thread) may have held one of these locks at
+    the fork; the child has only the forking thread, which held none of them (no fork happens under them), so it
+    replaces them. The group is unusable in the child anyway (its Worker raises UNSUPPORTED there), but a call or
+    the exit's shutdown then raises instead of hanging for good on the copy of a held lock."""
+    global _env_jobs_lock
+    _env_jobs_lock = threading.Lock()
+    for shared in list(_live_shared):
+        shared.ready = threading.Condition()
+    for work in list(_live_works):
+        work._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _job_rank(job, rank):
@@ -55,8 +77,10 @@ def _job_rank(job, rank):
 
 class Work(dist.Work):
     """One allreduce through sparsereduce. wait() raises the sparsereduce.Error itself (a RuntimeError; .code) on
-    failure, TimeoutError if a wait's timeout passed first (the collective keeps running); is_completed() is the
-    Handle's done(); get_future() gives a torch Future of [tensor] (DDP's reducer uses it).
+    failure, TimeoutError if a wait's timeout passed first (the collective keeps running); is_completed() says
+    True once the collective ended and its result is in place (a non-contiguous tensor's sum copied back, error and
+    is_success() set: it finishes the Work itself if the completion thread has not yet); get_future() gives a
+    torch Future of [tensor] (DDP's reducer uses it).
 
     A Python Work handed to C++ (DDP's reducer) lives only as long as a Python reference: once gone, C++ calls
     reach the base class, whose getFuture() raises and whose wait() never returns. So the group keeps every Work
@@ -69,7 +93,7 @@ class Work(dist.Work):
         self._tensor = tensor
         self._sent = sent  # the contiguous copy reduced in place of a non-contiguous tensor, else the tensor
         self._handle = handle
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # replaced in a child of fork() (_after_fork_in_child)
         self._finished = False
         self._consumed = False
         self._future = None
@@ -92,15 +116,22 @@ class Work(dist.Work):
         return True
 
     def is_completed(self):
-        return self._finished or self._handle.done()
+        """True once the collective ended and the Work is finished: the sum (of a non-contiguous tensor too) is in
+        the tensor, or error is set. The handle's done() alone says so before the completion thread copied the sum
+        back and recorded the error, so a Work whose handle is done is finished here first."""
+        if not self._finished and self._handle.done():
+            self._finish()
+        return self._finished
 
     def is_success(self):
         return self.is_completed() and self.error is None
 
     def exception(self):
+        self.is_completed()  # finished if done: the error is recorded
         return self.error
 
     def result(self):
+        self.is_completed()  # finished if done: the sum is in the tensor
         return [self._tensor]
 
     def get_future(self):
@@ -116,22 +147,25 @@ class Work(dist.Work):
             return self._future[1]
 
     def _finish(self):
-        """Once the handle is done, from whichever thread sees it first: copies a non-contiguous tensor's sum back,
-        records the error, fulfils the future."""
+        """Once the handle is done, from whichever thread sees it first (the completion thread, wait(),
+        is_completed()): copies a non-contiguous tensor's sum back, records the error, fulfils the future. Once
+        only: the Work's lock orders the threads, and the later ones find it finished. The future's callbacks run
+        after the lock is released (one may call back into this Work)."""
         with self._lock:
             if self._finished:
                 return
             try:
                 self._handle.wait()  # done: returns or raises at once
                 if self._sent is not self._tensor:
-                    self._tensor.copy_(self._sent)  # raises for a view whose elements share memory (expand)
+                    self._tensor.copy_(self._sent)  # no overlapping elements: ProcessGroup.allreduce refused those
             except Exception as error:  # noqa: BLE001  (the Work's failure, whatever it was: wait() raises it)
                 self.error = error
-                if self._shared.error is None:
-                    self._shared.error = error
+                if isinstance(error, sparsereduce.Error) and self._shared.error is None:
+                    self._shared.error = error  # the group's first failed collective
             self._finished = True
-            if self._future is not None:
-                self._fulfil(self._future[0])
+            future = self._future[0] if self._future is not None else None
+        if future is not None:
+            self._fulfil(future)
 
     def _fulfil(self, future):
         if self.error is None:
@@ -147,8 +181,8 @@ class _Shared:
     def __init__(self, worker):
         self.worker = worker
         self.pending = collections.deque()  # Works in flight, in submission order (which is completion order)
-        self.ready = threading.Condition()
-        self.stopping = False
+        self.ready = threading.Condition()  # replaced in a child of fork() (_after_fork_in_child)
+        self.stopping = False  # set by the shutdown under `ready`: allreduce refuses from then on
         self.unconsumed = collections.deque(maxlen=_UNCONSUMED_KEPT)
         self.error = None
 
@@ -157,9 +191,11 @@ def _complete_in_order(shared):
     """The group's completion thread: finishes each Work once its collective ended (collectives end in submission
     order), so that futures complete without anyone calling wait(). Polls for Ctrl-C between slices of a wait, as
     sparsereduce.torch does for DDP, whose backward() waits in C++ where Python runs no signal handlers: the
-    Worker is aborted so that the wait ends. Not for a SIGINT that came while the main thread waited in Work.wait
-    or barrier(), which raise KeyboardInterrupt themselves and leave the collective running, as Handle.wait does
-    (_CtrlC.main_thread_waits)."""
+    Worker is aborted so that the wait ends. Only while the main thread is inside autograd's backward (poll's
+    only_in_backward): elsewhere the main thread raises the KeyboardInterrupt itself, and a program that caught it
+    and went on must find its async collectives still running. Nor for a SIGINT that came while the main thread
+    waited in Work.wait or barrier(), which raise KeyboardInterrupt themselves and leave the collective running,
+    as Handle.wait does (_CtrlC.main_thread_waits)."""
     while True:
         with shared.ready:
             while not shared.pending and not shared.stopping:
@@ -172,7 +208,8 @@ def _complete_in_order(shared):
                 work._handle.wait(timeout=_WAIT_SLICE_S)
                 break
             except TimeoutError:
-                _ctrl_c.poll()  # on Ctrl-C the Worker is aborted: the next wait raises ABORTED
+                # On Ctrl-C during backward the Worker is aborted: the next wait raises ABORTED.
+                _ctrl_c.poll(only_in_backward=True)
             except sparsereduce.Error:
                 break
         work._finish()
@@ -188,8 +225,10 @@ def _shut_down(shared, completer, env_job):
     """The group's finalizer (also at interpreter exit, before the extension's exit hook: see sparsereduce's
     _finalize_before_extension_exit): leaves the job without waiting for peers. What is still in flight then has no
     one to wait for it (the group is gone), so it is aborted rather than left to run into its deadline; the
-    completion thread then ends within a wait slice. The join is bounded all the same (a future's callback runs
-    on that thread), and skipped on that thread itself (garbage collection may run the finalizer there)."""
+    completion thread then ends within a wait slice. The join is bounded all the same (a future's callback runs on
+    that thread), and skipped on that thread itself (garbage collection may run the finalizer there). `stopping`,
+    set under the lock that allreduce submits under, makes every later allreduce refuse: a Work submitted after
+    it would have no completion thread to finish it (its future would never complete)."""
     with shared.ready:
         if shared.pending:
             shared.worker.abort()
@@ -218,6 +257,7 @@ class ProcessGroup(dist.ProcessGroup):
         if not os.environ.get("SPARSEREDUCE_AGGREGATORS", "").strip():
             raise ValueError(f"sparsereduce process group: rank {rank}: no aggregators: set SPARSEREDUCE_AGGREGATORS "
                              "to HOST:PORT[,HOST:PORT...], the same list on every rank")
+        _check_worker_environment(rank)
         # Configuration first, on every rank alike: a rank that failed would otherwise leave the others waiting
         # in the store or in gloo's rendezvous until the timeout.
         job = env_job if env_job is not None else _agree_on_job(dist.PrefixStore("sparsereduce/", store), rank,
@@ -240,7 +280,9 @@ class ProcessGroup(dist.ProcessGroup):
                     _env_jobs.discard(env_job)
             raise
         self.worker = worker
+        self._job_rank = _job_rank(job, rank)
         self._shared = _Shared(worker)
+        _live_shared.add(self._shared)
         self._last_work = None
         completer = threading.Thread(target=_complete_in_order, args=(self._shared,), name="sparsereduce-pg",
                                      daemon=True)
@@ -273,11 +315,20 @@ class ProcessGroup(dist.ProcessGroup):
         if not _goes_through_sparsereduce(tensors, opts):
             return self.gloo.allreduce(tensors, opts)
         tensor = tensors[0]
+        if _has_internal_overlap(tensor):
+            # Through a contiguous copy, every rank would reduce it and only the copy-back would then fail.
+            raise ValueError(f"{self._job_rank}: the tensor has elements that share memory (e.g. a view made by "
+                             "expand()): all_reduce writes each element's sum into it, which such a tensor cannot "
+                             "hold; reduce tensor.clone() instead")
         sent = tensor if tensor.is_contiguous() and not tensor.is_neg() else tensor.resolve_neg().contiguous()
         _ctrl_c.forget_earlier()  # a Ctrl-C before this collective is not one of its wait (see sparsereduce.torch)
         with self._shared.ready:  # submission and queueing in one step: the queue stays in submission order
+            if self._shared.stopping:  # close() or garbage collection is shutting the group down
+                raise ValueError(f"{self._job_rank}: the process group is closed (close() or "
+                                 "dist.destroy_process_group())")
             work = Work(self._shared, tensor, sent, self.worker.allreduce_async(sent))
             self._shared.pending.append(work)
+            _live_works.add(work)
             self._shared.ready.notify_all()
         self._last_work = weakref.ref(work)
         return work
@@ -322,6 +373,27 @@ def _goes_through_sparsereduce(tensors, opts):
     t = tensors[0]
     return (t.device.type == "cpu" and t.layout == torch.strided and not getattr(t, "is_nested", False)
             and t.dtype in (torch.float32, torch.int32))
+
+
+def _has_internal_overlap(t):
+    """Whether some elements of the strided tensor share memory (torch's MemOverlap::Yes, e.g. an expand()ed view,
+    which torch's own in-place ops refuse too); without torch's check, a stride of 0 in a dimension of more than
+    one element, which is how such views are made."""
+    check = getattr(torch, "_debug_has_internal_overlap", None)
+    if check is not None:
+        return check(t) == 1
+    return any(stride == 0 and size > 1 for size, stride in zip(t.shape, t.stride()))
+
+
+def _check_worker_environment(rank):
+    """The settings the Worker reads from the environment (aggregators, transport, TCP send buffer, secret), checked
+    by the extension as the Worker's constructor checks them, before the store and gloo's rendezvous: a rank that
+    fails them fails at once with a ValueError naming the variable, instead of after the rendezvous while the others
+    wait for it."""
+    try:
+        _check_environment()
+    except sparsereduce.Error as error:
+        raise ValueError(f"sparsereduce process group: rank {rank}: {error}") from None
 
 
 def _codec_from_environment(rank):

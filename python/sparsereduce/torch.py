@@ -47,6 +47,7 @@ import os
 import queue
 import signal
 import socket
+import sys
 import threading
 import warnings
 import weakref
@@ -57,11 +58,34 @@ import torch.distributed as dist
 import sparsereduce
 
 # One reduced bucket: DDP's bucket index, the bucket's flat buffer (it holds the averaged gradients until DDP's
-# next backward refills it) and the collective's CollectiveStats (None if the Worker had already replaced them).
+# next backward refills it; with gradient_as_bucket_view=True also only until the gradients, views of it, are
+# changed in place: zero_grad(), clipping) and the collective's CollectiveStats (None if the Worker had already
+# replaced them).
 BucketRecord = collections.namedtuple("BucketRecord", "index buffer stats")
 
 KEY_SPACE_BITS = 32  # a bucket's key: key_space << KEY_SPACE_BITS | bucket index
 _key_space_lock = threading.Lock()
+
+
+def _reset_key_space_lock_after_fork():
+    global _key_space_lock
+    _key_space_lock = threading.Lock()  # another thread of the parent may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_reset_key_space_lock_after_fork)
+
+# The functions of torch.autograd that call into the C++ engine (backward(), autograd.grad() and its batched vjp;
+# later torch versions go through graph._engine_run_backward): while one of them is the main thread's innermost
+# Python frame, the main thread runs backward in C++, where Python runs no signal handlers.
+_ENGINE_CALLERS = {(os.path.join(os.path.dirname(torch.autograd.__file__), file), name)
+                   for file in ("__init__.py", "graph.py")
+                   for name in ("backward", "grad", "vjp", "_engine_run_backward")}
+
+
+def _main_thread_in_backward():
+    """Whether the main thread is inside the autograd engine (see _ENGINE_CALLERS)."""
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    return frame is not None and (frame.f_code.co_filename, frame.f_code.co_name) in _ENGINE_CALLERS
 
 
 class _CtrlC:
@@ -79,7 +103,9 @@ class _CtrlC:
     multiprocessing worker) gives the descriptor up, so that its SIGINTs do not reach the parent's socket.
     Nor does one that comes while the main thread waits in the extension itself (the process group's Work.wait
     and barrier, see main_thread_waits): that wait raises KeyboardInterrupt by itself and leaves the collective
-    running; its bytes are dropped when the wait ends, so that no completion thread finds them later."""
+    running; its bytes are dropped when the wait ends, so that no completion thread finds them later. The process
+    group's completion thread, whose Works may be in flight while the main thread runs the program's own code,
+    acts on a SIGINT only while the main thread is inside autograd's backward (poll(only_in_backward=True))."""
 
     def __init__(self):
         self._lock = threading.Lock()
@@ -161,14 +187,20 @@ class _CtrlC:
         self._writer.close()
         self._reader = self._writer = None
 
-    def poll(self):
+    def poll(self, only_in_backward=False):
         """Aborts the registered Workers if SIGINT came since the last poll and Python would raise
-        KeyboardInterrupt for it."""
+        KeyboardInterrupt for it. only_in_backward (the process group's completion thread, whose Works may be
+        in flight while the main thread runs the program's own code): only while the main thread is inside
+        autograd's backward, in C++, where that KeyboardInterrupt cannot come until the wait for the collective
+        ended; elsewhere Python raises it in the main thread by itself, and a program that caught it and went on
+        must find its collectives still running. The SIGINT is dropped then (it is the main thread's)."""
         with self._lock:
             if self._main_thread_waits:
                 return  # the main thread's wait takes this SIGINT (see main_thread_waits)
             received = self._drain()
             if signal.SIGINT not in received or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+                return
+            if only_in_backward and not _main_thread_in_backward():
                 return
             workers = list(self._workers)
         for worker in workers:
@@ -205,7 +237,11 @@ class SparseReduceState:
     state per DDP module; several states may share one Worker (see the module's docstring).
 
     record=True keeps a BucketRecord per reduced bucket until take_records() (for measurements). Its buffer is
-    DDP's own (no copy), which the next backward() refills: take the records after every step.
+    DDP's own (no copy), which the next backward() refills: take the records after every step. With DDP's
+    gradient_as_bucket_view=True the parameters' .grad are views of that buffer, so whatever changes them in
+    place changes the record too, before the next backward(): zero_grad() (set_to_none=False, torch 1.13's
+    default), gradient clipping (clip_grad_norm_), an in-place unscale. Take the records (or clone their buffers)
+    right after backward() then.
     error: None, or the first failure of a bucket's allreduce (a sparsereduce.Error with its .code); DDP's
     backward() raises a RuntimeError carrying its message, as torch 1.13 cannot hand the exception itself through.
     key_space: the high 32 bits of this state's bucket keys; None takes the Worker's next (0 for its first

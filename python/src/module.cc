@@ -554,6 +554,10 @@ PYBIND11_MODULE(_sparsereduce, m) {
                              "CollectiveStats of this allreduce once done, or None if a later one already "
                              "replaced them in the Worker.");
 
+  m.def("check_environment", &sparsereduce::CheckEnvironment,
+        "Check the SPARSEREDUCE_* variables a Worker reads (aggregators, transport, TCP send buffer, secret) as its "
+        "constructor does, without connecting; raises the Error (INVALID_ARGUMENT) it would.");
+
   py::class_<PyWorker>(m, "Worker")
       .def(py::init([](std::vector<std::string> aggregators, uint64_t job, uint32_t rank, uint32_t world_size,
                        std::string secret, uint32_t block_size, uint32_t slots, uint32_t blocks_per_message,

@@ -18,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import sparsereduce
 import sparsereduce.process_group as spg
+import sparsereduce.torch as srt
 
 TIMEOUT_S = 20  # the groups' timeout, which is also the Worker's join and collective timeout
 DDP_STEPS = 4
@@ -210,8 +211,8 @@ def _interrupted(rank, out_dir, interrupt_in):
         polled = threading.Semaphore(0)
         poll = spg._ctrl_c.poll
 
-        def counting_poll():
-            poll()
+        def counting_poll(*args, **kwargs):
+            poll(*args, **kwargs)
             polled.release()
 
         spg._ctrl_c.poll = counting_poll
@@ -245,6 +246,154 @@ def interrupted_wait(rank, world_size, out_dir):
 
 def interrupted_barrier(rank, world_size, out_dir):
     return _interrupted(rank, out_dir, "barrier")
+
+
+def _spin_until(condition):
+    """Calls condition() until it is true or TIMEOUT_S passed; returns whether it became true."""
+    deadline = time.monotonic() + TIMEOUT_S
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+    return True
+
+
+def _outcome(call):
+    """call()'s value, or (code, message) of what it raised."""
+    try:
+        return call()
+    except Exception as e:  # noqa: BLE001  (the parent checks what it was)
+        return (getattr(e, "code", type(e).__name__), str(e))
+
+
+def completed_means_finished(rank, world_size, out_dir):
+    """is_completed() must say True only once the Work is finished: a strided tensor's sum copied back, a failure
+    recorded (is_success(), exception()). Rank 0's completion thread is held in its first poll (a wait slice of an
+    allreduce that rank 1 joins only once it is held) while two more collectives end: a strided one and a failing
+    one (rank 1 sends 24 more elements: SPEC_MISMATCH). is_completed() used to be the handle's done(), true while
+    the held thread had yet to copy the sum back and record the error."""
+    group = _group()
+    out = {}
+    entered, release = threading.Event(), threading.Event()
+    poll = spg._ctrl_c.poll
+
+    def held_poll(*args, **kwargs):
+        if not entered.is_set():
+            entered.set()
+            release.wait(TIMEOUT_S)
+        poll(*args, **kwargs)
+
+    first = torch.full((10,), float(rank + 1))
+    try:
+        if rank == 0:
+            spg._ctrl_c.poll = held_poll
+            work = dist.all_reduce(first, async_op=True)
+            out["held"] = entered.wait(TIMEOUT_S)
+            group.gloo.barrier().wait()
+        else:
+            group.gloo.barrier().wait()
+            work = dist.all_reduce(first, async_op=True)
+        strided = torch.full((64, 2), float(rank + 1))[:, 0]  # every second element: through a contiguous copy
+        strided_work = dist.all_reduce(strided, async_op=True)
+        out["strided_completed"] = _spin_until(strided_work.is_completed)
+        out["strided_at_completion"] = strided.clone()
+        failing = torch.ones(100 + 24 * rank)
+        failing_work = dist.all_reduce(failing, async_op=True)
+        out["failing_completed"] = _spin_until(failing_work.is_completed)
+        out["failing_success"] = failing_work.is_success()
+        error = failing_work.exception()
+        out["failing_exception"] = None if error is None else (type(error).__name__, getattr(error, "code", None))
+        out["group_error_is_it"] = error is not None and group.error is error
+        out["still_held"] = entered.is_set() and not release.is_set()
+    finally:
+        release.set()
+        if rank == 0:
+            del spg._ctrl_c.poll
+    out["first_wait"] = _outcome(work.wait)
+    out["first"] = first
+    out["failing_wait"] = _outcome(failing_work.wait)
+    return out
+
+
+def caught_ctrl_c(rank, world_size, out_dir):
+    """Rank 0 gets a Ctrl-C in its own code and catches it while an async allreduce is in flight (rank 1 joins it
+    only afterwards): the collective must go on and complete normally on both ranks. The group's completion
+    thread used to find the SIGINT in the wakeup socket and abort the Worker (ABORTED here, PEER_LEFT on rank 1)."""
+    group = _group()
+    out = {}
+    t = torch.full((1000,), float(rank + 1))
+    if rank == 0:
+        work = dist.all_reduce(t, async_op=True)
+        polled = threading.Semaphore(0)
+        poll = spg._ctrl_c.poll
+
+        def counting_poll(*args, **kwargs):
+            poll(*args, **kwargs)
+            polled.release()
+
+        spg._ctrl_c.poll = counting_poll
+        try:
+            try:
+                os.kill(os.getpid(), signal.SIGINT)
+                _spin_until(lambda: False)  # Python code: the KeyboardInterrupt is raised in here
+                out["caught"] = False
+            except KeyboardInterrupt:
+                out["caught"] = True
+            # Two polls of the completion thread after it (the first may have begun before the signal): it has
+            # seen the SIGINT. With the Worker aborted there is no second one (the Work failed): bounded.
+            out["polled"] = all(polled.acquire(timeout=5) for _ in range(2))
+        finally:
+            del spg._ctrl_c.poll
+        out["completed_before_rank1"] = work.is_completed()
+        group.gloo.barrier().wait()
+        out["wait"] = _outcome(work.wait)
+    else:
+        group.gloo.barrier().wait()
+        out["wait"] = _outcome(lambda: dist.all_reduce(t) or True)
+    out["sum"] = t
+    second = torch.full((10,), float(rank + 1))
+    out["second"] = _outcome(lambda: dist.all_reduce(second) or True)
+    out["second_sum"] = second
+    out["error"] = None if group.error is None else str(group.error)
+    return out
+
+
+def ddp_interrupted(rank, world_size, out_dir):
+    """DDP without a comm hook: SIGINT while rank 0's backward() waits in C++ for its bucket, which rank 1 never
+    reduces. The main thread is inside autograd's backward, where Python runs no signal handlers: the group's
+    completion thread aborts the Worker, backward() ends at once (not at the 20 s collective timeout) and
+    KeyboardInterrupt follows."""
+    group = _group()
+    torch.manual_seed(0)
+    ddp = DistributedDataParallel(nn.Linear(8, 1), process_group=group)
+    out = {}
+    if rank == 0:
+        sent = []
+
+        def waiting_in_backward():
+            pending = list(group._shared.pending)
+            # DDP's reducer asked the bucket's Work for its future (its last Python call) and waits in C++.
+            return bool(pending) and pending[0]._future is not None and srt._main_thread_in_backward()
+
+        def interrupt():
+            if _spin_until(waiting_in_backward):
+                sent.append(time.monotonic())
+                os.kill(os.getpid(), signal.SIGINT)
+
+        threading.Thread(target=interrupt, daemon=True).start()
+        try:
+            try:
+                ddp(torch.ones(4, 8)).sum().backward()
+                out["backward"] = "returned"
+            except RuntimeError as e:  # the aborted bucket's error
+                out["backward"] = str(e).splitlines()[0][:300]
+            _spin_until(lambda: False)  # Python code: the pending KeyboardInterrupt is raised here at the latest
+            out["keyboard_interrupt"] = False
+        except KeyboardInterrupt:  # as soon as backward() came back into Python
+            out["keyboard_interrupt"] = True
+        out["ended_after_signal"] = time.monotonic() - sent[0] if sent else None
+        out["error_code"] = getattr(group.error, "code", None)
+    group.gloo.barrier().wait()  # rank 1 stays in the job until rank 0 is done
+    return out
 
 
 class _SmallModel(nn.Module):
@@ -295,7 +444,8 @@ def ddp(rank, world_size, out_dir):
 
 
 SCENARIOS = {f.__name__: f for f in (collectives, size_mismatch, destroy_in_flight, interrupted_wait,
-                                      interrupted_barrier, ddp)}
+                                      interrupted_barrier, ddp, completed_means_finished, caught_ctrl_c,
+                                      ddp_interrupted)}
 
 
 def run(rank, world_size, scenario, store_path, environment, out_dir):

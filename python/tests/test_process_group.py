@@ -3,20 +3,28 @@
 Two spawned ranks (process_group_child.py) on a real aggregator: float32 and int32 sums through sparsereduce,
 bit-exact against sums computed here (two terms: the order cannot matter); delegated collectives with gloo's
 results and without a sparsereduce collective; the job id agreed through the store; errors that end the wait on
-every rank; destroy with a collective in flight; Ctrl-C in wait() and barrier(); DDP without a comm hook against
-DDP on gloo. Single-rank cases (configuration errors, SPARSEREDUCE_JOB, a killed aggregator, single-tensor
-allreduce) run in this process; the exit with a collective in flight in a child process.
+every rank; destroy with a collective in flight; Ctrl-C in wait() and barrier(), caught in the program's own code,
+and during DDP's backward; is_completed() only once the result is in place; DDP without a comm hook against DDP
+on gloo. Single-rank cases (configuration errors, SPARSEREDUCE_JOB, a killed aggregator, single-tensor
+allreduce, overlapping tensors, an allreduce racing close(), locks after fork()) run in this process; the exit
+with a collective in flight in a child process.
 """
 
 import torch_required  # noqa: F401  (fails clearly without torch)
 
+import contextlib
 import gc
+import json
 import os
+import select
 import subprocess
 import sys
+import threading
 import time
 import weakref
 from datetime import timedelta
+
+import re
 
 import pytest
 import torch
@@ -26,6 +34,7 @@ import torch.multiprocessing as mp
 import process_group_child as child
 import sparsereduce
 import sparsereduce.process_group as spg
+import sparsereduce.torch as srt
 
 WORLD, DEADLINE_S = 2, 90
 SHORT = timedelta(seconds=10)  # the in-process groups' timeout: a hang shows up as an error within it
@@ -117,6 +126,40 @@ def test_ctrl_c_in_wait_or_barrier_leaves_the_collective_running(aggregator, tmp
         assert out["error"] is None, out["error"]
 
 
+def test_is_completed_means_the_result_is_in_place(aggregator, tmp_path):
+    """is_completed() is true only once the Work is finished: a strided tensor holds the sum, a failed collective's
+    is_success() is False and exception() its sparsereduce.Error, even while the completion thread (held here on
+    rank 0) has not got to them yet."""
+    results = spawn("completed_means_finished", aggregator, tmp_path)
+    assert results[0]["held"] and results[0]["still_held"], results[0]
+    for rank, out in enumerate(results):
+        assert out["strided_completed"] and out["failing_completed"], (rank, out)
+        assert torch.equal(out["strided_at_completion"], torch.full((64,), 3.0)), (rank, out["strided_at_completion"])
+        assert out["failing_success"] is False and out["failing_exception"] == ("Error", "SPEC_MISMATCH"), (rank, out)
+        assert out["group_error_is_it"], (rank, out)
+        assert out["first_wait"] is True and torch.equal(out["first"], torch.full((10,), 3.0)), (rank, out)
+        assert out["failing_wait"][0] == "SPEC_MISMATCH", (rank, out["failing_wait"])
+
+
+def test_a_caught_ctrl_c_leaves_an_async_collective_running(aggregator, tmp_path):
+    """Ctrl-C caught in the program's own code on rank 0 while an async all_reduce is in flight: the collective
+    completes normally on both ranks, and the group goes on working."""
+    first, second = spawn("caught_ctrl_c", aggregator, tmp_path)
+    assert first["caught"] and first["polled"] and not first["completed_before_rank1"], first
+    for out in (first, second):
+        assert out["wait"] is True and torch.equal(out["sum"], torch.full((1000,), 3.0)), out
+        assert out["second"] is True and torch.equal(out["second_sum"], torch.full((10,), 3.0)), out
+        assert out["error"] is None, out["error"]
+
+
+def test_ctrl_c_while_ddp_backward_waits_aborts_the_collective(aggregator, tmp_path):
+    """DDP without a comm hook on this backend: SIGINT while rank 0's backward() waits in C++ for a bucket rank 1
+    never reduces ends the wait within a fraction of a second (ABORTED), and KeyboardInterrupt follows."""
+    first, _ = spawn("ddp_interrupted", aggregator, tmp_path)
+    assert first["ended_after_signal"] is not None and first["ended_after_signal"] < 2.0, first
+    assert first["error_code"] == "ABORTED" and first["keyboard_interrupt"], first
+
+
 def test_ddp_without_a_comm_hook_matches_ddp_on_gloo(aggregator, tmp_path):
     """With 2 ranks both compute g0/2 + g1/2: losses and parameters must be bit-identical."""
     results = spawn("ddp", aggregator, tmp_path)
@@ -162,13 +205,28 @@ def one_rank():
     ("SPARSEREDUCE_AGGREGATORS", "", "no aggregators: set SPARSEREDUCE_AGGREGATORS"),
     ("SPARSEREDUCE_CODEC", "3lc", "SPARSEREDUCE_CODEC='3lc'"),
     ("SPARSEREDUCE_JOB", "seven", "SPARSEREDUCE_JOB='seven' is not a job id"),
+    ("SPARSEREDUCE_AGGREGATORS", "127.0.0.1:0", "SPARSEREDUCE_AGGREGATORS: aggregator 0 '127.0.0.1:0': port 0"),
+    ("SPARSEREDUCE_TRANSPORT", "bogus", "unknown transport 'bogus' (auto, tcp, shm or rdma"),
+    ("SPARSEREDUCE_TCP_SEND_BUFFER", "4k", "SPARSEREDUCE_TCP_SEND_BUFFER '4k' is not a byte count"),
+    ("SPARSEREDUCE_SECRET_FILE", "{tmp}/missing", "cannot read SPARSEREDUCE_SECRET_FILE {tmp}/missing: No such file"),
+    ("SPARSEREDUCE_SECRET_FILE", "{tmp}/empty", "the job secret from SPARSEREDUCE_SECRET_FILE {tmp}/empty is empty"),
 ])
-def test_missing_or_wrong_configuration_is_named_at_init(aggregator, monkeypatch, one_rank, variable, value,
-                                                         expected):
+def test_missing_or_wrong_configuration_is_named_at_init(aggregator, monkeypatch, one_rank, tmp_path, variable,
+                                                         value, expected):
+    """Before the store and gloo's rendezvous: rank 0 of 2 fails at once instead of waiting for rank 1 (which
+    never comes here). The Worker's own settings (transport, send buffer, secret) used to fail only in the
+    Worker's constructor, after the rendezvous (sparsereduce.Error INVALID_ARGUMENT)."""
+    (tmp_path / "empty").write_bytes(b"\n")
+    value, expected = value.format(tmp=tmp_path), expected.format(tmp=tmp_path)
     monkeypatch.setenv("SPARSEREDUCE_AGGREGATORS", aggregator)
+    for other in ("SPARSEREDUCE_JOB", "SPARSEREDUCE_CODEC", "SPARSEREDUCE_TRANSPORT", "SPARSEREDUCE_TCP_SEND_BUFFER",
+                  "SPARSEREDUCE_SECRET", "SPARSEREDUCE_SECRET_FILE"):
+        monkeypatch.delenv(other, raising=False)
     monkeypatch.setenv(variable, value)
-    with pytest.raises(ValueError, match="rank 0: .*" + expected.replace("(", r"\(")):
-        dist.init_process_group("sparsereduce", store=dist.HashStore(), rank=0, world_size=1, timeout=SHORT)
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="rank 0: .*" + re.escape(expected)):
+        dist.init_process_group("sparsereduce", store=dist.HashStore(), rank=0, world_size=2, timeout=SHORT)
+    assert time.monotonic() - start < SHORT.total_seconds() / 2
     assert not dist.is_initialized()
 
 
@@ -287,3 +345,100 @@ def test_allreduce_takes_a_single_tensor_as_torchs_groups_do(aggregator, monkeyp
         work.wait()
         assert torch.equal(t, torch.ones(3, dtype=t.dtype)), (t.dtype, op)
     assert seq() == before
+
+
+def _one_rank_group(aggregator, monkeypatch):
+    monkeypatch.setenv("SPARSEREDUCE_AGGREGATORS", aggregator)
+    monkeypatch.delenv("SPARSEREDUCE_JOB", raising=False)
+    dist.init_process_group("sparsereduce", store=dist.HashStore(), rank=0, world_size=1, timeout=SHORT)
+    return dist.distributed_c10d._get_default_group()
+
+
+def test_a_tensor_whose_elements_share_memory_is_refused_before_it_is_sent(aggregator, monkeypatch, one_rank):
+    """An expand()ed view cannot hold a sum per element: refused before anything is sent, with a ValueError that
+    says why. It used to be reduced (on every rank) through a contiguous copy and to fail only at the copy-back,
+    with torch's RuntimeError recorded as the group's error, which is for sparsereduce.Error."""
+    group = _one_rank_group(aggregator, monkeypatch)
+    before = group.worker.last_stats.seq if group.worker.last_stats is not None else 0
+    t = torch.ones(1).expand(4)
+    with pytest.raises(ValueError, match="job .* rank 0: the tensor has elements that share memory"):
+        dist.all_reduce(t)
+    assert group.worker.last_stats is None or group.worker.last_stats.seq == before  # nothing sent
+    assert group.error is None
+    # A strided view whose elements do not overlap still goes through (the copy written back).
+    u = torch.arange(8, dtype=torch.float32).reshape(4, 2)[:, 1]
+    dist.all_reduce(u)
+    assert torch.equal(u, torch.tensor([1.0, 3.0, 5.0, 7.0])) and group.error is None
+
+
+def test_an_allreduce_racing_close_is_refused(aggregator, monkeypatch, one_rank):
+    """close() on one thread, allreduce on another once the shutdown has begun (held here where it joins the
+    completion thread): the allreduce raises ValueError. It used to submit a Work that no completion thread would
+    finish (its future never completed: a DDP hang)."""
+    group = _one_rank_group(aggregator, monkeypatch)
+    entered, release = threading.Event(), threading.Event()
+    join = spg._join
+
+    def held_join(thread):
+        entered.set()
+        release.wait(SHORT.total_seconds())
+        join(thread)
+
+    monkeypatch.setattr(spg, "_join", held_join)
+    closer = threading.Thread(target=group.close, daemon=True)
+    closer.start()
+    try:
+        assert entered.wait(SHORT.total_seconds())
+        with pytest.raises(ValueError, match="job .* rank 0: the process group is closed"):
+            group.allreduce([torch.ones(3)])
+    finally:
+        release.set()
+        closer.join(SHORT.total_seconds())
+    assert not closer.is_alive() and group.worker.closed
+    with pytest.raises(ValueError, match="the process group is closed"):
+        group.allreduce([torch.ones(3)])
+
+
+def test_a_child_of_fork_gets_the_locks_of_the_package_free(aggregator, monkeypatch, one_rank):
+    """Locks another thread held at fork(): the child gets them free (os.register_at_fork), so that its calls and
+    its exit's shutdown raise or finish instead of waiting for good on a copy of a held lock."""
+    group = _one_rank_group(aggregator, monkeypatch)
+    work = group.allreduce([torch.ones(3)])
+    work.wait()
+    locks = {"exit finalizers": lambda: sparsereduce._exit_finalizers_lock, "key spaces": lambda: srt._key_space_lock,
+             "env jobs": lambda: spg._env_jobs_lock, "group": lambda: group._shared.ready, "work": lambda: work._lock}
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with contextlib.ExitStack() as stack:
+            for get in locks.values():
+                stack.enter_context(get())
+            held.set()
+            release.wait(SHORT.total_seconds())
+
+    holder = threading.Thread(target=hold, daemon=True)
+    holder.start()
+    read, write = os.pipe()
+    try:
+        assert held.wait(SHORT.total_seconds())
+        pid = os.fork()
+        if pid == 0:  # the child: reports and leaves at once (no pytest teardown, no atexit)
+            try:
+                free = [name for name, get in locks.items() if get().acquire(timeout=1)]
+                os.write(write, json.dumps(free).encode())
+            finally:
+                os._exit(0)
+    finally:
+        release.set()
+        os.close(write)
+    holder.join(SHORT.total_seconds())
+    try:
+        ready, _, _ = select.select([read], [], [], SHORT.total_seconds())
+        report = os.read(read, 4096) if ready else b""
+    finally:
+        os.close(read)
+        if not ready:
+            os.kill(pid, 9)
+        os.waitpid(pid, 0)
+    assert report, "no report from the child"
+    assert sorted(json.loads(report)) == sorted(locks)

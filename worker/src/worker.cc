@@ -879,6 +879,13 @@ WorkerOptions WithEnvironment(WorkerOptions options) {
 
 }  // namespace
 
+void CheckEnvironment() {
+  Result<WorkerOptions> applied = worker::ApplyEnvironment(WorkerOptions{});
+  Status st = applied.ok() ? worker::CheckAggregatorAddresses(applied->aggregators).WithContext("SPARSEREDUCE_AGGREGATORS")
+                           : applied.status();
+  if (!st.ok()) throw Error(StatusCodeName(st.code()), "sparsereduce: " + st.message());
+}
+
 Worker::Worker(WorkerOptions options) : impl_(std::make_unique<Impl>(WithEnvironment(std::move(options)))) {}
 Worker::~Worker() {
   // In a forked child the I/O thread does not exist (joining it hung) and the connections are the parent's: saying

@@ -74,7 +74,7 @@ Result<WorkerOptions> ApplyEnvironment(WorkerOptions options) {
     std::ostringstream contents;
     contents << file.rdbuf();
     options.secret = contents.str();
-    source = path;
+    source = "SPARSEREDUCE_SECRET_FILE " + path;
   }
   if (source.empty()) return options;
   Result<std::string> normalized = auth::NormalizeSecret(std::move(options.secret), source);

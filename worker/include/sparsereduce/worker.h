@@ -152,6 +152,12 @@ struct CollectiveStats {
   double seconds = 0;           // from the start on the I/O thread to completion
 };
 
+// Checks the SPARSEREDUCE_* variables a Worker reads for the options left empty (SPARSEREDUCE_AGGREGATORS,
+// SPARSEREDUCE_TRANSPORT, SPARSEREDUCE_TCP_SEND_BUFFER, SPARSEREDUCE_SECRET / SPARSEREDUCE_SECRET_FILE) as its
+// constructor does, without connecting; throws the Error (INVALID_ARGUMENT, naming the variable) it would. For
+// callers that must fail before a rendezvous that other ranks would wait in (the Python process group).
+void CheckEnvironment();
+
 class Worker {
  public:
   // Connects to every aggregator and joins the job; returns when all ranks have joined. Throws Error.
