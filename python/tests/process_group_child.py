@@ -4,6 +4,7 @@ Each scenario runs on a "sparsereduce" default group and returns what it saw; ru
 check against references it computes itself.
 """
 
+import contextlib
 import os
 import signal
 import sys
@@ -208,16 +209,8 @@ def _interrupted(rank, out_dir, interrupt_in):
         out["interrupted_after"] = time.monotonic() - start
         # Two polls of the completion thread after the interrupted wait (the first may have begun during it): the
         # SIGINT is not one for it to act on.
-        polled = threading.Semaphore(0)
-        poll = spg._ctrl_c.poll
-
-        def counting_poll(*args, **kwargs):
-            poll(*args, **kwargs)
-            polled.release()
-
-        spg._ctrl_c.poll = counting_poll
-        out["polled"] = all(polled.acquire(timeout=TIMEOUT_S) for _ in range(2))
-        del spg._ctrl_c.poll
+        with _counting_polls() as polled:
+            out["polled"] = all(polled.acquire(timeout=TIMEOUT_S) for _ in range(2))
         out["completed_before_rank1"] = work.is_completed()
         open(flag, "w").close()
         try:
@@ -246,6 +239,23 @@ def interrupted_wait(rank, world_size, out_dir):
 
 def interrupted_barrier(rank, world_size, out_dir):
     return _interrupted(rank, out_dir, "barrier")
+
+
+@contextlib.contextmanager
+def _counting_polls():
+    """Counts the completion thread's Ctrl-C polls (a semaphore released after each) while in the block."""
+    polled = threading.Semaphore(0)
+    poll = spg._ctrl_c.poll
+
+    def counting_poll(*args, **kwargs):
+        poll(*args, **kwargs)
+        polled.release()
+
+    spg._ctrl_c.poll = counting_poll
+    try:
+        yield polled
+    finally:
+        del spg._ctrl_c.poll
 
 
 def _spin_until(condition):
@@ -323,15 +333,7 @@ def caught_ctrl_c(rank, world_size, out_dir):
     t = torch.full((1000,), float(rank + 1))
     if rank == 0:
         work = dist.all_reduce(t, async_op=True)
-        polled = threading.Semaphore(0)
-        poll = spg._ctrl_c.poll
-
-        def counting_poll(*args, **kwargs):
-            poll(*args, **kwargs)
-            polled.release()
-
-        spg._ctrl_c.poll = counting_poll
-        try:
+        with _counting_polls() as polled:
             try:
                 os.kill(os.getpid(), signal.SIGINT)
                 _spin_until(lambda: False)  # Python code: the KeyboardInterrupt is raised in here
@@ -341,8 +343,6 @@ def caught_ctrl_c(rank, world_size, out_dir):
             # Two polls of the completion thread after it (the first may have begun before the signal): it has
             # seen the SIGINT. With the Worker aborted there is no second one (the Work failed): bounded.
             out["polled"] = all(polled.acquire(timeout=5) for _ in range(2))
-        finally:
-            del spg._ctrl_c.poll
         out["completed_before_rank1"] = work.is_completed()
         group.gloo.barrier().wait()
         out["wait"] = _outcome(work.wait)
