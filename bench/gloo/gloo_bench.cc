@@ -320,8 +320,8 @@ int RunRank(const Options& o) {
   const uint64_t max_bytes = ParseBytes(o.max_bytes);
   const bool writes_json = o.rank == 0 && !o.json_path.empty();
   if (writes_json) {
-    std::ofstream probe;  // checked first (tools::OpenJsonOutput); the JsonRewriter below rewrites it as rows come
-    if (const sparsereduce::Status st = sparsereduce::tools::OpenJsonOutput(o.json_path, probe); !st.ok()) {
+    // Checked first, left as it is; the JsonRewriter below rewrites it as rows come.
+    if (const sparsereduce::Status st = sparsereduce::tools::CheckJsonOutput(o.json_path); !st.ok()) {
       std::fprintf(stderr, "sparsereduce-gloo-bench: %s\n", st.message().c_str());
       return 2;
     }
@@ -366,12 +366,18 @@ int RunRank(const Options& o) {
 // (PR_SET_PDEATHSIG, tools::Subprocess): this process killed outright leaves no rank running.
 int RunSpawn(const Options& o) {
   using sparsereduce::tools::Subprocess;
-  std::ofstream probe;  // checked before anything starts (rank 0 writes it)
   if (!o.json_path.empty()) {
-    if (const sparsereduce::Status st = sparsereduce::tools::OpenJsonOutput(o.json_path, probe); !st.ok()) {
+    // Checked before anything starts, then a whole document of no rows put in its place (rank 0 rewrites it as rows
+    // come): a run that fails before rank 0 writes leaves that, as sparsereduce-perf's does.
+    if (const sparsereduce::Status st = sparsereduce::tools::CheckJsonOutput(o.json_path); !st.ok()) {
       std::fprintf(stderr, "sparsereduce-gloo-bench: %s\n", st.message().c_str());
       return 2;
     }
+    Options shown = o;  // the run's world, as rank 0 writes it
+    shown.world_size = o.spawn;
+    sparsereduce::tools::JsonRewriter json("sparsereduce-gloo-bench", o.json_path);
+    json.Write(JsonText(shown, {}, false));
+    if (json.failed()) return 2;
   }
   // The ranks run this binary: its path, or the link itself if the file was replaced since it started (a rebuild).
   std::error_code self_error;

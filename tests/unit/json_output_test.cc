@@ -28,12 +28,28 @@ ino_t Inode(const std::string& path) {
   return st.st_ino;
 }
 
+// The check before a run neither creates nor truncates the file: a run that fails before its first write leaves an
+// earlier document as it was (opening it for the check truncated it).
+TEST(CheckJsonOutput, LeavesTheFileAsItIsAndRefusesWhatCannotBeWritten) {
+  auto dir = TempDir::Create("sr-json-test-");
+  ASSERT_TRUE(dir.ok()) << dir.status().ToString();
+  const std::string existing = dir->File("old.json");
+  std::ofstream(existing) << "{\"old\":1}\n";
+  EXPECT_TRUE(CheckJsonOutput(existing).ok());
+  EXPECT_EQ(Slurp(existing), "{\"old\":1}\n");
+  const std::string fresh = dir->File("new.json");
+  EXPECT_TRUE(CheckJsonOutput(fresh).ok());
+  EXPECT_FALSE(fs::exists(fresh)) << "the check created the file";
+  const Status missing_dir = CheckJsonOutput(dir->File("no/such/dir.json"));
+  EXPECT_FALSE(missing_dir.ok());
+  EXPECT_NE(missing_dir.message().find("cannot open for writing"), std::string::npos) << missing_dir.message();
+}
+
 TEST(JsonRewriter, ARegularFileIsReplacedWholeByRename) {
   auto dir = TempDir::Create("sr-json-test-");
   ASSERT_TRUE(dir.ok()) << dir.status().ToString();
   const std::string path = dir->File("out.json");
-  std::ofstream probe;
-  ASSERT_TRUE(OpenJsonOutput(path, probe).ok());
+  ASSERT_TRUE(CheckJsonOutput(path).ok());
   JsonRewriter json("test", path);
   json.Write("{\"rows\":[1,2,3]}\n");
   const ino_t before = Inode(path);

@@ -167,5 +167,30 @@ TEST(StopSignals, AnUntrackedRankIsNotSignalled) {
   EXPECT_EQ(r.exit_code, 0) << r.stderr_text;
 }
 
+// A SIGUSR1 from outside (`kill -USR1 <pid>`) is not the destructor's wake-up: it ended the waiter thread, and the
+// SIGTERM after it stayed blocked and pending with nobody to take it (the rank was never stopped; only SIGKILL ended
+// the tool). It is ignored now, and the stop signal after it stops the rank.
+TEST(StopSignals, ASigusr1FromOutsideDoesNotEndTheWaiting) {
+  const ChildResult r = RunInChild([] {
+    StopSignals signals("test-tool", std::chrono::hours(1));
+    auto rank = SleepingRank(/*stopped=*/false);
+    if (!rank) return 1;
+    if (!signals.Track(rank->pid())) return 2;
+    kill(getpid(), SIGUSR1);  // as from a shell: SI_USER
+    // Taken by the waiter before the SIGTERM is sent, as in `kill -USR1 PID; kill -TERM PID`.
+    const uint64_t usr1 = uint64_t{1} << (SIGUSR1 - 1);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (PendingSignals(getpid()) & usr1) {
+      if (std::chrono::steady_clock::now() > deadline) return 3;
+      pollfd none{-1, 0, 0};
+      poll(&none, 1, 1);
+    }
+    kill(getpid(), SIGTERM);
+    if (!KilledBy(*rank, SIGTERM)) return 4;
+    return signals.caught() == SIGTERM ? 0 : 5;
+  });
+  EXPECT_EQ(r.exit_code, 0) << r.stderr_text;
+}
+
 }  // namespace
 }  // namespace sparsereduce::tools

@@ -1,8 +1,11 @@
 // sparsereduce-perf and sparsereduce-bw run as the user runs them: options that cannot work are usage errors (exit
 // code 2, a message naming the option) before anything connects, and the table says when a check proves little.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -249,6 +252,35 @@ TEST(PerfOptions, NegativeValuesOf64BitOptionsAreUsageErrors) {
   }
 }
 
+// --timeout-ms 2^63 and more passed the checks and became negative milliseconds: every rank failed ("connect_timeout
+// must be positive") after the aggregators and ranks had started. The timeouts take up to 30 days, as the
+// aggregator's, and a larger one is a usage error before anything starts.
+TEST(PerfOptions, TimeoutsBeyondThirtyDaysAreUsageErrors) {
+  ExpectUsageError(SPARSEREDUCE_PERF_BIN, {"--aggregators", "127.0.0.1:9", "--timeout-ms", "9223372036854775808"},
+                   "--timeout-ms 9223372036854775808: takes 1 to 2592000000 ms (30 days)");
+  const Outcome o = RunTool(SPARSEREDUCE_PERF_BIN, SpawnArgs("2", {"--timeout-ms", "18446744073709551615"}));
+  EXPECT_EQ(o.exit_code, 2) << o.output;
+  EXPECT_EQ(o.output, "sparsereduce-perf: --timeout-ms 18446744073709551615: takes 1 to 2592000000 ms (30 days)\n");
+  ExpectUsageError(SPARSEREDUCE_PERF_BIN, SpawnArgs("2", {"--run-timeout-ms", "2592000001"}),
+                   "--run-timeout-ms 2592000001: takes 0 (no limit) to 2592000000 ms (30 days)");
+  // A negative one says the range it takes: "it takes 0 or more" did not, where 0 is refused too.
+  ExpectUsageError(SPARSEREDUCE_PERF_BIN, {"--aggregators", "127.0.0.1:9", "--timeout-ms", "-1"},
+                   "--timeout-ms: Value -1 is negative; it takes 1 or more");
+}
+
+// -w 4294967290 wrapped the 32-bit iteration count (warm-ups + -n) to 14: no iteration was timed, and the run
+// printed a row of time 0 and exited 0. A huge -n failed every rank with "out of memory at 4096 bytes" (each holds
+// every rank's times). Both are bounded: a million iterations per size, and 1 GiB of the ranks' times.
+TEST(PerfOptions, IterationCountsBeyondTheirBoundsAreUsageErrors) {
+  ExpectUsageError(SPARSEREDUCE_PERF_BIN, PerfArgs({"-w", "4294967290"}),
+                   "-w 4294967290: at most 1000000 warm-up iterations per size");
+  ExpectUsageError(SPARSEREDUCE_PERF_BIN, PerfArgs({"-n", "4294967295"}),
+                   "-n 4294967295: at most 1000000 timed iterations per size");
+  ExpectUsageError(SPARSEREDUCE_PERF_BIN, PerfArgs({"-n", "1000001"}), "-n 1000001: at most 1000000");
+  ExpectUsageError(SPARSEREDUCE_PERF_BIN, PerfArgs({"--world-size", "300", "-n", "1000000"}),
+                   "-n 1000000 with 300 ranks: every rank gathers the 300 x 1000000 iteration times, more than 1 GiB");
+}
+
 // A --json file that cannot be written failed silently after the run (exit 0, no file); it fails at once.
 TEST(PerfOptions, AJsonFileThatCannotBeWrittenFailsBeforeTheRun) {
   const auto start = std::chrono::steady_clock::now();
@@ -257,6 +289,36 @@ TEST(PerfOptions, AJsonFileThatCannotBeWrittenFailsBeforeTheRun) {
   ExpectUsageError(SPARSEREDUCE_PERF_BIN, PerfArgs({"--json", "/nonexistent/dir/r.json"}),
                    "--json /nonexistent/dir/r.json: cannot open for writing");
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
+// --spawn checked the --json file by opening it, which truncated it: a run that failed before rank 0 wrote (an
+// aggregator that cannot be run, a rank that cannot start, Ctrl-C while they start) left the file empty, no JSON
+// document, and the previous one gone. A usage error leaves the file as it was; a run that fails after the checks
+// leaves a whole document without rows, "complete": false, as a run without --spawn does.
+TEST(PerfSpawn, ARunThatFailsBeforeRankZeroWritesLeavesAWholeJsonDocument) {
+  auto dir = TempDir::Create("sr-perf-options-");
+  ASSERT_TRUE(dir.ok()) << dir.status().ToString();
+  const std::string path = dir->File("r.json");
+  std::ofstream(path) << "{\"previous\":true}\n";
+  // An --aggregator-bin that cannot be run is a usage error (it failed the run with exit code 1).
+  const Outcome unusable = RunTool(SPARSEREDUCE_PERF_BIN, {"--spawn", "2", "--aggregator-bin", dir->File("none"),
+                                                           "-b", "4K", "-e", "4K", "--json", path});
+  EXPECT_EQ(unusable.exit_code, 2) << unusable.output;
+  EXPECT_EQ(unusable.output, "sparsereduce-perf: --aggregator-bin " + dir->File("none") +
+                                 ": cannot be run (No such file or directory); give the path of "
+                                 "sparsereduce-aggregator with --aggregator-bin\n");
+  EXPECT_EQ(ReadFile(path), "{\"previous\":true}\n");
+  // An aggregator that exits at once: the run fails after the checks, before any rank has started.
+  const Outcome failed = RunTool(SPARSEREDUCE_PERF_BIN, {"--spawn", "2,3", "--aggregator-bin", "/bin/false", "-b",
+                                                         "4K", "-e", "4K", "--json", path});
+  EXPECT_EQ(failed.exit_code, 1) << failed.output;
+  EXPECT_NE(failed.output.find("aggregator 0 did not start"), std::string::npos) << failed.output;
+  const std::string json = ReadFile(path);
+  EXPECT_TRUE(json.starts_with("{\"tool\":\"sparsereduce\",\"world_size\":2,\"aggregators\":3,")) << json;
+  EXPECT_TRUE(json.ends_with(",\"complete\":false,\"results\":[]}\n")) << json;
+  size_t entries = 0;
+  for ([[maybe_unused]] const auto& entry : std::filesystem::directory_iterator(dir->path())) ++entries;
+  EXPECT_EQ(entries, 1u) << "a temporary file was left beside " << path;
 }
 
 // The table's rows (float tensors), each as its fields: size, count, type, redop, time, algbw, busbw, ...
@@ -277,6 +339,19 @@ std::vector<std::string> TableSizes(const std::string& output) {
   std::vector<std::string> sizes;
   for (const auto& row : TableRows(output)) sizes.push_back(row[0]);
   return sizes;
+}
+
+// --run-timeout-ms and --aggregator-bin do something with --spawn only; without it they were ignored without a word.
+// With it they are the spawner's, not given to the ranks (in either spelling).
+TEST(PerfOptions, TheSpawnersOptionsNeedSpawn) {
+  ExpectUsageError(SPARSEREDUCE_PERF_BIN, PerfArgs({"--run-timeout-ms", "1000"}), "--run-timeout-ms requires --spawn");
+  ExpectUsageError(SPARSEREDUCE_PERF_BIN, PerfArgs({"--aggregator-bin", SPARSEREDUCE_AGGREGATOR_BIN}),
+                   "--aggregator-bin requires --spawn");
+  const Outcome o = RunTool(SPARSEREDUCE_PERF_BIN,
+                            {"--spawn", "2", std::string("--aggregator-bin=") + SPARSEREDUCE_AGGREGATOR_BIN,
+                             "--run-timeout-ms=30000", "-b", "4K", "-e", "4K", "-n", "1", "-w", "0"});
+  EXPECT_EQ(o.exit_code, 0) << o.output;
+  EXPECT_EQ(TableSizes(o.output), (std::vector<std::string>{"4096"})) << o.output;
 }
 
 // A step factor below 2 rounds two steps down to one size: each size is run once (4, 6 -> 4, 9 -> 8, 13.5 -> 12).
@@ -620,11 +695,45 @@ TEST(PerfSpawn, ARankThatOutlastsTheStopSignalIsKilledAtTheSecond) {
 TEST(PerfSpawn, TheRunTimeoutStopsTheRanks) {
   const auto start = std::chrono::steady_clock::now();
   const Outcome o = RunTool(SPARSEREDUCE_PERF_BIN, {"--spawn", "2", "--aggregator-bin", SPARSEREDUCE_AGGREGATOR_BIN,
-                                                    "-b", "4K", "-e", "4K", "-n", "10000000", "-w", "0",
+                                                    "-b", "4K", "-e", "4K", "-n", "1000000", "-w", "0",
                                                     "--timeout-ms", "100", "--run-timeout-ms", "1000"});
   EXPECT_EQ(o.exit_code, 1) << o.output;
   EXPECT_NE(o.output.find("(--run-timeout-ms 1000); stopping the ranks"), std::string::npos) << o.output;
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
+}
+
+// Ctrl-C while the aggregators start reaches them too (the terminal signals the whole process group): one it killed
+// was reported as a failed start, "aggregator 0 did not start: ... killed by signal 2", exit code 1. It is a stop
+// like any other: 128 + the signal. The aggregator here is a script that says it runs and then waits, never
+// listening; perf runs in a process group of its own (setsid), which gets the SIGINT as from a terminal.
+TEST(PerfSpawn, CtrlCWhileTheAggregatorsStartIsAStop) {
+  auto dir = TempDir::Create("sr-perf-options-");
+  ASSERT_TRUE(dir.ok()) << dir.status().ToString();
+  const std::string aggregator = dir->File("aggregator.sh");
+  std::ofstream(aggregator) << "#!/bin/sh\necho aggregator starting\nexec sleep 30\n";
+  std::filesystem::permissions(aggregator, std::filesystem::perms::owner_all);
+  auto perf = Subprocess::Spawn({"/bin/sh", "-c", "exec /usr/bin/setsid \"$0\" \"$@\" 2>&1", SPARSEREDUCE_PERF_BIN,
+                                 "--spawn", "2", "--aggregator-bin", aggregator, "-b", "4K", "-e", "4K"},
+                                /*capture_stdout=*/true);
+  ASSERT_TRUE(perf.ok()) << perf.status().ToString();
+  const auto start = std::chrono::steady_clock::now();
+  std::string output;
+  bool interrupted = false;
+  auto read = (*perf)->ReadStdout(std::chrono::seconds(30), [&](std::string_view chunk) {
+    output += chunk;
+    if (!interrupted && output.find("aggregator starting") != std::string::npos) {
+      interrupted = true;
+      kill(-(*perf)->pid(), SIGINT);  // exec kept the pid; setsid made it the group's
+    }
+  });
+  EXPECT_TRUE(read.ok()) << read.status().ToString() << "\n" << output;
+  EXPECT_TRUE(interrupted) << output;
+  auto status = (*perf)->Wait(std::chrono::seconds(30));
+  ASSERT_TRUE(status.ok()) << status.status().ToString();
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 128 + SIGINT) << DescribeExit(*status) << "\n" << output;
+  EXPECT_NE(output.find("sparsereduce-perf: stopped by signal 2 (Interrupt)"), std::string::npos) << output;
+  EXPECT_EQ(output.find("did not start"), std::string::npos) << output;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
 }
 
 
@@ -840,6 +949,117 @@ TEST(BwOptions, ParseErrorsNegativeCountsAndExclusiveOptionsAreUsageErrors) {
   ExpectUsageError(SPARSEREDUCE_BW_BIN, {"-p", "9", "-n", "-5", "127.0.0.1"}, "--iters: Value -5 is negative");
   ExpectUsageError(SPARSEREDUCE_BW_BIN, {"-p", "9", "-s", "4K", "-a", "127.0.0.1"}, "excludes");
   ExpectUsageError(SPARSEREDUCE_BW_BIN, {"-p", "9", "-D", "1", "-n", "5", "127.0.0.1"}, "excludes");
+}
+
+// -i (the RDMA port) and -x (the GID index) take the daemon's and sparsereduce-perf's ranges: -i 300 was port 44.
+TEST(BwOptions, RdmaPortAndGidIndexOutOfRangeAreUsageErrors) {
+  ExpectUsageError(SPARSEREDUCE_BW_BIN, {"-i", "0", "127.0.0.1"}, "--ib-port: Value 0 not in range 1 to 255");
+  ExpectUsageError(SPARSEREDUCE_BW_BIN, {"-i", "300", "127.0.0.1"}, "--ib-port: Value 300 not in range 1 to 255");
+  ExpectUsageError(SPARSEREDUCE_BW_BIN, {"-x", "-2", "127.0.0.1"}, "--gid-index: Value -2 not in range -1 to 255");
+  ExpectUsageError(SPARSEREDUCE_BW_BIN, {"-x", "256", "127.0.0.1"}, "--gid-index: Value 256 not in range -1 to 255");
+}
+
+// -n -3 said "it takes 0 or more", and -n 0 "must be at least 1": both say 1 or more now, as does --timeout-ms.
+TEST(BwOptions, ANegativeCountSaysTheRangeItTakes) {
+  ExpectUsageError(SPARSEREDUCE_BW_BIN, {"-p", "9", "-n", "-3", "127.0.0.1"},
+                   "--iters: Value -3 is negative; it takes 1 or more");
+  ExpectUsageError(SPARSEREDUCE_BW_BIN, {"-p", "9", "--timeout-ms", "-1", "127.0.0.1"},
+                   "--timeout-ms: Value -1 is negative; it takes 1 or more");
+  ExpectUsageError(SPARSEREDUCE_BW_BIN, {"-p", "9", "--timeout-ms", "0", "127.0.0.1"},
+                   "--timeout-ms: Value 0 not in range 1 to 2592000000");
+}
+
+// A name that does not resolve was retried for 5 s as if the server were starting, and then reported as the
+// connect's error ("Element not found"): the resolver's own error is reported at once.
+TEST(BwClient, AServerNameThatDoesNotResolveIsSaidSo) {
+  const Outcome o = RunTool(SPARSEREDUCE_BW_BIN, {"-p", "5", "no.such.host.invalid"});
+  EXPECT_EQ(o.exit_code, 1) << o.output;
+  EXPECT_TRUE(o.output.starts_with("sparsereduce-bw: cannot resolve no.such.host.invalid: ")) << o.output;
+}
+
+// A TCP listener on 127.0.0.1 that accepts one connection and never writes to it (nor reads from it): a server that
+// has hung, or something else than a sparsereduce-bw server on the port.
+class SilentServer {
+ public:
+  SilentServer() {
+    listener_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof address;
+    if (bind(listener_, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0 || listen(listener_, 4) != 0 ||
+        getsockname(listener_, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+      ADD_FAILURE() << "cannot listen: " << std::strerror(errno);
+      return;
+    }
+    port_ = ntohs(address.sin_port);
+    accepter_ = std::thread([this] {
+      pollfd readable{listener_, POLLIN, 0};
+      if (poll(&readable, 1, 60000) == 1) accepted_ = accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
+    });
+  }
+  ~SilentServer() {
+    shutdown(listener_, SHUT_RDWR);  // ends the accepter's poll if no client came
+    if (accepter_.joinable()) accepter_.join();
+    if (accepted_ >= 0) close(accepted_);
+    close(listener_);
+  }
+  std::string port() const { return std::to_string(port_); }
+
+ private:
+  int listener_ = -1;
+  int accepted_ = -1;
+  uint16_t port_ = 0;
+  std::thread accepter_;
+};
+
+// The client waited for a silent server's acknowledgement (or, over shm, its transport offer) forever; it fails
+// once the server has given no sign of life for --timeout-ms, naming the server and what it waited for.
+TEST(BwClient, ASilentServerFailsTheRunAfterTheTimeout) {
+  {
+    SilentServer server;
+    const auto start = std::chrono::steady_clock::now();
+    const Outcome o = RunTool(SPARSEREDUCE_BW_BIN,
+                              {"-p", server.port(), "--timeout-ms", "300", "-s", "1K", "-n", "16", "127.0.0.1"});
+    EXPECT_EQ(o.exit_code, 1) << o.output;
+    EXPECT_NE(o.output.find("sparsereduce-bw: no acknowledgement from the server at 127.0.0.1:" + server.port() +
+                            ": nothing came back, and no frame left the send queue, for 300 ms (--timeout-ms"),
+              std::string::npos)
+        << o.output;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+  }
+  SilentServer server;
+  const auto start = std::chrono::steady_clock::now();
+  const Outcome o = RunTool(SPARSEREDUCE_BW_BIN, {"-p", server.port(), "--timeout-ms", "300", "--transport", "shm",
+                                                  "-s", "1K", "-n", "16", "127.0.0.1"});
+  EXPECT_EQ(o.exit_code, 1) << o.output;
+  EXPECT_NE(o.output.find("sparsereduce-bw: the server at 127.0.0.1:" + server.port() +
+                          " sent no shm transport offer within 300 ms (--timeout-ms)"),
+            std::string::npos)
+      << o.output;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
+// The table's header stayed in stdio's buffer while the client waited for its first size (a pipe is fully
+// buffered): it is out before the first acknowledgement. Here none comes; the client is killed once the header is
+// out (before its --timeout-ms of 10 s), and, were it still buffered, it would be lost with the client.
+TEST(BwClient, TheHeaderIsOutBeforeTheFirstAcknowledgement) {
+  SilentServer server;
+  auto client = Subprocess::Spawn({SPARSEREDUCE_BW_BIN, "-p", server.port(), "127.0.0.1"}, /*capture_stdout=*/true);
+  ASSERT_TRUE(client.ok()) << client.status().ToString();
+  std::string output;
+  bool seen = false;
+  auto read = (*client)->ReadStdout(std::chrono::seconds(20), [&](std::string_view chunk) {
+    output += chunk;
+    if (!seen && output.find("MsgRate[Mpps]\n") != std::string::npos) {
+      seen = true;
+      (*client)->Signal(SIGKILL);
+    }
+  });
+  EXPECT_TRUE(read.ok()) << read.status().ToString() << "\n" << output;
+  EXPECT_TRUE(seen) << output;
+  EXPECT_NE(output.find("sparsereduce-bw: transport tcp, server 127.0.0.1:" + server.port()), std::string::npos)
+      << output;
 }
 
 }  // namespace

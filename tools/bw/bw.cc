@@ -17,6 +17,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <cctype>
 #include <chrono>
@@ -73,7 +74,11 @@ struct Config {
   std::string rdma_device;
   uint32_t rdma_port = 1;
   int32_t gid_index = -1;
+  uint64_t timeout_ms = 10000;  // client: how long the server may stay silent
 };
+
+// --timeout-ms: at most 30 days, as the aggregator's and sparsereduce-perf's.
+constexpr uint64_t kMaxTimeoutMs = 30ull * 24 * 3600 * 1000;
 
 constexpr uint64_t kRingBytes = 4u << 20;
 constexpr double kMaxDurationSeconds = 86400;  // -D: a day per size is more than any link check needs
@@ -132,6 +137,55 @@ asio::awaitable<sparsereduce::proto::ControlMessage> ReadControl(Channel& channe
   Check(message.status(), "decoding a control frame");
   co_return *message;
 }
+
+// Ends the client's wait for a server that has gone silent (a listener that accepts and never answers, a server that
+// hangs), which lasted forever: the channel is aborted, and the read waiting on it fails, once for `patience`
+// neither an answer came (Answered) nor a frame left the send queue. Checked every `patience`, so it ends the wait
+// between one and two of them after the server's last sign of life.
+class Silence {
+ public:
+  Silence(const asio::any_io_executor& executor, Channel& channel, Clock::duration patience)
+      : timer_(executor), channel_(channel), patience_(patience) {
+    Arm();
+  }
+  ~Silence() {
+    *alive_ = false;  // an expiry already queued does nothing
+    timer_.cancel();
+  }
+  Silence(const Silence&) = delete;
+  Silence& operator=(const Silence&) = delete;
+
+  void Answered() { ++answers_; }
+  // True once it has aborted the channel.
+  bool expired() const { return expired_; }
+
+ private:
+  std::pair<uint64_t, size_t> Progress() const { return {answers_, channel_.queued_frames()}; }
+  void Arm() {
+    timer_.expires_after(patience_);
+    timer_.async_wait([this, alive = alive_, before = Progress()](const boost::system::error_code& ec) {
+      if (ec || !*alive) return;
+      if (Progress() != before) return Arm();
+      expired_ = true;
+      channel_.Abort();
+    });
+  }
+
+  asio::steady_timer timer_;
+  Channel& channel_;
+  const Clock::duration patience_;
+  uint64_t answers_ = 0;
+  bool expired_ = false;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+};
+
+// How long the server may stay silent while frames of `size` bytes go to it: --timeout-ms, plus a second per MiB of
+// a frame (a frame of 4 GiB takes minutes on a slow link, and leaves the send queue only at its end).
+Clock::duration Patience(const Config& c, uint64_t size) {
+  return std::chrono::milliseconds(c.timeout_ms) + std::chrono::seconds(size >> 20);
+}
+
+std::string ServerName(const Config& c) { return c.server + ":" + std::to_string(c.port); }
 
 // Test parameters travel in a data frame's header fields: seq = frames to expect, job = frame payload bytes.
 void SendParams(Channel& channel, uint64_t frames, uint64_t payload) {
@@ -203,11 +257,24 @@ asio::awaitable<std::unique_ptr<Channel>> Connect(tcp::socket socket, Config c) 
   hello.mutable_hello()->add_transports(transport);
   tcp_channel->Send(sparsereduce::EncodeControl(hello));
   if (transport == "tcp") co_return tcp_channel;
-  const sparsereduce::proto::ControlMessage offer = co_await ReadControl(*tcp_channel);
-  if (!offer.has_transport_offer()) throw std::runtime_error("the server sent no transport offer");
+  std::optional<sparsereduce::proto::ControlMessage> offer;
+  {
+    Silence silence(executor, *tcp_channel, Patience(c, 0));
+    try {
+      offer = co_await ReadControl(*tcp_channel);
+    } catch (const std::exception&) {
+      if (!silence.expired()) throw;
+    }
+    if (silence.expired()) {
+      throw std::runtime_error("the server at " + ServerName(c) + " sent no " + transport + " transport offer within " +
+                               std::to_string(c.timeout_ms) + " ms (--timeout-ms): is a sparsereduce-bw server "
+                               "running there?");
+    }
+  }
+  if (!offer->has_transport_offer()) throw std::runtime_error("the server sent no transport offer");
 #if SPARSEREDUCE_HAVE_RDMA
   if (rdma) {
-    Check(rdma->Connect(offer.transport_offer().rdma()), "RDMA connection");
+    Check(rdma->Connect(offer->transport_offer().rdma()), "RDMA connection");
     sparsereduce::proto::ControlMessage accept;
     *accept.mutable_transport_accept()->mutable_rdma() = rdma->LocalEndpoint();
     tcp_channel->Send(sparsereduce::EncodeControl(accept));
@@ -215,8 +282,8 @@ asio::awaitable<std::unique_ptr<Channel>> Connect(tcp::socket socket, Config c) 
     co_return sparsereduce::rdma::RdmaConnection::MakeChannel(std::move(rdma), TakeSocket(*tcp_channel), executor);
   }
 #endif
-  auto attached = co_await sparsereduce::shm::AttachShm(executor, offer.transport_offer().shm_socket(),
-                                                        offer.transport_offer().token(), Clock::now() + kSetupTimeout);
+  auto attached = co_await sparsereduce::shm::AttachShm(executor, offer->transport_offer().shm_socket(),
+                                                        offer->transport_offer().token(), Clock::now() + kSetupTimeout);
   Check(attached.status(), "shared memory");
   co_return attached->MakeChannel(TakeSocket(*tcp_channel), executor);
 }
@@ -250,13 +317,14 @@ struct Measurement {
   double seconds;                  // from the first send to the last acknowledgement
 };
 
-asio::awaitable<Measurement> RunSize(Channel& channel, uint64_t size, uint64_t frames) {
+asio::awaitable<Measurement> RunSize(Channel& channel, const Config& c, uint64_t size, uint64_t frames) {
   SendParams(channel, frames, size);
   auto frame = std::make_shared<std::vector<std::byte>>(sparsereduce::kFrameHeaderSize + size, std::byte{0x5a});
   sparsereduce::EncodeFrameHeader(FrameHeader{FrameType::kContribution, static_cast<uint32_t>(size), 0, 0, 0, 0},
                                   frame->data());
   const uint64_t window = AckWindow(frames);
   std::vector<Clock::time_point> acks;
+  Silence silence(co_await asio::this_coro::executor, channel, Patience(c, size));
   const auto start = Clock::now();
   uint64_t sent = 0;
   while (sent < frames) {
@@ -264,7 +332,15 @@ asio::awaitable<Measurement> RunSize(Channel& channel, uint64_t size, uint64_t f
     for (uint64_t i = 0; i < batch; ++i) channel.Send({asio::buffer(*frame)}, frame);
     sent += batch;
     Result<FrameHeader> ack = co_await channel.ReadHeader();
+    if (silence.expired()) {
+      throw std::runtime_error(
+          "no acknowledgement from the server at " + ServerName(c) + ": nothing came back, and no frame left the "
+          "send queue, for " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                   Patience(c, size)).count()) +
+          " ms (--timeout-ms, plus 1 s per MiB of message): is a sparsereduce-bw server running there?");
+    }
     Check(ack.status(), "waiting for the server's acknowledgement");
+    silence.Answered();
     acks.push_back(Clock::now());
   }
   const double total = std::chrono::duration<double>(acks.back() - start).count();
@@ -285,12 +361,12 @@ asio::awaitable<Measurement> RunSize(Channel& channel, uint64_t size, uint64_t f
 // little over the duration however the machine's speed changes meanwhile. (Scaling one calibration burst to the
 // whole duration ran short whenever the measured part went slower than the burst: -s 2 -D 1 measured 0.18 s with a
 // burst of 64 messages, and a 0.5 s run measured 0.297 s on a loaded machine.)
-asio::awaitable<Measurement> RunForDuration(Channel& channel, uint64_t size, double duration) {
+asio::awaitable<Measurement> RunForDuration(Channel& channel, const Config& c, uint64_t size, double duration) {
   const double target = duration / 20;
   uint64_t probe = 64;
   double seconds = 0;
   for (;;) {
-    seconds = (co_await RunSize(channel, size, probe)).seconds;
+    seconds = (co_await RunSize(channel, c, size, probe)).seconds;
     if (seconds >= target / 2 || probe >= (uint64_t{1} << 40)) break;
     probe *= static_cast<uint64_t>(std::clamp(target / std::max(seconds, 1e-9), 2.0, 64.0));
   }
@@ -299,7 +375,7 @@ asio::awaitable<Measurement> RunForDuration(Channel& channel, uint64_t size, dou
       std::max<uint64_t>(kWindows, static_cast<uint64_t>(duration / 4 / std::max(per_frame, 1e-12)));
   Measurement total{size, 0, 0, 0, 0, 0};
   while (total.seconds < duration) {
-    const Measurement m = co_await RunSize(channel, size, frames);
+    const Measurement m = co_await RunSize(channel, c, size, frames);
     total.iters += m.iters;
     total.seconds += m.seconds;
     total.peak = std::max(total.peak, m.peak);
@@ -318,9 +394,10 @@ asio::awaitable<void> Client(tcp::socket socket, Config c, std::vector<uint64_t>
       c.transport.c_str(), c.server.c_str(), c.port, sparsereduce::kFrameHeaderSize);
   std::printf("---------------------------------------------------------------------------------------\n");
   std::printf(" #bytes     #iterations    BW peak[%s]    BW average[%s]   MsgRate[Mpps]\n", unit, unit);
+  std::fflush(stdout);  // a pipe's reader sees the header before the first size ends, as the rows after it
   for (uint64_t sz : sizes) {
-    const Measurement m = c.duration > 0 ? co_await RunForDuration(*channel, sz, c.duration)
-                                         : co_await RunSize(*channel, sz, c.iters);
+    const Measurement m = c.duration > 0 ? co_await RunForDuration(*channel, c, sz, c.duration)
+                                         : co_await RunSize(*channel, c, sz, c.iters);
     // As perftest prints them: MB/sec is 2^20 bytes per second (its format_factor 0x100000), Gb/sec 10^9 bits.
     const double scale = c.gbits ? 8.0 / 1e9 : 1.0 / (1u << 20);
     std::printf(" %-10llu %-14llu %-17.2f %-20.2f %-10.6f\n", static_cast<unsigned long long>(m.bytes),
@@ -345,7 +422,7 @@ int Main(Config c) {
   sparsereduce::shm::PendingOffers pending_shm_offers(sparsereduce::shm::PendingOffers::kDefaultCap);
   asio::io_context io;
   if (c.iters == 0) {  // RunSize waits for at least one acknowledgement
-    std::fprintf(stderr, "sparsereduce-bw: -n must be at least 1\n");
+    std::fprintf(stderr, "sparsereduce-bw: -n must be at least 1 (each size waits for an acknowledgement)\n");
     return 2;
   }
   if (!ParseDuration(c)) return 2;
@@ -380,11 +457,19 @@ int Main(Config c) {
   tcp::socket socket(io);
   tcp::resolver resolver(io);
   boost::system::error_code ec;
-  // The server may still be starting: retry for a few seconds, as the worker library does.
+  // Resolved once, apart from connecting: the connect's error replaced the resolver's ("Element not found", after
+  // 5 s of retries).
+  const tcp::resolver::results_type endpoints = resolver.resolve(c.server, std::to_string(c.port), ec);
+  if (ec) {
+    std::fprintf(stderr, "sparsereduce-bw: cannot resolve %s: %s\n", c.server.c_str(), ec.message().c_str());
+    return 1;
+  }
+  // The server may still be starting: a refused connection is retried for a few seconds, as the worker library
+  // does; any other error ends the run at once.
   const auto give_up = Clock::now() + std::chrono::seconds(5);
   for (auto pause = std::chrono::milliseconds(10);; pause = std::min(pause * 2, std::chrono::milliseconds(500))) {
-    asio::connect(socket, resolver.resolve(c.server, std::to_string(c.port), ec), ec);
-    if (!ec || Clock::now() + pause > give_up) break;
+    asio::connect(socket, endpoints, ec);
+    if (ec != asio::error::connection_refused || Clock::now() + pause > give_up) break;
     std::this_thread::sleep_for(pause);
   }
   if (ec) {
@@ -397,6 +482,15 @@ int Main(Config c) {
   return 0;
 }
 
+// For -n and --timeout-ms, which take 1 or more: CLI11 reads "-3" into a uint64_t as 2^64 - 3. Refused as
+// tools::kNotNegative does, without its "it takes 0 or more" (the check of 0 refused that).
+const CLI::Validator kNotNegativeOrZero(
+    [](std::string& text) -> std::string {
+      if (sparsereduce::tools::kNotNegative(text).empty()) return {};
+      return "Value " + text + " is negative; it takes 1 or more";
+    },
+    "POSITIVE");
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -405,8 +499,8 @@ int main(int argc, char** argv) {
   app.add_option("-p,--port", c.port, "TCP port")->capture_default_str();
   CLI::Option* size = app.add_option("-s,--size", c.size, "Message size (K/M/G suffixes)")->capture_default_str();
   app.add_flag("-a,--all", c.all_sizes, "All sizes 2 B .. 8 MiB")->excludes(size);
-  CLI::Option* iters = app.add_option("-n,--iters", c.iters, "Messages per size")
-                           ->check(sparsereduce::tools::kNotNegative)
+  CLI::Option* iters = app.add_option("-n,--iters", c.iters, "Messages per size (at least 1)")
+                           ->check(kNotNegativeOrZero)
                            ->capture_default_str();
   app.add_option("-D,--duration", c.duration_text,
                  "Run each size for at least this many seconds, a little more (above 0, at most 86400) instead of -n")
@@ -417,8 +511,16 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"tcp", "shm", "rdma"}))
       ->capture_default_str();
   app.add_option("-d,--ib-dev", c.rdma_device, "RDMA device (default: the first)");
-  app.add_option("-i,--ib-port", c.rdma_port, "RDMA device port")->capture_default_str();
+  // The daemon's and sparsereduce-perf's ranges (verbs takes a uint8_t port: -i 300 was port 44).
+  app.add_option("-i,--ib-port", c.rdma_port, "RDMA device port")->check(CLI::Range(1, 255))->capture_default_str();
   app.add_option("-x,--gid-index", c.gid_index, "GID index for RoCE (RoCEv2: usually 3); -1: InfiniBand LID")
+      ->check(CLI::Range(-1, 255))
+      ->capture_default_str();
+  app.add_option("--timeout-ms", c.timeout_ms,
+                 "Client: how long the server may stay silent (no transport offer, no acknowledgement, no frame "
+                 "taken) before the run fails, plus 1 s per MiB of message (1 ms to 30 days)")
+      ->check(kNotNegativeOrZero)
+      ->check(CLI::Range(uint64_t{1}, kMaxTimeoutMs))
       ->capture_default_str();
   app.add_option("server", c.server, "Server address (client mode)");
   try {

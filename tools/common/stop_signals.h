@@ -4,11 +4,13 @@
 // signal. A rank that has not ended `kill_after` later (stopped, or stuck in the kernel), or at a second stop signal
 // (Ctrl-C twice), gets SIGKILL: a stop never waits on a rank's own timeouts. The signals are blocked in the
 // constructing thread and waited for on a thread of their own; spawn children with none blocked (tools::Subprocess
-// does).
+// does). SIGUSR1 is blocked too: the destructor wakes the waiter with it. One from outside (kill -USR1) is taken and
+// ignored.
 #pragma once
 
 #include <signal.h>
 
+#include <atomic>
 #include <chrono>
 #include <mutex>
 #include <string>
@@ -30,7 +32,9 @@ class StopSignals {
   bool Track(int pid);
   // Stops tracking a rank.
   void Untrack(int pid);
-  // The signal that came, or 0.
+  // The stop signal that came, or 0: also one sent to the process that the waiter thread has not taken yet (a
+  // child that the same Ctrl-C ended, as the terminal signals the whole process group, can be seen to have died
+  // before the waiter runs).
   int caught() const;
 
  private:
@@ -40,6 +44,11 @@ class StopSignals {
   };
 
   void WaitForSignals();
+  // The stop signal that came (waiting at most until `deadline`, if given), SIGUSR1 for the destructor's wake-up,
+  // or 0 when the deadline passed.
+  int NextSignal(const std::chrono::steady_clock::time_point* deadline) const;
+  // caught_, else a stop signal pending for the process. Call with mutex_ held.
+  int CaughtOrPending() const;
   // Sends `signal` to the tracked ranks that have not ended; returns how many that was. Call with mutex_ held.
   int SignalRunning(int signal);
 
@@ -49,6 +58,7 @@ class StopSignals {
   mutable std::mutex mutex_;
   std::vector<Rank> ranks_;
   int caught_ = 0;
+  std::atomic<bool> stopping_{false};  // set by the destructor before its wake-up
   std::thread waiter_;
 };
 

@@ -8,7 +8,9 @@
 // one before the result is checked, so that no rank copies or checks while another still times its allreduce); an
 // iteration's time is the slowest rank's, and the table shows the median over iterations.
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -122,6 +124,45 @@ std::string CodecOptionText(const Config& c) {
   return text.str();
 }
 
+// Ranks and aggregators of --spawn W[,A]: W up to the aggregators' default --max-world-size, A up to 256.
+constexpr uint32_t kMaxSpawnRanks = 4096, kMaxSpawnAggregators = 256;
+
+std::optional<std::pair<uint32_t, uint32_t>> ParseSpawn(const std::string& text) {
+  static const std::regex kForm("([0-9]{1,9})(?:,([0-9]{1,9}))?");
+  std::smatch m;
+  if (!std::regex_match(text, m, kForm)) return std::nullopt;
+  const auto workers = static_cast<uint32_t>(std::stoul(m[1]));
+  const auto aggregators = m[2].matched ? static_cast<uint32_t>(std::stoul(m[2])) : 1u;
+  if (workers < 1 || workers > kMaxSpawnRanks || aggregators < 1 || aggregators > kMaxSpawnAggregators) {
+    return std::nullopt;
+  }
+  return std::pair{workers, aggregators};
+}
+
+// The largest -n and -w: a million iterations per size is more than any measurement needs (nccl-tests runs 20).
+// (-n 4294967295 failed every rank with a bad_alloc, and -w 4294967290 wrapped warm-ups plus -n to 14 iterations.)
+constexpr uint32_t kMaxIterations = 1'000'000;
+// The ranks' times each rank gathers: at most 1 GiB (W x -n floats; a bad_alloc said "out of memory at 4096 bytes").
+constexpr uint64_t kMaxTimesBytes = uint64_t{1} << 30;
+// --timeout-ms and --run-timeout-ms: at most 30 days, as the aggregator's *-timeout-ms flags (2^63 ms and more
+// became negative milliseconds, which every rank's Worker refused after the aggregators and ranks had started).
+constexpr uint64_t kMaxTimeoutMs = 30ull * 24 * 3600 * 1000;
+
+// The sparsereduce-aggregator that --spawn runs: --aggregator-bin, else the one next to this binary or in the build
+// tree.
+std::string AggregatorBinary(const Config& c) {
+  return c.aggregator_bin.empty() ? tools::FindToolBinary("sparsereduce-aggregator", "aggregator") : c.aggregator_bin;
+}
+
+// Why `path` cannot be run as a program; empty when it can.
+std::string WhyNotExecutable(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::strerror(errno);
+  if (!S_ISREG(st.st_mode)) return "not a regular file";
+  if (::access(path.c_str(), X_OK) != 0) return std::strerror(errno);
+  return {};
+}
+
 // Usage errors a run would only meet later (or never: -b 0 loops forever, -n 0 reads past the times, a block
 // size of 0 divides by zero), among them the worker settings the library refuses when a rank creates its Worker
 // (checked here by the library's own checks, so that they fail once, before aggregators and ranks start);
@@ -144,7 +185,43 @@ bool ValidateOptions(const Config& c, bool spawning) {
   if (min_bytes.ok() && max_bytes.ok() && *min_bytes > *max_bytes) fail("need -b <= -e");
   if (!(c.step_factor > 1) || !std::isfinite(c.step_factor)) fail("-f must be a finite factor above 1");
   if (c.iters == 0) fail("-n must be at least 1 (the table shows the median of the timed iterations)");
+  if (c.iters > kMaxIterations) {
+    fail("-n " + std::to_string(c.iters) + ": at most " + std::to_string(kMaxIterations) +
+         " timed iterations per size");
+  }
+  if (c.warmup > kMaxIterations) {
+    fail("-w " + std::to_string(c.warmup) + ": at most " + std::to_string(kMaxIterations) +
+         " warm-up iterations per size");
+  }
   if (c.timeout_ms == 0) fail("--timeout-ms must be at least 1");
+  if (c.timeout_ms > kMaxTimeoutMs) {
+    fail("--timeout-ms " + std::to_string(c.timeout_ms) + ": takes 1 to " + std::to_string(kMaxTimeoutMs) +
+         " ms (30 days)");
+  }
+  if (c.run_timeout_ms > kMaxTimeoutMs) {
+    fail("--run-timeout-ms " + std::to_string(c.run_timeout_ms) + ": takes 0 (no limit) to " +
+         std::to_string(kMaxTimeoutMs) + " ms (30 days)");
+  }
+  const std::optional<std::pair<uint32_t, uint32_t>> spawn_counts =
+      spawning ? ParseSpawn(c.spawn) : std::optional<std::pair<uint32_t, uint32_t>>();
+  if (spawning && !spawn_counts) {
+    fail("--spawn " + c.spawn + ": takes W or W,A, with 1 <= W <= " + std::to_string(kMaxSpawnRanks) +
+         " ranks and 1 <= A <= " + std::to_string(kMaxSpawnAggregators) + " aggregators");
+  }
+  if (const uint64_t ranks = spawning ? (spawn_counts ? spawn_counts->first : 0) : c.world_size;
+      c.iters <= kMaxIterations && ranks * c.iters * sizeof(float) > kMaxTimesBytes) {
+    fail("-n " + std::to_string(c.iters) + " with " + std::to_string(ranks) + " ranks: every rank gathers the " +
+         std::to_string(ranks) + " x " + std::to_string(c.iters) + " iteration times, more than 1 GiB; give fewer "
+         "iterations");
+  }
+  if (spawning) {
+    // Found here, before anything starts (a path that could not be run failed the run with exit code 1 once the
+    // --json file had been truncated).
+    if (const std::string why = WhyNotExecutable(AggregatorBinary(c)); !why.empty()) {
+      fail((c.aggregator_bin.empty() ? "sparsereduce-aggregator " : "--aggregator-bin ") + AggregatorBinary(c) +
+           ": cannot be run (" + why + "); give the path of sparsereduce-aggregator with --aggregator-bin");
+    }
+  }
   if (c.dtype == "int32" && c.codec.name != "none") {
     fail("--codec " + c.codec.name + " compresses float tensors only; -d int32 tensors are always sent exactly");
   }
@@ -268,7 +345,8 @@ Row RunSize(sparsereduce::Worker& worker, const Config& c, uint64_t bytes) {
   std::vector<float> times(size_t{c.world_size} * c.iters, 0.0f);
   uint64_t wrong = 0;
   std::vector<uint64_t> sent, received;  // per timed iteration: with a codec they change from one to the next
-  for (uint32_t it = 0; it < c.warmup + c.iters; ++it) {
+  // 64-bit: -w 4294967290 -n 20 wrapped to 14 iterations, none of them timed (a row of time 0 and exit code 0).
+  for (uint64_t it = 0; it < uint64_t{c.warmup} + c.iters; ++it) {
     // Barriers on both sides of the input copy, and before the check: no rank copies or checks while another is
     // still timing its allreduce, so a timed window holds the collective alone and not other ranks' 64 MiB copies.
     worker.allreduce(std::span(token), kExact);
@@ -296,7 +374,9 @@ Row RunSize(sparsereduce::Worker& worker, const Config& c, uint64_t bytes) {
   const uint64_t wrong_total = SumOverRanks(worker, wrong);
   std::vector<double> per_iter(c.iters, 0);
   for (uint32_t it = 0; it < c.iters; ++it) {
-    for (uint32_t r = 0; r < c.world_size; ++r) per_iter[it] = std::max<double>(per_iter[it], times[r * c.iters + it]);
+    for (uint32_t r = 0; r < c.world_size; ++r) {
+      per_iter[it] = std::max<double>(per_iter[it], times[size_t{r} * c.iters + it]);
+    }
   }
   std::sort(per_iter.begin(), per_iter.end());
   Row row{};
@@ -470,8 +550,8 @@ int RunRank(const Config& c) {  // c has passed ValidateOptions
       std::chrono::milliseconds(c.timeout_ms);
   const bool writes_json = c.rank == 0 && !c.json.empty();
   if (writes_json) {
-    std::ofstream probe;  // checked first (tools::OpenJsonOutput); the JsonRewriter below rewrites it as rows come
-    if (const sparsereduce::Status st = tools::OpenJsonOutput(c.json, probe); !st.ok()) {
+    // Checked first, left as it is (a reader never sees it empty); the JsonRewriter below rewrites it as rows come.
+    if (const sparsereduce::Status st = tools::CheckJsonOutput(c.json); !st.ok()) {
       std::fprintf(stderr, "sparsereduce-perf: %s\n", st.message().c_str());
       return 2;
     }
@@ -533,54 +613,52 @@ std::chrono::milliseconds AtMostAYear(uint64_t ms) {
   return ms >= static_cast<uint64_t>(kAYear.count()) ? kAYear : std::chrono::milliseconds(ms);
 }
 
-// Ranks and aggregators of --spawn W[,A]: W up to the aggregators' default --max-world-size, A up to 256.
-constexpr uint32_t kMaxSpawnRanks = 4096, kMaxSpawnAggregators = 256;
+// Options of the spawner alone, which a rank refuses (they need --spawn).
+constexpr const char* kSpawnerOptions[] = {"--spawn", "--run-timeout-ms", "--aggregator-bin"};
 
-std::optional<std::pair<uint32_t, uint32_t>> ParseSpawn(const std::string& text) {
-  static const std::regex kForm("([0-9]{1,9})(?:,([0-9]{1,9}))?");
-  std::smatch m;
-  if (!std::regex_match(text, m, kForm)) return std::nullopt;
-  const auto workers = static_cast<uint32_t>(std::stoul(m[1]));
-  const auto aggregators = m[2].matched ? static_cast<uint32_t>(std::stoul(m[2])) : 1u;
-  if (workers < 1 || workers > kMaxSpawnRanks || aggregators < 1 || aggregators > kMaxSpawnAggregators) {
-    return std::nullopt;
-  }
-  return std::pair{workers, aggregators};
-}
-
-int Spawn(Config c, char** argv, int argc) {
-  const auto counts = ParseSpawn(c.spawn);
-  if (!counts) {
-    std::fprintf(stderr, "sparsereduce-perf: --spawn %s: takes W or W,A, with 1 <= W <= %u ranks and 1 <= A <= %u "
-                 "aggregators\n", c.spawn.c_str(), kMaxSpawnRanks, kMaxSpawnAggregators);
-    return 2;
-  }
-  const auto [workers, aggregators] = *counts;
-  std::ofstream probe;  // checked before anything starts (rank 0 writes it)
+int Spawn(Config c, char** argv, int argc) {  // c has passed ValidateOptions
+  const auto [workers, aggregators] = *ParseSpawn(c.spawn);
   if (!c.json.empty()) {
-    if (const sparsereduce::Status st = tools::OpenJsonOutput(c.json, probe); !st.ok()) {
+    // Checked without truncating it, then a whole document of no rows, "complete": false, put in its place (rank 0
+    // rewrites it as rows come): a run that fails before rank 0 writes (an aggregator or a rank that cannot start,
+    // Ctrl-C while they start) leaves that, as a run without --spawn does. The check truncated the file, which such
+    // a run left empty.
+    if (const sparsereduce::Status st = tools::CheckJsonOutput(c.json); !st.ok()) {
       std::fprintf(stderr, "sparsereduce-perf: %s\n", st.message().c_str());
       return 2;
     }
+    Config shown = c;  // the run's world, as rank 0 writes it
+    shown.world_size = workers;
+    shown.aggregators.assign(aggregators, std::string());
+    auto tcp_send_buffer = tools::ParseByteSize(c.tcp_send_buffer);  // at most worker::kMaxTcpSendBuffer
+    tools::JsonRewriter json("sparsereduce-perf", c.json);
+    json.Write(JsonText(shown, static_cast<uint32_t>(*tcp_send_buffer), {}, {}, false));
+    if (json.failed()) return 2;
   }
   tools::StopSignals signals("sparsereduce-perf");  // stops the ranks on SIGINT, SIGTERM or SIGHUP
-  const std::string agg_bin =
-      c.aggregator_bin.empty() ? tools::FindToolBinary("sparsereduce-aggregator", "aggregator") : c.aggregator_bin;
-  auto cluster = tools::LocalAggregators::Start(agg_bin, aggregators);
+  const auto stopped = [](int sig) {
+    std::fprintf(stderr, "sparsereduce-perf: stopped by signal %d (%s): ranks and aggregators stopped\n", sig,
+                 strsignal(sig));
+    return 128 + sig;
+  };
+  auto cluster = tools::LocalAggregators::Start(AggregatorBinary(c), aggregators);
   if (!cluster.ok()) {
+    // A Ctrl-C reaches the aggregators too (the terminal signals the whole process group): one that it killed
+    // while starting is a stopped run, not a failed one ("aggregator 0 did not start: ... killed by signal 2").
+    if (const int sig = signals.caught()) return stopped(sig);
     std::fprintf(stderr, "sparsereduce-perf: %s\n", cluster.status().ToString().c_str());
     return 1;
   }
-  // The same command line minus --spawn, plus the rank's identity.
+  // The same command line minus the spawner's own options, plus the rank's identity.
   std::vector<std::string> base = {std::filesystem::canonical("/proc/self/exe").string()};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--spawn") {
-      ++i;
-      continue;
+    bool spawners = false;
+    for (const std::string option : kSpawnerOptions) {
+      if (a == option) ++i;  // and its value
+      spawners = spawners || a == option || a.rfind(option + "=", 0) == 0;
     }
-    if (a.rfind("--spawn=", 0) == 0) continue;
-    base.push_back(a);
+    if (!spawners) base.push_back(a);
   }
   std::vector<std::unique_ptr<tools::Subprocess>> ranks;
   for (uint32_t r = 0; r < workers; ++r) {
@@ -591,6 +669,7 @@ int Spawn(Config c, char** argv, int argc) {
     }
     auto p = tools::Subprocess::Spawn(args, r == 0);
     if (!p.ok()) {
+      if (const int sig = signals.caught()) return stopped(sig);
       std::fprintf(stderr, "sparsereduce-perf: %s\n", p.status().ToString().c_str());
       return 1;
     }
@@ -643,11 +722,7 @@ int Spawn(Config c, char** argv, int argc) {
     std::fprintf(stderr, "sparsereduce-perf: an aggregator did not stop cleanly\n");
     rc = rc ? rc : 1;
   }
-  if (const int sig = signals.caught()) {
-    std::fprintf(stderr, "sparsereduce-perf: stopped by signal %d (%s): ranks and aggregators stopped\n", sig,
-                 strsignal(sig));
-    return 128 + sig;
-  }
+  if (const int sig = signals.caught()) return stopped(sig);
   if (output_errno == EPIPE) return 128 + SIGPIPE;  // the reader left: quietly, as a tool killed by SIGPIPE ends
   if (output_errno) {
     std::fprintf(stderr, "sparsereduce-perf: writing the output failed: %s; ranks and aggregators stopped\n",
@@ -659,14 +734,24 @@ int Spawn(Config c, char** argv, int argc) {
 
 using tools::kNotNegative;
 
+// For --timeout-ms, which takes 1 or more: a negative value is refused as kNotNegative does, without its "it takes
+// 0 or more" (0 is refused too).
+const CLI::Validator kNotNegativeOrZero(
+    [](std::string& text) -> std::string {
+      if (kNotNegative(text).empty()) return {};
+      return "Value " + text + " is negative; it takes 1 or more";
+    },
+    "POSITIVE");
+
 int Main(int argc, char** argv) {
   Config c;
   CLI::App app{"sparsereduce-perf: allreduce bandwidth and latency, nccl-tests style"};
   app.add_option("-b,--minbytes", c.min_bytes, "Smallest size (K/M/G suffixes)")->capture_default_str();
   app.add_option("-e,--maxbytes", c.max_bytes, "Largest size")->capture_default_str();
   app.add_option("-f,--stepfactor", c.step_factor, "Size multiplier between rows")->capture_default_str();
-  app.add_option("-n,--iters", c.iters, "Timed iterations per size")->capture_default_str();
-  app.add_option("-w,--warmup_iters", c.warmup, "Warm-up iterations per size")->capture_default_str();
+  app.add_option("-n,--iters", c.iters, "Timed iterations per size (at most 1000000)")->capture_default_str();
+  app.add_option("-w,--warmup_iters", c.warmup, "Warm-up iterations per size (at most 1000000)")
+      ->capture_default_str();
   app.add_option("-c,--check", c.check, "Check results bit-exactly against a local reference (0/1)")
       ->check(CLI::Range(0, 1))
       ->capture_default_str();
@@ -694,15 +779,17 @@ int Main(int argc, char** argv) {
       ->excludes(aggregators)
       ->excludes(rank)
       ->excludes(world_size);
+  // Without --spawn they did nothing, without a word.
   app.add_option("--run-timeout-ms", c.run_timeout_ms,
-                 "With --spawn: bound on the whole run, after which the ranks are stopped; 0: none")
+                 "With --spawn: bound on the whole run, after which the ranks are stopped; 0: none (at most 30 days)")
       ->check(kNotNegative)
+      ->needs(spawn)
       ->capture_default_str();
-  app.add_option("--aggregator-bin", c.aggregator_bin, "sparsereduce-aggregator to use with --spawn");
+  app.add_option("--aggregator-bin", c.aggregator_bin, "sparsereduce-aggregator to use with --spawn")->needs(spawn);
   app.add_option("--json", c.json, "Also write the results as JSON to this file");
   app.add_option("--seed", c.seed, "Seed of the synthetic tensors")->check(kNotNegative)->capture_default_str();
-  app.add_option("--timeout-ms", c.timeout_ms, "Connect, join and each collective's timeout (at least 1)")
-      ->check(kNotNegative)
+  app.add_option("--timeout-ms", c.timeout_ms, "Connect, join and each collective's timeout (1 ms to 30 days)")
+      ->check(kNotNegativeOrZero)
       ->capture_default_str();
   app.add_option("--transport", c.transport,
                  "auto (shared memory with aggregators on this host, else TCP), tcp, shm or rdma; default "
