@@ -1040,6 +1040,38 @@ TEST(BwClient, ASilentServerFailsTheRunAfterTheTimeout) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
 }
 
+// The server's side of the same: a client that connects and never says Hello held the server for good; it fails
+// the run after --timeout-ms, saying what it waited for.
+TEST(BwServer, AClientThatSaysNothingFailsTheServerAfterTheTimeout) {
+  auto server = Subprocess::Spawn(
+      {"/bin/sh", "-c", std::string("exec \"$0\" -p 0 --timeout-ms 300 2>&1"), SPARSEREDUCE_BW_BIN},
+      /*capture_stdout=*/true);
+  ASSERT_TRUE(server.ok()) << server.status().ToString();
+  const std::string kWaiting = "waiting on port ";
+  std::string output;
+  int silent_client = -1;
+  const auto start = std::chrono::steady_clock::now();
+  auto read = (*server)->ReadStdout(std::chrono::seconds(30), [&](std::string_view chunk) {
+    output += chunk;
+    const size_t at = output.find(kWaiting);
+    const size_t end = at == std::string::npos ? at : output.find('\n', at);
+    if (silent_client >= 0 || end == std::string::npos) return;
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    address.sin_port = htons(static_cast<uint16_t>(std::stoi(output.substr(at + kWaiting.size()))));
+    silent_client = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    EXPECT_EQ(connect(silent_client, reinterpret_cast<sockaddr*>(&address), sizeof address), 0) << std::strerror(errno);
+  });
+  EXPECT_TRUE(read.ok()) << read.status().ToString() << "\n" << output;
+  if (silent_client >= 0) close(silent_client);
+  auto status = (*server)->Wait(std::chrono::seconds(10));
+  ASSERT_TRUE(status.ok()) << output;
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1) << DescribeExit(*status) << "\n" << output;
+  EXPECT_NE(output.find("the client sent no Hello within 300 ms (--timeout-ms)"), std::string::npos) << output;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(10));
+}
+
 // The table's header stayed in stdio's buffer while the client waited for its first size (a pipe is fully
 // buffered): it is out before the first acknowledgement. Here none comes; the client is killed once the header is
 // out (before its --timeout-ms of 10 s), and, were it still buffered, it would be lost with the client.

@@ -74,7 +74,7 @@ struct Config {
   std::string rdma_device;
   uint32_t rdma_port = 1;
   int32_t gid_index = -1;
-  uint64_t timeout_ms = 10000;  // client: how long the server may stay silent
+  uint64_t timeout_ms = 10000;  // how long the peer may stay silent (Silence)
 };
 
 // --timeout-ms: at most 30 days, as the aggregator's and sparsereduce-perf's.
@@ -206,13 +206,26 @@ tcp::socket TakeSocket(sparsereduce::tcp::TcpChannel& channel) {
   return std::move(*socket);
 }
 
-// The server's end: the client's Hello names the transport, which is offered like the daemon does. (`c` is used only
-// by the RDMA transport.)
-asio::awaitable<std::unique_ptr<Channel>> Accept(tcp::socket socket, [[maybe_unused]] Config c,
-                                                 sparsereduce::shm::PendingOffers& pending, std::string* transport) {
+// The server's end: the client's Hello names the transport, which is offered like the daemon does. A client that
+// connects and stays silent fails the run after --timeout-ms (it held the server for good).
+asio::awaitable<std::unique_ptr<Channel>> Accept(tcp::socket socket, Config c, sparsereduce::shm::PendingOffers& pending,
+                                                 std::string* transport) {
   const auto executor = co_await asio::this_coro::executor;
   auto tcp_channel = std::make_unique<sparsereduce::tcp::TcpChannel>(std::move(socket), executor);
-  const sparsereduce::proto::ControlMessage hello = co_await ReadControl(*tcp_channel);
+  std::optional<sparsereduce::proto::ControlMessage> received;
+  {
+    Silence silence(executor, *tcp_channel, Patience(c, 0));
+    try {
+      received = co_await ReadControl(*tcp_channel);
+    } catch (const std::exception&) {
+      if (!silence.expired()) throw;
+    }
+    if (silence.expired()) {
+      throw std::runtime_error("the client sent no Hello within " + std::to_string(c.timeout_ms) +
+                               " ms (--timeout-ms): is it a sparsereduce-bw client?");
+    }
+  }
+  const sparsereduce::proto::ControlMessage& hello = *received;
   *transport = hello.hello().transports_size() > 0 ? hello.hello().transports(0) : "tcp";
   if (*transport == "tcp") co_return tcp_channel;
 #if SPARSEREDUCE_HAVE_RDMA
@@ -517,8 +530,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(-1, 255))
       ->capture_default_str();
   app.add_option("--timeout-ms", c.timeout_ms,
-                 "Client: how long the server may stay silent (no transport offer, no acknowledgement, no frame "
-                 "taken) before the run fails, plus 1 s per MiB of message (1 ms to 30 days)")
+                 "How long the peer may stay silent before the run fails: the client's Hello for the server; for the "
+                 "client, the server's transport offer, acknowledgement or taking of a frame, plus 1 s per MiB of "
+                 "message (1 ms to 30 days)")
       ->check(kNotNegativeOrZero)
       ->check(CLI::Range(uint64_t{1}, kMaxTimeoutMs))
       ->capture_default_str();
