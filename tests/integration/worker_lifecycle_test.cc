@@ -11,6 +11,7 @@
 #include <sys/ioctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -19,10 +20,12 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <future>
 #include <memory>
 #include <optional>
+#include <set>
 #include <stop_token>
 #include <string>
 #include <thread>
@@ -97,6 +100,64 @@ TEST(WorkerLifecycle, CancelDuringASharedMemoryHandoffEndsTheConstructorAtOnce) 
     EXPECT_EQ(e.code(), "ABORTED") << e.what();
   }
   EXPECT_LT(std::chrono::steady_clock::now() - cancelled, 5s);
+  close(shm_fd);
+  close(fd);
+  close(shm_listener);
+  close(listener);
+}
+
+// The descriptors open now, of sockets only.
+std::set<int> OpenSockets() {
+  std::set<int> fds;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+    const int fd = std::stoi(entry.path().filename().string());
+    struct stat st {};
+    if (fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode)) fds.insert(fd);
+  }
+  return fds;
+}
+
+// The Worker's sockets (its connection to the aggregator, the shared-memory handoff's) are close-on-exec: Asio
+// opens sockets without SOCK_CLOEXEC, so a training process that ran a program (system(), a launcher) handed it
+// the worker's connections, and the aggregator did not see the worker die while that program lived.
+TEST(WorkerLifecycle, TheWorkersSocketsAreNotInheritedByPrograms) {
+  uint16_t port = 0;
+  const int listener = ListenOnLoopback(&port);
+  ASSERT_GE(listener, 0);
+  const std::string name = UniqueName("cloexec");
+  const int shm_listener = ListenOnAbstract(name);
+  ASSERT_GE(shm_listener, 0) << std::strerror(errno);
+  const std::set<int> before = OpenSockets();
+
+  std::stop_source stop;
+  WorkerOptions options;
+  options.aggregators = {"127.0.0.1:" + std::to_string(port)};
+  options.job = 44;
+  options.world_size = 1;
+  options.transport = "auto";
+  options.connect_timeout = options.join_timeout = 15s;  // bounds the test if the Worker hangs
+  options.cancel = stop.get_token();
+  auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  const int fd = AcceptWithin(listener, 10s);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(ReadFrame(fd));  // Hello
+  ASSERT_TRUE(SendControl(fd, ShmOffer(name)));
+  const int shm_fd = AcceptWithin(shm_listener, 10s);
+  ASSERT_GE(shm_fd, 0) << "the worker did not take the offer";
+  char token[16];
+  ASSERT_TRUE(ReadExactly(shm_fd, token, sizeof token));  // both of the worker's sockets are open now
+
+  size_t workers_sockets = 0;
+  for (const int socket : OpenSockets()) {
+    if (before.contains(socket) || socket == fd || socket == shm_fd) continue;  // the test's own
+    ++workers_sockets;
+    EXPECT_NE(fcntl(socket, F_GETFD) & FD_CLOEXEC, 0) << "descriptor " << socket << " is inherited by exec";
+  }
+  EXPECT_GE(workers_sockets, 2u) << "the worker's TCP connection and its handoff socket";
+
+  stop.request_stop();
+  EXPECT_EQ(joined.wait_for(10s), std::future_status::ready);
+  EXPECT_THROW(joined.get(), Error);
   close(shm_fd);
   close(fd);
   close(shm_listener);

@@ -29,6 +29,7 @@
 
 #include "protocol/auth.h"
 #include "transport/deadline.h"
+#include "transport/descriptor.h"
 #include "transport/ring/byte_ring.h"
 #include "transport/shm/channel.h"
 
@@ -370,6 +371,9 @@ asio::awaitable<Result<ShmAttachment>> AttachShm(const asio::any_io_executor& ex
     co_return Status(StatusCode::kUnavailable,
                      "out of file descriptors: cannot open a socket to the aggregator's shared-memory socket @" +
                          socket_name + " (" + ec.message() + ")");
+  }
+  if (!ec) {
+    if (Status st = transport::SetCloseOnExec(socket.native_handle()); !st.ok()) co_return st;
   }
   if (ec) {
     co_return Status(StatusCode::kUnavailable, "the aggregator's shared-memory socket @" + socket_name +

@@ -11,6 +11,7 @@
 #include <boost/asio/write.hpp>
 
 #include "protocol/control.h"
+#include "transport/descriptor.h"
 #include "transport/shm/handoff.h"
 #include "transport/tcp/channel.h"
 #include "transport/tcp/endpoint.h"
@@ -105,6 +106,9 @@ asio::awaitable<Status> AggregatorLink::Connect(std::chrono::steady_clock::time_
       cut->ended = true;
       attempt_timer.cancel();
       if (!cec) {
+        if (Status st = transport::SetCloseOnExec(socket_.native_handle()); !st.ok()) {
+          co_return st.WithContext("connection to " + Name());
+        }
         boost::system::error_code ignored;
         socket_.set_option(tcp::no_delay(true), ignored);
         if (options_.tcp_send_buffer > 0) {
