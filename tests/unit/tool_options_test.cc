@@ -1074,10 +1074,12 @@ TEST(BwServer, AClientThatSaysNothingFailsTheServerAfterTheTimeout) {
 
 // The table's header stayed in stdio's buffer while the client waited for its first size (a pipe is fully
 // buffered): it is out before the first acknowledgement. Here none comes; the client is killed once the header is
-// out (before its --timeout-ms of 10 s), and, were it still buffered, it would be lost with the client.
+// out, and, were it still buffered, it would be lost with the client.
 TEST(BwClient, TheHeaderIsOutBeforeTheFirstAcknowledgement) {
   SilentServer server;
-  auto client = Subprocess::Spawn({SPARSEREDUCE_BW_BIN, "-p", server.port(), "127.0.0.1"}, /*capture_stdout=*/true);
+  // A --timeout-ms far beyond the read's deadline: the client must not exit (which flushes stdio) while it is read.
+  auto client = Subprocess::Spawn({SPARSEREDUCE_BW_BIN, "-p", server.port(), "--timeout-ms", "600000", "127.0.0.1"},
+                                  /*capture_stdout=*/true);
   ASSERT_TRUE(client.ok()) << client.status().ToString();
   std::string output;
   bool seen = false;

@@ -77,8 +77,7 @@ struct Config {
   uint64_t timeout_ms = 10000;  // how long the peer may stay silent (Silence)
 };
 
-// --timeout-ms: at most 30 days, as the aggregator's and sparsereduce-perf's.
-constexpr uint64_t kMaxTimeoutMs = 30ull * 24 * 3600 * 1000;
+using sparsereduce::tools::kMaxTimeoutMs;  // --timeout-ms, as the aggregator's and sparsereduce-perf's
 
 constexpr uint64_t kRingBytes = 4u << 20;
 constexpr double kMaxDurationSeconds = 86400;  // -D: a day per size is more than any link check needs
@@ -185,6 +184,18 @@ Clock::duration Patience(const Config& c, uint64_t size) {
   return std::chrono::milliseconds(c.timeout_ms) + std::chrono::seconds(size >> 20);
 }
 
+// A control message, or nullopt when the peer stayed silent for `patience` first (Silence).
+asio::awaitable<std::optional<sparsereduce::proto::ControlMessage>> ReadControlUnlessSilent(Channel& channel,
+                                                                                          Clock::duration patience) {
+  Silence silence(co_await asio::this_coro::executor, channel, patience);
+  try {
+    co_return co_await ReadControl(channel);
+  } catch (const std::exception&) {
+    if (!silence.expired()) throw;
+  }
+  co_return std::nullopt;
+}
+
 std::string ServerName(const Config& c) { return c.server + ":" + std::to_string(c.port); }
 
 // Test parameters travel in a data frame's header fields: seq = frames to expect, job = frame payload bytes.
@@ -212,18 +223,11 @@ asio::awaitable<std::unique_ptr<Channel>> Accept(tcp::socket socket, Config c, s
                                                  std::string* transport) {
   const auto executor = co_await asio::this_coro::executor;
   auto tcp_channel = std::make_unique<sparsereduce::tcp::TcpChannel>(std::move(socket), executor);
-  std::optional<sparsereduce::proto::ControlMessage> received;
-  {
-    Silence silence(executor, *tcp_channel, Patience(c, 0));
-    try {
-      received = co_await ReadControl(*tcp_channel);
-    } catch (const std::exception&) {
-      if (!silence.expired()) throw;
-    }
-    if (silence.expired()) {
-      throw std::runtime_error("the client sent no Hello within " + std::to_string(c.timeout_ms) +
-                               " ms (--timeout-ms): is it a sparsereduce-bw client?");
-    }
+  const std::optional<sparsereduce::proto::ControlMessage> received =
+      co_await ReadControlUnlessSilent(*tcp_channel, Patience(c, 0));
+  if (!received) {
+    throw std::runtime_error("the client sent no Hello within " + std::to_string(c.timeout_ms) +
+                             " ms (--timeout-ms): is it a sparsereduce-bw client?");
   }
   const sparsereduce::proto::ControlMessage& hello = *received;
   *transport = hello.hello().transports_size() > 0 ? hello.hello().transports(0) : "tcp";
@@ -270,19 +274,12 @@ asio::awaitable<std::unique_ptr<Channel>> Connect(tcp::socket socket, Config c) 
   hello.mutable_hello()->add_transports(transport);
   tcp_channel->Send(sparsereduce::EncodeControl(hello));
   if (transport == "tcp") co_return tcp_channel;
-  std::optional<sparsereduce::proto::ControlMessage> offer;
-  {
-    Silence silence(executor, *tcp_channel, Patience(c, 0));
-    try {
-      offer = co_await ReadControl(*tcp_channel);
-    } catch (const std::exception&) {
-      if (!silence.expired()) throw;
-    }
-    if (silence.expired()) {
-      throw std::runtime_error("the server at " + ServerName(c) + " sent no " + transport + " transport offer within " +
-                               std::to_string(c.timeout_ms) + " ms (--timeout-ms): is a sparsereduce-bw server "
-                               "running there?");
-    }
+  const std::optional<sparsereduce::proto::ControlMessage> offer =
+      co_await ReadControlUnlessSilent(*tcp_channel, Patience(c, 0));
+  if (!offer) {
+    throw std::runtime_error("the server at " + ServerName(c) + " sent no " + transport + " transport offer within " +
+                             std::to_string(c.timeout_ms) + " ms (--timeout-ms): is a sparsereduce-bw server "
+                             "running there?");
   }
   if (!offer->has_transport_offer()) throw std::runtime_error("the server sent no transport offer");
 #if SPARSEREDUCE_HAVE_RDMA
@@ -495,14 +492,8 @@ int Main(Config c) {
   return 0;
 }
 
-// For -n and --timeout-ms, which take 1 or more: CLI11 reads "-3" into a uint64_t as 2^64 - 3. Refused as
-// tools::kNotNegative does, without its "it takes 0 or more" (the check of 0 refused that).
-const CLI::Validator kNotNegativeOrZero(
-    [](std::string& text) -> std::string {
-      if (sparsereduce::tools::kNotNegative(text).empty()) return {};
-      return "Value " + text + " is negative; it takes 1 or more";
-    },
-    "POSITIVE");
+// For -n and --timeout-ms, which take 1 or more: CLI11 reads "-3" into a uint64_t as 2^64 - 3.
+using sparsereduce::tools::kNotNegativeOrZero;
 
 }  // namespace
 

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <string>
 
 namespace sparsereduce::tools {
@@ -15,5 +16,18 @@ inline const CLI::Validator kNotNegative(
       return {};
     },
     "NONNEGATIVE");
+
+// For options that take 1 or more: a negative value is refused as kNotNegative does, without its "it takes 0 or
+// more" (a check of 0 refuses that).
+inline const CLI::Validator kNotNegativeOrZero(
+    [](std::string& text) -> std::string {
+      if (kNotNegative(text).empty()) return {};
+      return "Value " + text + " is negative; it takes 1 or more";
+    },
+    "POSITIVE");
+
+// The tools' *-timeout-ms options: at most 30 days, as the aggregator's (2^63 ms and more became negative
+// milliseconds).
+inline constexpr uint64_t kMaxTimeoutMs = 30ull * 24 * 3600 * 1000;
 
 }  // namespace sparsereduce::tools

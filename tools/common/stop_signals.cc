@@ -33,10 +33,13 @@ StopSignals::~StopSignals() {
   waiter_.join();
   // A stop signal still pending belongs to the stop that was handled (or came as the tool ended): unblocked, it
   // would kill the tool and turn its exit code 128 + the signal into a death by the signal.
-  if (caught() != 0) {
-    const timespec now{0, 0};
-    while (sigtimedwait(&set_, nullptr, &now) > 0) {
-    }
+  // So would a SIGUSR1 from outside that came after the waiter ended: that one is taken in any case.
+  sigset_t leftovers;
+  sigemptyset(&leftovers);
+  sigaddset(&leftovers, SIGUSR1);
+  if (caught() != 0) leftovers = set_;
+  const timespec now{0, 0};
+  while (sigtimedwait(&leftovers, nullptr, &now) > 0) {
   }
   pthread_sigmask(SIG_SETMASK, &previous_, nullptr);
   for (const Rank& rank : ranks_) {

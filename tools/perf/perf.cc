@@ -144,9 +144,9 @@ std::optional<std::pair<uint32_t, uint32_t>> ParseSpawn(const std::string& text)
 constexpr uint32_t kMaxIterations = 1'000'000;
 // The ranks' times each rank gathers: at most 1 GiB (W x -n floats; a bad_alloc said "out of memory at 4096 bytes").
 constexpr uint64_t kMaxTimesBytes = uint64_t{1} << 30;
-// --timeout-ms and --run-timeout-ms: at most 30 days, as the aggregator's *-timeout-ms flags (2^63 ms and more
-// became negative milliseconds, which every rank's Worker refused after the aggregators and ranks had started).
-constexpr uint64_t kMaxTimeoutMs = 30ull * 24 * 3600 * 1000;
+// --timeout-ms and --run-timeout-ms: at most tools::kMaxTimeoutMs (beyond it every rank's Worker refused the
+// negative milliseconds after the aggregators and ranks had started).
+using tools::kMaxTimeoutMs;
 
 // The sparsereduce-aggregator that --spawn runs: --aggregator-bin, else the one next to this binary or in the build
 // tree.
@@ -733,15 +733,7 @@ int Spawn(Config c, char** argv, int argc) {  // c has passed ValidateOptions
 }
 
 using tools::kNotNegative;
-
-// For --timeout-ms, which takes 1 or more: a negative value is refused as kNotNegative does, without its "it takes
-// 0 or more" (0 is refused too).
-const CLI::Validator kNotNegativeOrZero(
-    [](std::string& text) -> std::string {
-      if (kNotNegative(text).empty()) return {};
-      return "Value " + text + " is negative; it takes 1 or more";
-    },
-    "POSITIVE");
+using tools::kNotNegativeOrZero;
 
 int Main(int argc, char** argv) {
   Config c;
