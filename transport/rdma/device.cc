@@ -50,16 +50,6 @@ uint64_t ConnectionsWithinMemlock(const MemlockState& state, uint64_t per_connec
 
 Result<std::shared_ptr<RdmaDevice>> RdmaDevice::Open(const RdmaOptions& options, uint64_t memory_needed) {
   if (Status st = CheckMemlock(ReadMemlockState(), memory_needed); !st.ok()) return st;
-  // Registered memory must not be copied-on-write into a child: the training process may fork (data loader workers).
-  // Kernels from 5.13 with rdma-core 35 need nothing (IBV_FORK_UNNEEDED); older ones need the madvise that
-  // ibv_fork_init sets up, and it must come before any registration in the process.
-  if (ibv_is_fork_initialized() == IBV_FORK_DISABLED) {
-    if (int e = ibv_fork_init()) {
-      return Status(StatusCode::kUnavailable,
-                    std::string("ibv_fork_init: ") + std::strerror(e) +
-                        " (memory was registered in this process before RDMA was set up; set RDMAV_FORK_SAFE=1)");
-    }
-  }
   int count = 0;
   errno = 0;
   ibv_device** list = ibv_get_device_list(&count);
