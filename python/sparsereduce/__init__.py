@@ -37,12 +37,13 @@ _exit_finalizers = []  # weakref.finalize objects, oldest first; they hold no re
 _exit_finalizers_lock = threading.Lock()
 
 
-def _reset_exit_finalizers_lock_after_fork():
-    global _exit_finalizers_lock
-    _exit_finalizers_lock = threading.Lock()  # another thread of the parent may have held it at the fork
+def _new_lock_after_fork(namespace, name):
+    """Gives a child of fork() a new lock for the module-level lock `namespace[name]`: another thread of the parent
+    may have held it at the fork, and nothing in the child would ever release that copy."""
+    os.register_at_fork(after_in_child=lambda: namespace.__setitem__(name, threading.Lock()))
 
 
-os.register_at_fork(after_in_child=_reset_exit_finalizers_lock_after_fork)
+_new_lock_after_fork(globals(), "_exit_finalizers_lock")
 
 
 def _finalize_before_extension_exit(finalizer):

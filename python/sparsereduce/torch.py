@@ -67,25 +67,21 @@ KEY_SPACE_BITS = 32  # a bucket's key: key_space << KEY_SPACE_BITS | bucket inde
 _key_space_lock = threading.Lock()
 
 
-def _reset_key_space_lock_after_fork():
-    global _key_space_lock
-    _key_space_lock = threading.Lock()  # another thread of the parent may have held it at the fork
-
-
-os.register_at_fork(after_in_child=_reset_key_space_lock_after_fork)
+sparsereduce._new_lock_after_fork(globals(), "_key_space_lock")
 
 # The functions of torch.autograd that call into the C++ engine (backward(), autograd.grad() and its batched vjp;
-# later torch versions go through graph._engine_run_backward): while one of them is the main thread's innermost
-# Python frame, the main thread runs backward in C++, where Python runs no signal handlers.
-_ENGINE_CALLERS = {(os.path.join(os.path.dirname(torch.autograd.__file__), file), name)
-                   for file in ("__init__.py", "graph.py")
+# later torch versions go through graph._engine_run_backward), by module and name (not by file: an install of
+# compiled files only keeps the build's paths): while one of them is the main thread's innermost Python frame, the
+# main thread runs backward in C++, where Python runs no signal handlers.
+_ENGINE_CALLERS = {(module, name)
+                   for module in ("torch.autograd", "torch.autograd.graph")
                    for name in ("backward", "grad", "vjp", "_engine_run_backward")}
 
 
 def _main_thread_in_backward():
     """Whether the main thread is inside the autograd engine (see _ENGINE_CALLERS)."""
     frame = sys._current_frames().get(threading.main_thread().ident)
-    return frame is not None and (frame.f_code.co_filename, frame.f_code.co_name) in _ENGINE_CALLERS
+    return frame is not None and (frame.f_globals.get("__name__"), frame.f_code.co_name) in _ENGINE_CALLERS
 
 
 class _CtrlC:

@@ -130,3 +130,33 @@ def test_a_rebuilt_bucket_is_reduced_once_without_its_codec(aggregator, job, tmp
         state.close()
     finally:
         dist.destroy_process_group()
+
+
+def test_the_main_thread_is_seen_inside_backward_while_the_engine_runs():
+    """The process group's completion thread acts on Ctrl-C only while the main thread is in autograd's backward
+    (srt._main_thread_in_backward, which names torch's engine callers): on the installed torch, another thread sees
+    it inside a backward of C++ operations, and outside it once backward returned. Were the names wrong for this
+    torch, Ctrl-C during a DDP backward on the sparsereduce backend would wait for the collective timeout."""
+    import threading
+    x = torch.randn(256, 256, requires_grad=True)
+    seen = []
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set() and not any(seen):
+            seen.append(srt._main_thread_in_backward())
+
+    deadline = time.monotonic() + 30
+    while not any(seen) and time.monotonic() < deadline:
+        loss = x
+        for _ in range(20):  # milliseconds of matrix products in the engine, which releases the GIL meanwhile
+            loss = loss @ x
+        loss = loss.sum()
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        loss.backward()
+        stop.set()
+        sampler.join()
+        stop.clear()
+    assert any(seen), "never seen inside backward"
+    assert not srt._main_thread_in_backward()
