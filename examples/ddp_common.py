@@ -38,6 +38,8 @@ def parse_args(description, steps):
     p.add_argument("--fp32-results", action="store_true", help="3lc: sums come back in fp32")
     p.add_argument("--fraction", type=float, default=0.01, help="topk: fraction of blocks")
     p.add_argument("--tensor-scale", action="store_true", help="3lc: one scale for the whole tensor")
+    p.add_argument("--alpha", type=float, default=0.0, help="diana: step of the shift h (0: 1/sqrt(block size))")
+    p.add_argument("--l2-norm", action="store_true", help="diana: scale by the block's l2 norm, not its max")
     return p
 
 
@@ -77,7 +79,8 @@ def _rank_main(rank, args, store, build, batches, loss_fn, make_optimizer, evalu
         import sparsereduce
         import sparsereduce.torch as srt
         codec = sparsereduce.Codec(args.codec, sparsity=args.sparsity, fp32_results=args.fp32_results,
-                                   fraction=args.fraction, tensor_scale=args.tensor_scale)
+                                   fraction=args.fraction, tensor_scale=args.tensor_scale, alpha=args.alpha,
+                                   l2_norm=args.l2_norm)
         state = srt.SparseReduceState.from_process_group(args.aggregators, args.job, record=True, codec=codec)
         ddp.register_comm_hook(state, srt.allreduce_hook)
     optimizer = make_optimizer(ddp.parameters())

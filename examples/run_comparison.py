@@ -188,14 +188,14 @@ def print_table(name, gloo, sr, markdown):
     print(f"\n## {name}: {gloo['world_size']} ranks, {gloo['gradient_elements']:,} parameters "
           f"({dense_mb:.1f} MB of fp32 gradients per step)\n")
     print_rows(header, rows, markdown)
-    later = slice(1, None)  # step 1 includes connection set-up and DDP's bucket rebuild
+    later = slice(1, None)  # step 1 is the first pass over the model and its buffers (DDP's rebuild, step 2, the median absorbs)
     tg = statistics.median(s["time_s"] for s in gloo["steps"][later]) * 1e3
     ts = statistics.median(s["time_s"] for s in sr["steps"][later]) * 1e3
     print(f"\nloss identical on every rank in {identical} of {len(rows)} steps (largest difference {worst:.1e}); "
           f"median step time from step 2: gloo {tg:.1f} ms, sparsereduce {ts:.1f} ms")
 
 
-SWITCHES = ("fp32-results", "tensor-scale")
+SWITCHES = ("fp32-results", "tensor-scale", "l2-norm")
 
 
 def codec_arguments(text):
@@ -228,11 +228,18 @@ def print_codec_table(name, runs, markdown):
     accuracy of rank 0's model, bytes per rank and step (library counters, headers included), step time."""
     header = ["codec", "train loss (last 10 steps)", "held-out loss", "held-out accuracy", "MB sent/rank/step",
               "MB received/rank/step", "bytes vs first", "median step ms"]
-    rows, reference = [], None
+    rows, reference, uncounted = [], None, []
     for run in runs:
         later = run["steps"][1:]
-        sent = statistics.mean(s["bytes_sent_rank_mean"] or 0 for s in later)
-        received = statistics.mean(s["bytes_received_rank_mean"] or 0 for s in later)
+        # A step whose counters the Worker had already replaced has none (None): left out, not counted as 0 bytes.
+        counted = [s for s in later
+                   if s["bytes_sent_rank_mean"] is not None and s["bytes_received_rank_mean"] is not None]
+        if len(counted) < len(later):
+            uncounted.append(f"{run['codec']}: {len(later) - len(counted)} of {len(later)}")
+        if not counted:
+            counted = [{"bytes_sent_rank_mean": float("nan"), "bytes_received_rank_mean": float("nan")}]
+        sent = statistics.mean(s["bytes_sent_rank_mean"] for s in counted)
+        received = statistics.mean(s["bytes_received_rank_mean"] for s in counted)
         reference = reference or (sent + received)
         train = statistics.mean(mean(s["losses"]) for s in run["steps"][-10:])
         ev = run.get("evaluation", {})
@@ -243,6 +250,8 @@ def print_codec_table(name, runs, markdown):
     print(f"\n## {name}: {runs[0]['world_size']} ranks, {len(runs[0]['steps'])} steps, "
           f"{runs[0]['gradient_elements']:,} parameters\n")
     print_rows(header, rows, markdown)
+    if uncounted:
+        print(f"\nsteps without byte counts, left out of the byte columns: {', '.join(uncounted)}")
 
 
 def print_rows(header, rows, markdown):
