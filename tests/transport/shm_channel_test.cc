@@ -267,6 +267,28 @@ RawPair ConnectRaw(asio::io_context& io, uint64_t capacity, bool make_worker_cha
   return pair;
 }
 
+// A close asked for after the writes failed still reaches the peer: the liveness connection is shut down, as TCP's
+// channel shuts its socket down whatever its writes did. The ring channel did nothing then, and the peer learnt of
+// the close only when the channel was destroyed.
+TEST(ShmChannel, ACloseAfterFailedWritesShutsTheConnectionDown) {
+  asio::io_context io;
+  RawPair pair = ConnectRaw(io, 4096, /*make_worker_channel=*/false);
+  pair.segment->control(Direction::kToWorker).tail.store(~uint64_t{0});  // the worker's hostile tail fails writes
+  std::optional<Status> error;
+  pair.aggregator->set_error_handler([&](const Status& st) { error = st; });
+  pair.aggregator->Send(ByteBuffer(100));
+  RunUntil(io, [&] { return error.has_value(); });
+  ASSERT_TRUE(error.has_value());
+  pair.aggregator->CloseAfterFlush(/*both=*/true);
+  std::optional<boost::system::error_code> read_end;
+  char byte;
+  pair.worker_tcp->async_read_some(asio::buffer(&byte, 1),
+                                   [&](const boost::system::error_code& ec, size_t) { read_end = ec; });
+  RunUntil(io, [&] { return read_end.has_value(); });
+  ASSERT_TRUE(read_end.has_value()) << "the worker's end of the connection saw no close";
+  EXPECT_EQ(*read_end, asio::error::eof) << read_end->message();
+}
+
 void ClearNonBlock(int fd) { ASSERT_EQ(fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK), 0); }
 
 // Runs `io` on a thread of its own, as the daemon does, until `done` holds or 3 s of running have passed. False if

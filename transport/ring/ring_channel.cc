@@ -88,9 +88,8 @@ RingChannel::RingChannel(uint64_t ring_capacity, asio::ip::tcp::socket liveness,
     : ring_(ring_capacity), liveness_(std::move(liveness)), executor_(std::move(executor)) {}
 
 void RingChannel::StartLiveness() {
-  static thread_local std::array<std::byte, 1> sink;  // nothing should ever arrive
   liveness_.async_read_some(
-      asio::buffer(sink),
+      asio::buffer(liveness_sink_),
       asio::bind_executor(executor_, [this, alive = alive_](const boost::system::error_code& ec, size_t n) {
         if (!*alive) return;
         if (!ec && n > 0) {
@@ -380,7 +379,13 @@ void RingChannel::CloseAfterFlush(bool both) {
   if (close_after_flush_) return;
   close_after_flush_ = true;
   close_both_ = both;
-  if (queue_.empty() && !waiting_for_space_ && !failed_write_) Pump();
+  // With the writes failed nothing more is published, and the peer learns of the close from the liveness
+  // connection, as TCP's FrameWriter shuts its socket down whatever its writes did.
+  if (failed_write_) {
+    if (both) ShutdownLiveness();
+    return;
+  }
+  if (queue_.empty() && !waiting_for_space_) Pump();
 }
 
 void RingChannel::DropQueued() {

@@ -8,6 +8,7 @@
 // wrote.
 #pragma once
 
+#include <array>
 #include <boost/asio/any_io_executor.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <deque>
@@ -154,6 +155,9 @@ class RingChannel : public Channel {
   void ShutdownLiveness();
 
   ByteRing ring_;
+  // Where a byte on the liveness connection would go (nothing should ever arrive): the channel's own, as the read
+  // may complete on any thread of the loop; declared before the socket, whose destruction ends the read.
+  std::array<std::byte, 1> liveness_sink_{};
   boost::asio::ip::tcp::socket liveness_;
   boost::asio::any_io_executor executor_;
   uint64_t rx_tail_ = 0;
