@@ -125,6 +125,27 @@ TEST(ShmChannel, PayloadsAreLentInPlaceOnlyWithARecallHandler) {
   EXPECT_FALSE(recalled);
 }
 
+// A worker that writes over a payload the daemon still uses in place (lent to its engine) fails the connection:
+// its head may run at most a ring past the tail it was given, and a loan holds that tail behind what was read.
+TEST(ShmChannel, AHeadThatRunsOverALentPayloadFailsTheChannel) {
+  asio::io_context io;
+  Pair pair = Connect(io, 16384);
+  pair.aggregator->set_recall_handler([] {});
+  ByteBuffer lent = ReadLent(io, pair, 1, 3000);  // read up to 3040; the 3000 bytes from 40 are lent
+  ASSERT_TRUE(lent.on_loan());
+  // One byte more than the free space: within a ring of what was read, over the first byte still lent.
+  pair.segment->control(Direction::kToAggregator).head.store(3040 + 16384 - 3000 + 1);
+  std::optional<Status> read;
+  asio::co_spawn(io, [&]() -> asio::awaitable<void> {
+    read = (co_await pair.aggregator->ReadHeader()).status();
+  }, asio::detached);
+  RunUntil(io, [&] { return read.has_value(); });
+  ASSERT_TRUE(read.has_value());
+  EXPECT_EQ(read->code(), StatusCode::kProtocolViolation) << read->ToString();
+  EXPECT_NE(read->message().find("runs over 3000 bytes this side still uses in place"), std::string::npos)
+      << read->ToString();
+}
+
 TEST(ShmChannel, LentPayloadOutlivesItsChannel) {
   asio::io_context io;
   Pair pair = Connect(io, 16384);
