@@ -1,25 +1,40 @@
 #!/usr/bin/env bash
 # Installs the Debian bookworm packages sparsereduce needs to build and test.
 # Idempotent: when every package is already present it only runs dpkg-query.
-# Extra package names given as arguments are installed the same way (scripts/install-bench-deps.sh uses that).
+#   scripts/install-deps.sh [--build-only] [PACKAGE...]
+# --build-only: what a Release build with -DBUILD_TESTING=OFF and its Debian package need (deploy/docker/Dockerfile),
+# without the test and benchmark tools (GoogleTest, torch, node, ...). Extra package names given as arguments are
+# installed the same way (scripts/install-bench-deps.sh uses that).
 set -euo pipefail
+
+build_only=false
+if [[ ${1:-} == --build-only ]]; then
+  build_only=true
+  shift
+fi
 
 packages=(
   cmake make g++ pkg-config
   libboost1.81-dev            # Asio (header-only); conflicts with the 1.74 -dev packages
   libprotobuf-dev protobuf-compiler
-  libgtest-dev libgmock-dev libbenchmark-dev
   libibverbs-dev              # the RDMA transport (built without it, but then RDMA is off)
   libspdlog-dev libfmt-dev libcli11-dev
   libssl-dev                  # HMAC-SHA256 for job authentication
   libsystemd-dev              # sd_notify (Type=notify, watchdog)
   prometheus-cpp-dev          # /metrics
-  iproute2                    # ip netns + tc for the testbed partition test
   pybind11-dev python3-dev    # the Python module (python/)
-  python3-numpy python3-pytest python3-torch  # its ctest tests (the DDP hook test needs torch, about 1 GB)
-  dpkg-dev file systemd $(command -v npm >/dev/null || echo nodejs npm)  # cpack -G DEB, tests/deploy (npm if absent)
-  "$@"
+  dpkg-dev file               # cpack -G DEB (dpkg-shlibdeps)
 )
+if ! $build_only; then
+  packages+=(
+    libgtest-dev libgmock-dev libbenchmark-dev
+    iproute2                    # ip netns + tc for the testbed partition test
+    python3-numpy python3-pytest python3-torch  # the Python ctest tests (the DDP hook test needs torch, about 1 GB)
+    systemd                     # tests/deploy: systemd-analyze verify
+  )
+  command -v npm >/dev/null || packages+=(nodejs npm)  # tests/deploy (node's npm, or one already on the PATH)
+fi
+packages+=("$@")
 
 missing=()
 for p in "${packages[@]}"; do
