@@ -59,53 +59,6 @@ proto::ControlMessage ShmOffer(const std::string& name) {
   return offer;
 }
 
-// A worker in the middle of taking a shared-memory offer (it connected to the offer's socket and presented its
-// token; the aggregator never hands the segment over) leaves at once when the join is cancelled. Close() did not
-// reach the handoff, which went on waiting for the descriptors until the connect timeout, and with it the I/O
-// thread and the cancelled constructor.
-TEST(WorkerLifecycle, CancelDuringASharedMemoryHandoffEndsTheConstructorAtOnce) {
-  uint16_t port = 0;
-  const int listener = ListenOnLoopback(&port);
-  ASSERT_GE(listener, 0);
-  const std::string name = UniqueName("cancel-handoff");
-  const int shm_listener = ListenOnAbstract(name);
-  ASSERT_GE(shm_listener, 0) << std::strerror(errno);
-
-  std::stop_source stop;
-  WorkerOptions options;
-  options.aggregators = {"127.0.0.1:" + std::to_string(port)};
-  options.job = 40;
-  options.world_size = 1;
-  options.transport = "auto";
-  options.connect_timeout = options.join_timeout = 15s;  // bounds the test if the Worker hangs
-  options.cancel = stop.get_token();
-  auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
-  const int fd = AcceptWithin(listener, 10s);
-  ASSERT_GE(fd, 0);
-  ASSERT_TRUE(ReadFrame(fd));  // Hello
-  ASSERT_TRUE(SendControl(fd, ShmOffer(name)));
-  const int shm_fd = AcceptWithin(shm_listener, 10s);
-  ASSERT_GE(shm_fd, 0) << "the worker did not take the offer";
-  char token[16];
-  ASSERT_TRUE(ReadExactly(shm_fd, token, sizeof token));  // the worker now waits for the descriptors
-
-  stop.request_stop();
-  const auto cancelled = std::chrono::steady_clock::now();
-  const bool ended = joined.wait_for(5s) == std::future_status::ready;
-  EXPECT_TRUE(ended) << "the constructor was still waiting 5 s after its join was cancelled during a handoff";
-  try {
-    joined.get();  // after the connect timeout at the latest
-    ADD_FAILURE() << "joined without a JobReady";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), "ABORTED") << e.what();
-  }
-  EXPECT_LT(std::chrono::steady_clock::now() - cancelled, 5s);
-  close(shm_fd);
-  close(fd);
-  close(shm_listener);
-  close(listener);
-}
-
 // The descriptors open now, of sockets only.
 std::set<int> OpenSockets() {
   std::set<int> fds;
@@ -117,51 +70,82 @@ std::set<int> OpenSockets() {
   return fds;
 }
 
+// A Worker (world size 1, cancellable) in the middle of taking a shared-memory offer from an aggregator played by
+// hand: it connected to the offer's socket and presented its token, and now waits for the descriptors, which never
+// come. The descriptors `before` were open before the Worker started (the test's own listeners among them).
+class WorkerTakingAnOffer {
+ public:
+  explicit WorkerTakingAnOffer(const std::string& what, uint64_t job) {
+    listener_ = ListenOnLoopback(&port_);
+    shm_listener_ = ListenOnAbstract(UniqueName(what));
+    if (listener_ < 0 || shm_listener_ < 0) return;
+    before = OpenSockets();
+    WorkerOptions options;
+    options.aggregators = {"127.0.0.1:" + std::to_string(port_)};
+    options.job = job;
+    options.world_size = 1;
+    options.transport = "auto";
+    options.connect_timeout = options.join_timeout = 15s;  // bounds the test if the Worker hangs
+    options.cancel = stop.get_token();
+    joined = std::async(std::launch::async, [options] { return std::make_unique<Worker>(options); });
+    tcp = AcceptWithin(listener_, 10s);
+    if (tcp < 0 || !ReadFrame(tcp) || !SendControl(tcp, ShmOffer(UniqueName(what)))) return;  // Hello, then the offer
+    shm = AcceptWithin(shm_listener_, 10s);
+    char token[16];
+    taking = shm >= 0 && ReadExactly(shm, token, sizeof token);
+  }
+  ~WorkerTakingAnOffer() {
+    stop.request_stop();
+    if (joined.valid()) joined.wait_for(20s);
+    for (int fd : {shm, tcp, shm_listener_, listener_}) {
+      if (fd >= 0) close(fd);
+    }
+  }
+
+  bool taking = false;  // the Worker got as far as waiting for the descriptors
+  std::stop_source stop;
+  std::future<std::unique_ptr<Worker>> joined;
+  int tcp = -1, shm = -1;  // the aggregator's ends of the Worker's connections
+  std::set<int> before;
+
+ private:
+  uint16_t port_ = 0;
+  int listener_ = -1, shm_listener_ = -1;
+};
+
+// A worker in the middle of taking a shared-memory offer (it connected to the offer's socket and presented its
+// token; the aggregator never hands the segment over) leaves at once when the join is cancelled. Close() did not
+// reach the handoff, which went on waiting for the descriptors until the connect timeout, and with it the I/O
+// thread and the cancelled constructor.
+TEST(WorkerLifecycle, CancelDuringASharedMemoryHandoffEndsTheConstructorAtOnce) {
+  WorkerTakingAnOffer worker("cancel-handoff", 40);
+  ASSERT_TRUE(worker.taking) << "the worker did not take the offer";
+  worker.stop.request_stop();
+  const auto cancelled = std::chrono::steady_clock::now();
+  const bool ended = worker.joined.wait_for(5s) == std::future_status::ready;
+  EXPECT_TRUE(ended) << "the constructor was still waiting 5 s after its join was cancelled during a handoff";
+  try {
+    worker.joined.get();  // after the connect timeout at the latest
+    ADD_FAILURE() << "joined without a JobReady";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), "ABORTED") << e.what();
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - cancelled, 5s);
+}
+
 // The Worker's sockets (its connection to the aggregator, the shared-memory handoff's) are close-on-exec: Asio
 // opens sockets without SOCK_CLOEXEC, so a training process that ran a program (system(), a launcher) handed it
 // the worker's connections, and the aggregator did not see the worker die while that program lived.
 TEST(WorkerLifecycle, TheWorkersSocketsAreNotInheritedByPrograms) {
-  uint16_t port = 0;
-  const int listener = ListenOnLoopback(&port);
-  ASSERT_GE(listener, 0);
-  const std::string name = UniqueName("cloexec");
-  const int shm_listener = ListenOnAbstract(name);
-  ASSERT_GE(shm_listener, 0) << std::strerror(errno);
-  const std::set<int> before = OpenSockets();
-
-  std::stop_source stop;
-  WorkerOptions options;
-  options.aggregators = {"127.0.0.1:" + std::to_string(port)};
-  options.job = 44;
-  options.world_size = 1;
-  options.transport = "auto";
-  options.connect_timeout = options.join_timeout = 15s;  // bounds the test if the Worker hangs
-  options.cancel = stop.get_token();
-  auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
-  const int fd = AcceptWithin(listener, 10s);
-  ASSERT_GE(fd, 0);
-  ASSERT_TRUE(ReadFrame(fd));  // Hello
-  ASSERT_TRUE(SendControl(fd, ShmOffer(name)));
-  const int shm_fd = AcceptWithin(shm_listener, 10s);
-  ASSERT_GE(shm_fd, 0) << "the worker did not take the offer";
-  char token[16];
-  ASSERT_TRUE(ReadExactly(shm_fd, token, sizeof token));  // both of the worker's sockets are open now
-
+  WorkerTakingAnOffer worker("cloexec", 44);
+  ASSERT_TRUE(worker.taking) << "the worker did not take the offer";  // both of its sockets are open now
   size_t workers_sockets = 0;
   for (const int socket : OpenSockets()) {
-    if (before.contains(socket) || socket == fd || socket == shm_fd) continue;  // the test's own
+    if (worker.before.contains(socket) || socket == worker.tcp || socket == worker.shm) continue;  // the test's own
     ++workers_sockets;
     EXPECT_NE(fcntl(socket, F_GETFD) & FD_CLOEXEC, 0) << "descriptor " << socket << " is inherited by exec";
   }
   EXPECT_GE(workers_sockets, 2u) << "the worker's TCP connection and its handoff socket";
-
-  stop.request_stop();
-  EXPECT_EQ(joined.wait_for(10s), std::future_status::ready);
-  EXPECT_THROW(joined.get(), Error);
-  close(shm_fd);
-  close(fd);
-  close(shm_listener);
-  close(listener);
 }
 
 // The same when another aggregator refuses the job while the first connection takes its offer: the constructor
