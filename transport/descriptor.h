@@ -24,9 +24,9 @@ inline Status SetCloseOnExec(int fd) {
   return Status::Ok();
 }
 
-// Opens `descriptor` (not open yet) on a duplicate of `fd`, which stays its owner's (close-on-exec). Asio's constructor that takes
-// a descriptor throws when it is -1 (a failed dup) or epoll refuses it, and a throw inside a detached coroutine
-// ends a connection without a word; this returns a Status naming the operation (`what`: the descriptor's name).
+// Opens `descriptor` (not open yet) on a duplicate of `fd`, which stays its owner's (close-on-exec). Asio's
+// constructor that takes a descriptor throws when it is -1 (a failed dup) or epoll refuses it, and a throw inside a
+// detached coroutine ends a connection without a word; this returns a Status naming the operation (`what`: the descriptor's name).
 inline Status AssignDuplicate(boost::asio::posix::stream_descriptor& descriptor, int fd, const std::string& what) {
   const int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
   if (copy < 0) return Status(StatusCode::kUnavailable, "dup of " + what + ": " + std::strerror(errno));

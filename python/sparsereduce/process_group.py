@@ -60,8 +60,6 @@ def _after_fork_in_child():
     the fork; the child has only the forking thread, which held none of them (no fork happens under them), so it
     replaces them. The group is unusable in the child anyway (its Worker raises UNSUPPORTED there), but a call or
     the exit's shutdown then raises instead of hanging for good on the copy of a held lock."""
-    global _env_jobs_lock
-    _env_jobs_lock = threading.Lock()
     for shared in list(_live_shared):
         shared.ready = threading.Condition()
     for work in list(_live_works):
@@ -69,6 +67,7 @@ def _after_fork_in_child():
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+sparsereduce._new_lock_after_fork(globals(), "_env_jobs_lock")
 
 
 def _job_rank(job, rank):

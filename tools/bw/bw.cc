@@ -137,10 +137,10 @@ asio::awaitable<sparsereduce::proto::ControlMessage> ReadControl(Channel& channe
   co_return *message;
 }
 
-// Ends the client's wait for a server that has gone silent (a listener that accepts and never answers, a server that
-// hangs), which lasted forever: the channel is aborted, and the read waiting on it fails, once for `patience`
-// neither an answer came (Answered) nor a frame left the send queue. Checked every `patience`, so it ends the wait
-// between one and two of them after the server's last sign of life.
+// Ends a wait for a peer that has gone silent (a listener that accepts and never answers, a server that hangs, a
+// client that never says Hello), which lasted forever: the channel is aborted, and the read waiting on it fails,
+// once for `patience` neither an answer came (Answered) nor a frame left the send queue. Checked every `patience`,
+// so it ends the wait between one and two of them after the peer's last sign of life.
 class Silence {
  public:
   Silence(const asio::any_io_executor& executor, Channel& channel, Clock::duration patience)
@@ -219,8 +219,8 @@ tcp::socket TakeSocket(sparsereduce::tcp::TcpChannel& channel) {
 
 // The server's end: the client's Hello names the transport, which is offered like the daemon does. A client that
 // connects and stays silent fails the run after --timeout-ms (it held the server for good).
-asio::awaitable<std::unique_ptr<Channel>> Accept(tcp::socket socket, Config c, sparsereduce::shm::PendingOffers& pending,
-                                                 std::string* transport) {
+asio::awaitable<std::unique_ptr<Channel>> Accept(tcp::socket socket, Config c,
+                                                 sparsereduce::shm::PendingOffers& pending, std::string* transport) {
   const auto executor = co_await asio::this_coro::executor;
   auto tcp_channel = std::make_unique<sparsereduce::tcp::TcpChannel>(std::move(socket), executor);
   const std::optional<sparsereduce::proto::ControlMessage> received =

@@ -59,9 +59,9 @@ Result<std::unique_ptr<Subprocess>> Subprocess::Spawn(const std::vector<std::str
   Pipe out, in;
   // The child reports a failed exec through this pipe (closed by a successful exec), as posix_spawn would.
   Pipe exec_error;
-  for (auto [wanted, pipe] : {std::pair{options.capture_stdout, &out}, {options.pipe_stdin, &in}, {true, &exec_error}}) {
-    if (!wanted) continue;
-    if (Status opened = pipe->Open(); !opened.ok()) return opened;
+  for (auto [wanted, pipe] :
+       {std::pair{options.capture_stdout, &out}, {options.pipe_stdin, &in}, {true, &exec_error}}) {
+    if (Status opened = wanted ? pipe->Open() : Status::Ok(); !opened.ok()) return opened;
   }
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));

@@ -24,14 +24,13 @@ Result<std::unique_ptr<tcp::acceptor>> OpenListener(const asio::any_io_executor&
     // address on a late interface) may be there later: UNAVAILABLE, which the daemon's exit code lets systemd retry.
     // Anything else is a mistake in the address.
     const size_t percent = hp->host.find('%');
-    const bool interface_missing =
-        percent != std::string::npos && if_nametoindex(hp->host.substr(percent + 1).c_str()) == 0 &&
-        hp->host.find_first_not_of("0123456789", percent + 1) != std::string::npos;
+    const std::string scope = percent == std::string::npos ? "" : hp->host.substr(percent + 1);
+    const bool interface_missing = scope.find_first_not_of("0123456789") != std::string::npos &&
+                                   if_nametoindex(scope.c_str()) == 0;  // a name, not a number, of no interface
     if (ec == asio::error::host_not_found_try_again || interface_missing) {
       return Status(StatusCode::kUnavailable,
                     "cannot resolve " + what + " " + address + ": " +
-                        (interface_missing ? "this host has no interface " + hp->host.substr(percent + 1) + " (yet)"
-                                           : ec.message()));
+                        (interface_missing ? "this host has no interface " + scope + " (yet)" : ec.message()));
     }
     return Status(StatusCode::kInvalidArgument, "cannot resolve " + what + " " + address + ": " + ec.message());
   }

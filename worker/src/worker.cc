@@ -881,8 +881,9 @@ WorkerOptions WithEnvironment(WorkerOptions options) {
 
 void CheckEnvironment() {
   Result<WorkerOptions> applied = worker::ApplyEnvironment(WorkerOptions{});
-  Status st = applied.ok() ? worker::CheckAggregatorAddresses(applied->aggregators).WithContext("SPARSEREDUCE_AGGREGATORS")
-                           : applied.status();
+  const Status st = applied.ok() ? worker::CheckAggregatorAddresses(applied->aggregators)
+                                       .WithContext("SPARSEREDUCE_AGGREGATORS")
+                                 : applied.status();
   if (!st.ok()) throw Error(StatusCodeName(st.code()), "sparsereduce: " + st.message());
 }
 
