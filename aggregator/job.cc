@@ -233,9 +233,11 @@ std::string Job::PeersOf(const std::vector<uint32_t>& ranks) const {
   return out.empty() ? "" : " (" + out + ")";
 }
 
-std::string Job::Describe(uint32_t rank) const {
+std::string Job::Describe(uint32_t rank) const { return "job " + std::to_string(id_) + " " + DescribeMember(rank); }
+
+std::string Job::DescribeMember(uint32_t rank) const {
   std::string peer = rank < members_.size() && members_[rank] ? members_[rank]->peer() : "?";
-  return "job " + std::to_string(id_) + " rank " + std::to_string(rank) + " (peer " + peer + ")";
+  return "rank " + std::to_string(rank) + " (peer " + peer + ")";
 }
 
 bool Job::Retired(const std::shared_ptr<Session>& session) {
@@ -427,7 +429,7 @@ void Job::OnControl(uint32_t rank, const proto::ControlMessage& message) {
 void Job::OnCollectiveBegin(uint32_t rank, const proto::CollectiveBegin& begin) {
   if (!departed_.empty()) {
     Abort(Status(StatusCode::kPeerLeft, "job " + std::to_string(id_) + ": collective " + std::to_string(begin.seq()) +
-                                            " (begun by " + Describe(rank) + ") cannot run: " +
+                                            " (begun by " + DescribeMember(rank) + ") cannot run: " +
                                             DescribeDepartures()),
           departed_);
     return;
@@ -643,8 +645,7 @@ void Job::EndForDrain() {
 }
 
 void Job::Violation(uint32_t rank, const Status& error) {
-  spdlog::warn("{}: {}; dropping the connection", Describe(rank), error.ToString());
-  Abort(error, {rank}, rank);
+  Abort(error, {rank}, rank);  // which logs it, naming the rank: once, not here too
 }
 
 void Job::OnDisconnect(uint32_t rank, const Session* session, const Status& reason) {
@@ -698,7 +699,7 @@ void Job::Abort(const Status& error, const std::vector<uint32_t>& ranks, std::op
   if (dead_) return;
   dead_ = true;
   const Status own = offender ? error.WithContext(Describe(*offender)) : error;
-  spdlog::warn("job {}: aborted: {}", id_, own.ToString());
+  spdlog::warn("job aborted: {}", own.ToString());  // each reason names the job (job.h)
   context_.metrics.Error(own.code());
   if (active_) context_.metrics.CollectiveFailed();
   const uint64_t seq = active_ ? active_->seq : 0;
@@ -706,7 +707,7 @@ void Job::Abort(const Status& error, const std::vector<uint32_t>& ranks, std::op
     if (!members_[r]) continue;
     if (offender && r != *offender) {
       members_[r]->Fail(Status(StatusCode::kPeerLeft, "job " + std::to_string(id_) + " aborted because " +
-                                                          Describe(*offender) + " broke the protocol: " +
+                                                          DescribeMember(*offender) + " broke the protocol: " +
                                                           error.message()),
                         seq, ranks);
     } else {

@@ -73,6 +73,7 @@ class Job : public std::enable_shared_from_this<Job> {
 
   // Fails the job: every member gets an Error (`offender`, if any, gets `error` with its description in front, the
   // others a PEER_LEFT naming it; without one, all get `error`) and is disconnected; the job leaves the registry.
+  // `error` names the job (or, with an offender, the description does): it is logged as it is.
   void Abort(const Status& error, const std::vector<uint32_t>& ranks, std::optional<uint32_t> offender = {});
 
   bool dead() const { return dead_; }
@@ -106,7 +107,8 @@ class Job : public std::enable_shared_from_this<Job> {
   void EndForDrain();
   void MaybeCompleteCollective();
   void Violation(uint32_t rank, const Status& error);
-  std::string Describe(uint32_t rank) const;  // "job J rank R (peer P)"
+  std::string Describe(uint32_t rank) const;        // "job J rank R (peer P)"
+  std::string DescribeMember(uint32_t rank) const;  // "rank R (peer P)", in a text that names the job already
   // " (rank R at P, ...)" for those of `ranks` that are connected; "" if none is.
   std::string PeersOf(const std::vector<uint32_t>& ranks) const;
   std::string DescribeDepartures() const;     // "rank(s) R left the job (rank R because: why)"

@@ -195,7 +195,9 @@ void Server::Stop(const std::string& why) {
     context_.handshakes.CloseAll();  // connections that joined no job yet would otherwise wait for their deadline
     for (auto& job : registry_.Snapshot()) {
       asio::dispatch(job->strand(), [job, why] {
-        job->Abort(Status(StatusCode::kShuttingDown, "the aggregator is shutting down: " + why), {});
+        job->Abort(Status(StatusCode::kShuttingDown,
+                          "job " + std::to_string(job->id()) + ": the aggregator is shutting down: " + why),
+                   {});
       });
     }
   });

@@ -518,6 +518,11 @@ TEST(InProcess, RankThatLeftBetweenCollectivesIsReportedWithItsReason) {
                                          goodbye.goodbye().reason() + ")"),
               std::string::npos)
         << e.what();
+    // Named once, in front, though the aggregator's Error names it too (for its own log).
+    const std::string what = e.what();
+    EXPECT_TRUE(what.starts_with("sparsereduce: job 21 rank 0: aggregator 0 (")) << what;
+    EXPECT_EQ(what.find("job 21", what.find("job 21") + 1), std::string::npos) << what;
+    EXPECT_NE(what.find("collective 1 (begun by rank 0 (peer 127.0.0.1:"), std::string::npos) << what;
   }
   worker.reset();
   EXPECT_TRUE((*daemon)->Stop());
@@ -1099,13 +1104,13 @@ proto::ControlMessage BeginOf(uint64_t seq, uint32_t block_size = 256) {
   return begin;
 }
 
-// Expects `error` to be `code`, name job `job` rank `rank` and its peer, and contain `text`.
+// Expects `error` to be `code`, name job `job` first, then rank `rank` and its peer, and contain `text`.
 void ExpectNamedError(const std::optional<proto::Error>& error, proto::ErrorCode code, uint64_t job, uint32_t rank,
                       const std::string& text) {
   ASSERT_TRUE(error) << "no Error; expected: " << text;
   EXPECT_EQ(error->code(), code) << error->message();
-  EXPECT_NE(error->message().find("job " + std::to_string(job) + " rank " + std::to_string(rank) + " (peer 127.0.0.1:"),
-            std::string::npos)
+  EXPECT_TRUE(error->message().starts_with("job " + std::to_string(job) + " ")) << error->message();
+  EXPECT_NE(error->message().find("rank " + std::to_string(rank) + " (peer 127.0.0.1:"), std::string::npos)
       << error->message();
   EXPECT_NE(error->message().find(text), std::string::npos) << error->message();
 }

@@ -1127,7 +1127,8 @@ TEST(Service, AContributionBeforeItsRanksCollectiveBeginIsRefused) {
       << error->message();
   ASSERT_TRUE(other) << "rank 0 was not told";
   EXPECT_EQ(other->code(), proto::PEER_LEFT) << other->message();
-  EXPECT_NE(other->message().find("job 47 rank 1 (peer 127.0.0.1:"), std::string::npos) << other->message();
+  EXPECT_NE(other->message().find("job 47 aborted because rank 1 (peer 127.0.0.1:"), std::string::npos)
+      << other->message();
   EXPECT_NE(other->message().find("broke the protocol"), std::string::npos) << other->message();
 }
 

@@ -60,6 +60,17 @@ std::string DescribeCollective(uint64_t seq, const CollectiveSpec& spec) {
          (info ? info->name : "?") + (spec.element_count == 1 ? " element)" : " elements)");
 }
 
+// An aggregator's Error names the job for its own log ("job 21: collective 1 ..."); the worker's errors name it
+// in front already, so the relayed text leaves out a leading "job J: " or "job J, " for this job.
+std::string WithoutJobPrefix(const std::string& message, uint64_t job) {
+  const std::string name = "job " + std::to_string(job);
+  if (message.size() > name.size() + 2 && message.starts_with(name) &&
+      (message.compare(name.size(), 2, ": ") == 0 || message.compare(name.size(), 2, ", ") == 0)) {
+    return message.substr(name.size() + 2);
+  }
+  return message;
+}
+
 }  // namespace
 
 class Worker::Impl : public AggregatorLink::Handler {
@@ -619,7 +630,8 @@ void Worker::Impl::OnControl(AggregatorLink& link, const proto::ControlMessage& 
       return;
     case proto::ControlMessage::kError: {
       const proto::Error& e = message.error();
-      return Fail(Status(FromProtoCode(e.code()), link.Name() + ": " + e.message()), &link, /*origin_knows=*/true);
+      return Fail(Status(FromProtoCode(e.code()), link.Name() + ": " + WithoutJobPrefix(e.message(), options_.job)),
+                  &link, /*origin_knows=*/true);
     }
     default:
       return Fail(ProtocolError(link.Name() + " sent an unexpected control message (field " +
