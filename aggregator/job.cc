@@ -192,8 +192,8 @@ void Job::OnFormationTimer() {
   Abort(Status(StatusCode::kDeadlineExceeded,
                "job " + std::to_string(id_) + " did not form within " +
                    std::to_string(context_.options.formation_timeout.count()) +
-                   " ms (--formation-timeout-ms): rank(s) " + RankList(joined) + " joined, still waiting for rank(s) " +
-                   RankList(missing)),
+                   " ms (--formation-timeout-ms): rank(s) " + RankList(joined) + PeersOf(joined) +
+                   " joined, still waiting for rank(s) " + RankList(missing)),
         missing);
 }
 
@@ -713,6 +713,11 @@ void Job::Abort(const Status& error, const std::vector<uint32_t>& ranks, std::op
     } else {
       members_[r]->Fail(own, seq, ranks);
     }
+  }
+  // The failed collective's RESULTs may still wait in send queues ahead of the Errors (a slow reader's for up to
+  // the close grace): they keep their reservation until written or dropped, as a completed collective's do.
+  if (active_ && active_->results_memory && AnyMemberQueued()) {
+    undelivered_results_.push_back(std::move(*active_->results_memory));
   }
   active_.reset();
   stall_timer_.cancel();

@@ -145,10 +145,11 @@ class Job : public std::enable_shared_from_this<Job> {
   // holds its share of --max-total-memory while it exists.
   struct KeyedErrorMemory {
     KeyedErrorMemory(uint64_t elements, uint64_t blocks, uint32_t block_size, MemoryBudget& budget, uint64_t bytes)
-        : elements(elements), memory(blocks, block_size), reservation(budget, bytes) {}
+        : reservation(budget, bytes), elements(elements), memory(blocks, block_size) {}
+    // First: it takes over the bytes reserved before, and gives them back if allocating `memory` throws.
+    MemoryReservation reservation;
     uint64_t elements;  // of the tensor it was made for: another size starts over, as the workers' error does
     codec::ErrorMemory memory;
-    MemoryReservation reservation;
   };
   std::map<uint64_t, std::unique_ptr<KeyedErrorMemory>> error_memories_;
   uint64_t error_memory_bytes_ = 0;  // reserved by error_memories_, entries included

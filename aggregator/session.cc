@@ -175,6 +175,15 @@ void Session::RejectBeforeJoin(const Status& error) {
                  });
 }
 
+asio::awaitable<void> Session::EndMembership(Job& job, uint32_t rank, const Status& reason) {
+  job.OnDisconnect(rank, this, reason);
+  if (!closed_) co_return;
+  // Dropped in chunks, framed or not: after a header that does not decode, nothing tells where a frame starts.
+  constexpr uint64_t kChunk = 64 << 10;
+  while ((co_await channel_->Discard(kChunk)).ok()) {
+  }
+}
+
 asio::awaitable<void> Session::DrainUntilClosed() {
   while (true) {
     Result<FrameHeader> header = co_await channel_->ReadHeader();
@@ -558,7 +567,7 @@ asio::awaitable<void> Session::ReadLoop(std::shared_ptr<Job> job) {
     co_await job->WaitWhileCongested(rank);
     Result<FrameHeader> header = co_await channel_->ReadHeader();
     if (!header.ok()) {
-      job->OnDisconnect(rank, this, header.status());
+      co_await EndMembership(*job, rank, header.status());
       co_return;
     }
     context_.metrics.BytesReceived(kFrameHeaderSize + header->payload_length);
@@ -573,31 +582,31 @@ asio::awaitable<void> Session::ReadLoop(std::shared_ptr<Job> job) {
     if (header->type == FrameType::kControl) {
       Result<ByteBuffer> payload = co_await channel_->ReadPayload(header->payload_length, nullptr);
       if (!payload.ok()) {
-        job->OnDisconnect(rank, this, payload.status());
+        co_await EndMembership(*job, rank, payload.status());
         co_return;
       }
       Result<proto::ControlMessage> message = DecodeControl(payload->span());
       if (!message.ok()) {
-        job->OnDisconnect(rank, this, message.status());
+        co_await EndMembership(*job, rank, message.status());
         co_return;
       }
       job->OnControl(rank, *message);
     } else if (header->type == FrameType::kContribution) {
       Result<uint64_t> limit = job->CheckContribution(rank, *header);
       if (!limit.ok()) {
-        job->OnDisconnect(rank, this, limit.status());
+        co_await EndMembership(*job, rank, limit.status());
         co_return;
       }
       // In place where the transport can lend its receive memory (shared memory): no copy before the sum.
       Result<ByteBuffer> payload = co_await channel_->ReadPayloadLent(header->payload_length, context_.buffers.get());
       if (!payload.ok()) {
-        job->OnDisconnect(rank, this, payload.status());
+        co_await EndMembership(*job, rank, payload.status());
         co_return;
       }
       if (payload->on_loan()) context_.metrics.ContributionInPlace();
       job->OnContribution(rank, *header, std::move(*payload));
     } else {
-      job->OnDisconnect(rank, this, ProtocolError("workers may not send RESULT frames"));
+      co_await EndMembership(*job, rank, ProtocolError("workers may not send RESULT frames"));
       co_return;
     }
   }

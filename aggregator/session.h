@@ -84,6 +84,11 @@ class Session : public std::enable_shared_from_this<Session> {
   // grace, so that the connection (with its handshake place) goes at once rather than after 5 s; the grace bounds
   // the wait for a worker that does not close.
   boost::asio::awaitable<void> DrainUntilClosed();
+  // The read loop of a member ends with `reason`, which the job is told. When it answered with an Error (closed_:
+  // a violation, or an abort), what the worker still sends is dropped until it closes or the close grace ends:
+  // the loop (and so the job and this session) stays until then, and the queued RESULTs and the Error are written
+  // instead of being lost to a reset when the job goes (docs/PROTOCOL.md §5).
+  boost::asio::awaitable<void> EndMembership(Job& job, uint32_t rank, const Status& reason);
   // The connection goes to its job (on the session strand): Server::Stop no longer ends it through
   // context_.handshakes. Its address's handshake place is freed once the job has taken it as a member (ReadLoop);
   // a connection refused before (in its handshake, or by the job's Join) keeps it until it is closed (its close

@@ -1008,6 +1008,8 @@ TEST(Service, AJobThatNeverFormsEndsAndFreesItsPlace) {
   EXPECT_EQ(message->error().code(), proto::DEADLINE_EXCEEDED) << message->error().message();
   EXPECT_NE(message->error().message().find("job 40 did not form within 1000 ms"), std::string::npos)
       << message->error().message();
+  EXPECT_NE(message->error().message().find("rank(s) 0 (rank 0 at 127.0.0.1:"), std::string::npos)
+      << message->error().message();
   EXPECT_NE(message->error().message().find("still waiting for rank(s) 1"), std::string::npos)
       << message->error().message();
   EXPECT_EQ(std::vector<uint32_t>(message->error().ranks().begin(), message->error().ranks().end()),
@@ -1332,6 +1334,85 @@ TEST(Service, QueuedResultsKeepTheirMemoryReservedUntilWritten) {
     }
     return Sample(daemon.Metrics(), reserved) == 0;
   })) << daemon.Metrics();
+}
+
+// So do the RESULTs of a collective that fails while they wait: the abort released its reservation at once, and a
+// member that read slowly then held them unaccounted until its close grace ended, while other jobs were admitted
+// against a budget that read zero (12 such jobs of 113 MB each under a 128 MiB --max-total-memory). Here rank 0
+// announces a block of the last row in every column and never sends it nor reads: the rows before are summed, their
+// RESULTs queue for rank 0, and the collective stalls.
+TEST(Service, QueuedResultsOfAnAbortedCollectiveKeepTheirMemoryReservedUntilWritten) {
+  Daemon daemon({"--stall-timeout-ms", "1000"});
+  const uint64_t job = 49;
+  WorkerOptions options = Options(daemon.address(), job, 1, 2);
+  options.transport = "tcp";
+  options.slots = 1;
+  options.blocks_per_message = 64;
+  options.window = 256;
+  const int fd = ConnectToLoopback(daemon.address(), /*receive_buffer=*/4096);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(SendControl(fd, RawHello(job, 0, 2, 1, options)));
+  auto joined = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  std::unique_ptr<Worker> rank1 = joined.get();
+
+  const CollectiveSpec spec{256u * 64u * 256u, DType::kFloat32, ReduceOp::kSum, options.block_size};
+  proto::ControlMessage begin;
+  begin.mutable_collective_begin()->set_seq(1);
+  *begin.mutable_collective_begin()->mutable_spec() = SpecToProto(spec);
+  ASSERT_TRUE(SendControl(fd, begin));
+  std::vector<float> tensor(spec.element_count, 1.0f);
+  auto collective = rank1->allreduce_async(std::span(tensor));
+  const JobShape shape{2, 1, options.slots, options.blocks_per_message, options.window};
+  const ColumnLayout layout(shape, spec.element_count, spec.block_size, 4);
+  std::vector<Entry> announce;
+  for (uint32_t k = 0; k < layout.NonEmptyLanes(0, 0); ++k) {
+    const uint64_t column = layout.Column(0, 0, k);
+    const uint64_t last_row = (layout.num_blocks() - 1 - column) / layout.num_columns() * layout.num_columns();
+    announce.push_back({column, column + last_row, 0});
+  }
+  const ByteBuffer frame = EncodeDataFrame({FrameType::kContribution, 0, 0, job, 1, 0}, announce, {});
+  ASSERT_TRUE(WriteAll(fd, std::span(frame.data(), frame.size())));
+  ASSERT_EQ(collective.wait_for(20s), std::future_status::ready) << "the collective did not end at its stall timeout";
+  EXPECT_THROW(collective.get(), Error);
+
+  const std::string reserved = R"(sparsereduce_memory_reserved_bytes\{instance_name="svc"\})";
+  EXPECT_GT(Sample(daemon.Metrics(), reserved), 4 << 20) << "the aborted collective's queued RESULTs hold no reservation";
+  std::vector<char> sink(1 << 20);
+  EXPECT_TRUE(Eventually([&] {
+    while (recv(fd, sink.data(), sink.size(), MSG_DONTWAIT) > 0) {
+    }
+    return Sample(daemon.Metrics(), reserved) == 0;
+  })) << daemon.Metrics();
+  close(fd);
+}
+
+// A rank refused for a frame from its header still gets the RESULTs queued before it and then its Error: the daemon
+// keeps reading (and dropping) what the worker sends until it closes (docs/PROTOCOL.md §5). Refusals found from a
+// header ended the read loop instead, and when the job's other rank left, the connection was closed with its
+// queue unwritten: rank 0 read part of its RESULTs, then a reset, and never learned why.
+TEST(Service, ARankRefusedFromAFrameHeaderReadsItsQueuedResultsAndItsError) {
+  Daemon daemon;
+  UnreadResults unread;
+  ASSERT_NO_FATAL_FAILURE(unread.Run(daemon, 50));
+  std::array<std::byte, kFrameHeaderSize> header{};
+  EncodeFrameHeader({FrameType::kContribution, kEntrySize, 0, 50, 99, 1}, header.data());
+  ASSERT_TRUE(WriteAll(unread.fd, header));
+  std::optional<proto::Error> error;
+  uint64_t results = 0;
+  while (std::optional<RawFrame> frame = ReadFrame(unread.fd)) {
+    if (frame->header.type == FrameType::kResult) ++results;
+    Result<proto::ControlMessage> message = DecodeControl(frame->payload);
+    if (frame->header.type == FrameType::kControl && message.ok() && message->has_error()) {
+      error = message->error();
+      break;
+    }
+    // Rank 1 leaves while rank 0 is still reading (the daemon reads rank 0's header once its queue has shrunk).
+    if (results == 8) unread.rank1.reset();
+  }
+  ASSERT_TRUE(error) << "no Error after " << results << " RESULTs";
+  EXPECT_EQ(error->code(), proto::PROTOCOL_VIOLATION) << error->message();
+  EXPECT_NE(error->message().find("CONTRIBUTION for collective 99"), std::string::npos) << error->message();
+  EXPECT_EQ(results, 256u + 1) << "the announce reply and 256 RESULTs were queued";
 }
 
 // Those reservations count against the job's own --max-job-memory as well: they did only against
