@@ -3,8 +3,11 @@
 // The input first picks a small job and collective (fuzz::ReadSmallSetup: W 1..4, A 1..2, S 1..3, K 1..4,
 // N 0..200, B 1..8, float32/int32, window D 1..3), a tensor seed and a per-rank density. The harness then builds, for
 // every aggregator a < A, the engine under test and an independent reference model of the aggregator written from
-// PROTOCOL.md (RefAggregator below), and one real WorkerCollective per rank over a generated tensor. The rest of the
-// input is a sequence of operations, each one byte followed by its arguments:
+// PROTOCOL.md (RefAggregator below), and one real WorkerCollective per rank over a generated tensor. Bits 2-7 of the
+// first byte may name a codec (fuzz::ReadCodec: fp16, bf16, 3LC with its parameters, DIANA, top-k, adaptive); the
+// model then checks and builds blocks in each direction's wire format (fuzz_common.h, from PROTOCOL.md §11), and op
+// 0xFF drains the collective and starts the next one with the codec state (3LC error memory) carried over. The rest
+// of the input is a sequence of operations, each one byte followed by its arguments:
 //
 //   op % 8 = 0,1,2  deliver the next CONTRIBUTION a real worker queued (argument: which (rank, aggregator, slot)
 //                   queue); the fuzzer thus chooses the interleaving of all connections and slots
@@ -39,8 +42,10 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <cmath>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
 #include <span>
 #include <vector>
@@ -72,7 +77,9 @@ constexpr uint64_t kSeq = 3;
 // entries are packed, in that order, into RESULTs of at most K entries (a new RESULT when one is full).
 class RefAggregator {
  public:
-  RefAggregator(const JobShape& shape, uint32_t aggregator, const CollectiveSpec& spec)
+  // `errors`: the 3LC error memory of this aggregator (per block, for the spec's key), kept across collectives.
+  RefAggregator(const JobShape& shape, uint32_t aggregator, const CollectiveSpec& spec, uint64_t seq,
+                std::map<uint64_t, std::vector<float>>* errors)
       : W_(shape.world_size),
         A_(shape.num_aggregators),
         S_(shape.slots),
@@ -80,6 +87,10 @@ class RefAggregator {
         D_(shape.window),
         a_(aggregator),
         spec_(spec),
+        seq_(seq),
+        up_(fuzz::UploadWire(spec.codec)),
+        down_(fuzz::DownloadWire(spec.codec)),
+        errors_(errors),
         nb_(fuzz::NumBlocks(spec)),
         columns_(uint64_t{A_} * S_ * K_),
         shape_(shape),
@@ -162,7 +173,7 @@ class RefAggregator {
         reply.push_back(PlainEntry{Column(s, k), sl.cur[k], {}});
       }
       sl.replied = true;
-      results->push_back(fuzz::WriteDataFrame(FrameType::kResult, s, kJob, kSeq, reply));
+      results->push_back(fuzz::WriteDataFrame(FrameType::kResult, s, kJob, seq_, reply));
       for (uint32_t k = 0; k < sl.lanes; ++k) {
         if (sl.cur[k] != kEndOfColumn && Ready(sl, k)) ready.push_back(k);
       }
@@ -180,7 +191,8 @@ class RefAggregator {
         const int k = LaneOf(s, e.block);
         if (k < 0) return false;
         if (expect_after[k] != e.block) return false;
-        if (e.data.size() != fuzz::BlockBytesOf(spec_, e.block)) return false;
+        // The block's length in the upload format, and a well-formed body (§11).
+        if (!fuzz::DecodeWireRef(up_, e.data, fuzz::ElementsOf(spec_, e.block), nullptr)) return false;
         if (!NextOk(e.next, e.block % columns_, e.block, /*inclusive=*/false)) return false;
         expect_after[k] = e.next;
         lanes.push_back(static_cast<uint32_t>(k));
@@ -205,19 +217,21 @@ class RefAggregator {
     for (uint32_t k : ready) {
       while (sl.cur[k] != kEndOfColumn && Ready(sl, k)) {
         if (pending.size() == K_) {
-          results->push_back(fuzz::WriteDataFrame(FrameType::kResult, s, kJob, kSeq, pending));
+          results->push_back(fuzz::WriteDataFrame(FrameType::kResult, s, kJob, seq_, pending));
           pending.clear();
         }
         pending.push_back(Aggregate(sl, k));
       }
     }
-    if (!pending.empty()) results->push_back(fuzz::WriteDataFrame(FrameType::kResult, s, kJob, kSeq, pending));
+    if (!pending.empty()) results->push_back(fuzz::WriteDataFrame(FrameType::kResult, s, kJob, seq_, pending));
     return true;
   }
 
   // A valid CONTRIBUTION of `rank` on slot `s` (CanSend); `choose()` picks the entry count and each entry's next.
+  // With a codec's upload format and bit 0 of `bodies` set, about half the blocks get arbitrary bytes of a length
+  // the format allows instead of a well-formed body (the frame may then be invalid).
   template <typename Choose>
-  std::vector<std::byte> Generate(uint32_t rank, uint32_t s, Choose choose, Rng& rng) const {
+  std::vector<std::byte> Generate(uint32_t rank, uint32_t s, Choose choose, Rng& rng, uint8_t bodies = 0) const {
     const Slot& sl = slots_[s];
     std::vector<PlainEntry> entries;
     if (!sl.announced[rank]) {
@@ -235,15 +249,19 @@ class RefAggregator {
         if (it == expect.end() || *it == kEndOfColumn) break;
         const uint64_t b = *it;
         PlainEntry e{b, PickNext(b + columns_, choose()), std::vector<std::byte>(fuzz::BlockBytesOf(spec_, b))};
-        for (size_t i = 0; i < e.data.size(); i += 4) {
-          const uint32_t v = fuzz::RandomElement(rng, spec_.dtype, /*allow_any_bits=*/true);
-          std::memcpy(e.data.data() + i, &v, 4);
+        if (up_ != fuzz::Wire::kRaw) {
+          e.data = fuzz::RandomWireBlock(up_, fuzz::ElementsOf(spec_, b), rng, (bodies & 1) && rng.Below(2));
+        } else {
+          for (size_t i = 0; i < e.data.size(); i += 4) {
+            const uint32_t v = fuzz::RandomElement(rng, spec_.dtype, /*allow_any_bits=*/true);
+            std::memcpy(e.data.data() + i, &v, 4);
+          }
         }
         *it = e.next;
         entries.push_back(std::move(e));
       }
     }
-    return fuzz::WriteDataFrame(FrameType::kContribution, s, kJob, kSeq, entries);
+    return fuzz::WriteDataFrame(FrameType::kContribution, s, kJob, seq_, entries);
   }
 
  private:
@@ -289,9 +307,59 @@ class RefAggregator {
     return true;
   }
 
+  // With a codec's format in some direction (§11.3): every contribution decoded to fp32 and summed in ascending
+  // rank order, the first one being the sum's start, then encoded in the download format; 3LC results go through
+  // the error memory of their block.
+  std::vector<std::byte> AggregateCodec(const Slot& sl, uint32_t k, uint64_t cur) {
+    const uint32_t n = fuzz::ElementsOf(spec_, cur);
+    std::vector<float> sum(n), v(n);
+    bool first = true;
+    for (uint32_t r = 0; r < W_; ++r) {
+      const std::deque<Held>& q = sl.queue[k][r];
+      if (q.empty() || q.front().entry.block != cur) continue;
+      FUZZ_CHECK(fuzz::DecodeWireRef(up_, q.front().entry.data, n, v.data()), "reference model: queued a bad block");
+      for (uint32_t j = 0; j < n; ++j) sum[j] = first ? v[j] : sum[j] + v[j];
+      first = false;
+    }
+    if (down_ != fuzz::Wire::kTernary) return fuzz::EncodeFixedRef(down_, sum.data(), n);
+    // 3LC: T = sum + E_b, M = max|T| · s; q = ±1 from |T| >= M/2 on (compared in double, where M/2 is exact);
+    // E_b <- T - M·q. M not finite: the block goes out with every q = +1 and a NaN scale, E_b unchanged.
+    std::vector<float>& error = (*errors_)[cur];
+    error.resize(n, 0.0f);
+    std::vector<float> t(n);
+    bool finite = true;
+    float max_abs = 0.0f;
+    for (uint32_t j = 0; j < n; ++j) {
+      t[j] = sum[j] + error[j];
+      if (!std::isfinite(t[j])) finite = false;
+      max_abs = std::max(max_abs, std::fabs(t[j]));
+    }
+    const float m = max_abs * spec_.codec.sparsity;
+    std::vector<int8_t> q(n, 1);
+    if (!finite || !std::isfinite(m)) return fuzz::EncodeTernaryRef(q.data(), n, NAN, nullptr);
+    for (uint32_t j = 0; j < n; ++j) {
+      const double half = static_cast<double>(m) / 2;
+      q[j] = m == 0.0f ? 0 : (t[j] >= half ? 1 : (t[j] <= -half ? -1 : 0));
+      error[j] = t[j] - m * static_cast<float>(q[j]);
+    }
+    return fuzz::EncodeTernaryRef(q.data(), n, m, nullptr);
+  }
+
   // Aggregates lane k's cur (§6: ascending rank order from all-zero bits) and moves it on.
   PlainEntry Aggregate(Slot& sl, uint32_t k) {
     const uint64_t cur = sl.cur[k];
+    if (up_ != fuzz::Wire::kRaw || down_ != fuzz::Wire::kRaw) {
+      std::vector<std::byte> data = AggregateCodec(sl, k, cur);
+      for (uint32_t r = 0; r < W_; ++r) {
+        std::deque<Held>& q = sl.queue[k][r];
+        if (q.empty() || q.front().entry.block != cur) continue;
+        Stream& st = sl.streams[r];
+        if (--st.waiting[q.front().frame] == 0) --st.held;
+        q.pop_front();
+      }
+      sl.cur[k] = NewCur(sl, k);
+      return PlainEntry{cur, sl.cur[k], std::move(data)};
+    }
     const uint32_t bytes = fuzz::BlockBytesOf(spec_, cur);
     std::vector<std::byte> sum(bytes);
     for (uint32_t r = 0; r < W_; ++r) {
@@ -342,6 +410,9 @@ class RefAggregator {
 
   uint32_t W_, A_, S_, K_, D_, a_;
   CollectiveSpec spec_;
+  uint64_t seq_;
+  fuzz::Wire up_, down_;
+  std::map<uint64_t, std::vector<float>>* errors_;
   uint64_t nb_, columns_;
   JobShape shape_;
   uint32_t run_length_;
@@ -355,18 +426,53 @@ class Harness {
         W_(setup.shape.world_size),
         A_(setup.shape.num_aggregators),
         S_(setup.shape.slots),
+        up_(fuzz::UploadWire(setup.spec.codec)),
+        down_(fuzz::DownloadWire(setup.spec.codec)),
         rng_(in.U32()),
         loans_(Rng(rng_).Next() ^ 0x6C656E64),  // a stream of its own: rng_ draws what it drew before
-        to_agg_(size_t{W_} * A_ * S_),
-        to_worker_(size_t{W_} * A_ * S_) {
-    const CollectiveSpec& spec = setup.spec;
+        key_states_(W_),
+        model_errors_(A_) {
+    for (uint32_t r = 0; r < W_; ++r) densities_.push_back(in.U8());
+    if (down_ == fuzz::Wire::kTernary) {
+      // The aggregators' 3LC error memory for the spec's key, kept across the collectives of the input.
+      const ColumnLayout layout(setup.shape, setup.spec.element_count, setup.spec.block_size, 4);
+      for (uint32_t a = 0; a < A_; ++a) {
+        error_memory_.push_back(std::make_unique<codec::ErrorMemory>(layout.BlocksOf(a), setup.spec.block_size));
+      }
+    }
+    StartCollective();
+  }
+
+  // Op 0xFF with a codec: the current collective is drained (as at the end of the input) and the next one starts,
+  // with fresh tensors and the codec state (the workers' KeyStates, the aggregators' 3LC error memory) carried over.
+  // At most kMaxCollectives per input.
+  static constexpr uint64_t kMaxCollectives = 4;
+  bool NextCollective() {
+    if (setup_.spec.codec.codec == Codec::kNone || seq_ + 1 >= kSeq + kMaxCollectives) return false;
+    Drain();
+    ++seq_;
+    StartCollective();
+    return true;
+  }
+
+  // A new collective (seq_): engines, models and real workers over tensors generated from the input's seed.
+  void StartCollective() {
+    const CollectiveSpec& spec = setup_.spec;
+    engines_.clear();
+    refs_.clear();
+    workers_.clear();
+    tensors_.clear();
+    to_agg_.assign(size_t{W_} * A_ * S_, {});
+    to_worker_.assign(size_t{W_} * A_ * S_, {});
+    in_sync_ = true;
     for (uint32_t a = 0; a < A_; ++a) {
-      engines_.push_back(std::make_unique<ColumnEngine>(setup.shape, a, kJob, kSeq, spec));
-      refs_.push_back(std::make_unique<RefAggregator>(setup.shape, a, spec));
+      engines_.push_back(std::make_unique<ColumnEngine>(setup_.shape, a, kJob, seq_, spec, nullptr,
+                                                        error_memory_.empty() ? nullptr : error_memory_[a].get()));
+      refs_.push_back(std::make_unique<RefAggregator>(setup_.shape, a, spec, seq_, &model_errors_[a]));
       FUZZ_CHECK(engines_[a]->done() == refs_[a]->Done(), "aggregator %u: done() of a fresh engine", a);
       CheckAwaited(*engines_[a], a);
     }
-    for (uint32_t r = 0; r < W_; ++r) tensors_.push_back(fuzz::MakeTensor(spec, rng_, in.U8()));
+    for (uint32_t r = 0; r < W_; ++r) tensors_.push_back(fuzz::MakeTensor(spec, rng_, densities_[r]));
     // The dense reference result of §6: ((0 + x_0) + x_1) + ... in the dtype's arithmetic.
     expected_.assign(spec.element_count * 4, std::byte{0});
     for (uint64_t i = 0; i < spec.element_count; ++i) {
@@ -387,25 +493,36 @@ class Harness {
       }
     }
     for (uint32_t r = 0; r < W_; ++r) {
-      workers_.push_back(std::make_unique<WorkerCollective>(setup.shape, kJob, kSeq, spec, tensors_[r]));
+      if (spec.codec.codec == Codec::kNone) {
+        workers_.push_back(std::make_unique<WorkerCollective>(setup_.shape, kJob, seq_, spec, tensors_[r]));
+      } else {
+        const CodecContext context{&key_states_[r], r, kJob ^ seq_};
+        workers_.push_back(std::make_unique<WorkerCollective>(setup_.shape, kJob, seq_, spec, tensors_[r],
+                                                              CollectiveScratch{}, context));
+      }
       for (uint32_t a = 0; a < A_; ++a) {
         for (const OutgoingFrame& f : workers_[r]->Start(a)) {
           FUZZ_CHECK(f.slot < S_, "Start produced slot %u", f.slot);
           to_agg_[Q(r, a, f.slot)].push_back(Bytes(workers_[r]->EncodeFrame(f)));
         }
       }
-      // Every slot is started (and so scanned) now.
-      uint64_t nonzero = 0;
-      for (uint64_t b = 0; b < fuzz::NumBlocks(spec); ++b) nonzero += fuzz::BlockIsNonzero(spec, tensors_[r], b);
-      FUZZ_CHECK(workers_[r]->nonzero_blocks() == nonzero, "rank %u: nonzero_blocks %llu, expected %llu", r,
-                 static_cast<unsigned long long>(workers_[r]->nonzero_blocks()),
-                 static_cast<unsigned long long>(nonzero));
+      // Every slot is started (and so scanned) now. fp16 / bf16 send the nonzero blocks too; 3LC, DIANA and
+      // top-k choose their own.
+      const Codec c = spec.codec.codec;
+      if (c == Codec::kNone || c == Codec::kFloat16 || c == Codec::kBFloat16) {
+        uint64_t nonzero = 0;
+        for (uint64_t b = 0; b < fuzz::NumBlocks(spec); ++b) nonzero += fuzz::BlockIsNonzero(spec, tensors_[r], b);
+        FUZZ_CHECK(workers_[r]->nonzero_blocks() == nonzero, "rank %u: nonzero_blocks %llu, expected %llu", r,
+                   static_cast<unsigned long long>(workers_[r]->nonzero_blocks()),
+                   static_cast<unsigned long long>(nonzero));
+      }
     }
   }
 
   // Runs the operations of the input. Returns false once a frame was rejected (the run is over).
   bool Step(ByteReader& in) {
     const uint8_t op = in.U8();
+    if (op == 0xFF && NextCollective()) return true;
     switch (op % 8) {
       case 0:
       case 1:
@@ -445,8 +562,15 @@ class Harness {
       for (uint32_t r = 0; r < W_; ++r) {
         FUZZ_CHECK(workers_[r]->done(), "worker %u not done after the drain", r);
         workers_[r]->Finish();
-        FUZZ_CHECK(fuzz::SameElements(tensors_[r], expected_, setup_.spec.dtype),
-                   "rank %u: result differs from the dense reference sum", r);
+        if (setup_.spec.codec.codec == Codec::kNone) {
+          FUZZ_CHECK(fuzz::SameElements(tensors_[r], expected_, setup_.spec.dtype),
+                     "rank %u: result differs from the dense reference sum", r);
+        } else {
+          // Lossy: not the dense sum, but every worker decoded the same RESULTs (and DIANA's replica of h is the
+          // same on every worker), so all ranks hold the same result.
+          FUZZ_CHECK(fuzz::SameElements(tensors_[r], tensors_[0], DType::kFloat32),
+                     "rank %u: result differs from rank 0's under codec %s", r, CodecName(setup_.spec.codec.codec));
+        }
       }
     } else {
       Rng choices(rng_.Next());
@@ -542,11 +666,15 @@ class Harness {
     return true;
   }
 
+  // With a codec's upload format a byte more: bit 0 set, some block bodies are arbitrary bytes (RandomWireBlock),
+  // so the frame may be invalid (the model decides).
   bool GenerateAndFeed(ByteReader& in) {
     uint32_t r, a, s;
     if (!PickOwed(in.U8(), &r, &a, &s)) return true;
     in_sync_ = false;
-    return Feed(r, a, refs_[a]->Generate(r, s, [&] { return in.U8(); }, rng_), /*must_accept=*/true);
+    const uint8_t bodies = up_ != fuzz::Wire::kRaw ? in.U8() : 0;
+    return Feed(r, a, refs_[a]->Generate(r, s, [&] { return in.U8(); }, rng_, bodies),
+                /*must_accept=*/(bodies & 1) == 0);
   }
 
   bool Mutated(ByteReader& in) {
@@ -577,8 +705,8 @@ class Harness {
     const uint8_t style = in.U8();
     const uint32_t slot = in.U8() % (S_ + 1);
     const std::vector<std::byte> frame = fuzz::ArbitraryDataFrame(
-        in, rng_, setup_.spec, setup_.shape.blocks_per_message, FrameType::kContribution, slot, kJob, kSeq,
-        /*structured=*/style % 2 == 0);
+        in, rng_, setup_.spec, setup_.shape.blocks_per_message, FrameType::kContribution, slot, kJob, seq_,
+        /*structured=*/style % 2 == 0, up_);
     in_sync_ = false;
     return Feed(r, a, frame, /*must_accept=*/false);
   }
@@ -590,7 +718,7 @@ class Harness {
     FUZZ_CHECK(h.ok() || !must_accept, "valid frame's header rejected: %s", h.status().ToString().c_str());
     if (!h.ok()) return false;
     // aggregator/job.cc CheckContribution, and the stream framing (exactly payload_length bytes follow).
-    if (h->type != FrameType::kContribution || h->job != kJob || h->seq != kSeq || h->slot >= setup_.shape.slots ||
+    if (h->type != FrameType::kContribution || h->job != kJob || h->seq != seq_ || h->slot >= setup_.shape.slots ||
         engines_[a]->SlotColumns(h->slot) == 0 || h->payload_length > engines_[a]->MaxContributionPayload(h->slot) ||
         h->entry_count > engines_[a]->SlotColumns(h->slot) || !engines_[a]->CheckWindow(rank, h->slot).ok() ||
         frame.size() != kFrameHeaderSize + uint64_t{h->payload_length}) {
@@ -599,6 +727,8 @@ class Harness {
     }
     const std::span<const std::byte> bytes = std::span(frame).subspan(kFrameHeaderSize);
     ByteBuffer payload;
+    // Empty payloads are lent too, though the ring never lends one: the engine must not depend on that (its copy
+    // of a lent payload once passed an empty buffer's null data to memcpy).
     if (loans_.Below(2)) {
       payload = lender_->Lend(a, rank, bytes);
     } else {
@@ -612,6 +742,10 @@ class Harness {
                         refs_[a]->Offer(rank, h->slot, views, &want);
     std::vector<ColumnEngine::Broadcast> out;
     const Status st = engines_[a]->OnContribution(rank, *h, std::move(payload), &out);
+    // A codec's blocks are checked on arrival and decoded later: the engine copies a lent payload at once and gives
+    // the loan back, whatever its verdict (the lender scribbles over it, so a later read would fail the checks).
+    FUZZ_CHECK(up_ == fuzz::Wire::kRaw || lender_->Outstanding(a, rank) == 0,
+               "aggregator %u kept a lent payload of rank %u under a codec", a, rank);
     FUZZ_CHECK(st.ok() == ref_ok, "aggregator %u, rank %u, slot %u: engine says %s, reference model says %s", a,
                rank, h->slot, st.ok() ? "OK" : st.ToString().c_str(), ref_ok ? "accept" : "reject");
     FUZZ_CHECK(st.ok() || !must_accept, "valid CONTRIBUTION rejected: %s", st.ToString().c_str());
@@ -660,7 +794,7 @@ class Harness {
     const ByteBuffer& frame = *b.frame;
     Result<FrameHeader> h = DecodeFrameHeader(frame.span());
     FUZZ_CHECK(h.ok(), "RESULT header does not decode: %s", h.status().ToString().c_str());
-    FUZZ_CHECK(h->type == FrameType::kResult && h->job == kJob && h->seq == kSeq && h->slot == b.slot,
+    FUZZ_CHECK(h->type == FrameType::kResult && h->job == kJob && h->seq == seq_ && h->slot == b.slot,
                "RESULT header fields");
     FUZZ_CHECK(frame.size() == kFrameHeaderSize + uint64_t{h->payload_length}, "RESULT frame size");
     FUZZ_CHECK(h->payload_length <= workers_[0]->MaxResultPayload(), "RESULT payload %u above the limit %llu",
@@ -673,14 +807,39 @@ class Harness {
     const size_t table = kFrameHeaderSize + size_t{kEntrySize} * entries.size();
     FUZZ_CHECK(frame.size() == want.size() && std::memcmp(frame.data(), want.data(), std::min(table, want.size())) == 0,
                "aggregator %u slot %u: RESULT header/entries differ from the reference model", a, b.slot);
-    FUZZ_CHECK(fuzz::SameElements(frame.span().subspan(table), std::span(want).subspan(table), setup_.spec.dtype),
-               "aggregator %u slot %u: RESULT data differs from the reference model", a, b.slot);
+    if (down_ == fuzz::Wire::kRaw) {
+      FUZZ_CHECK(fuzz::SameElements(frame.span().subspan(table), std::span(want).subspan(table), setup_.spec.dtype),
+                 "aggregator %u slot %u: RESULT data differs from the reference model", a, b.slot);
+      return;
+    }
+    // The same entry table (compared above), so the same data lengths and padding; blocks compared per format.
+    std::vector<EntryView> model;
+    FUZZ_CHECK(DecodeDataPayload(*h, std::span(want).subspan(kFrameHeaderSize), &model).ok() &&
+                   model.size() == entries.size(),
+               "reference model's RESULT does not decode");
+    for (size_t i = 0; i < entries.size(); ++i) {
+      if (entries[i].data.empty() && model[i].data.empty()) continue;  // the announce reply
+      const uint32_t n = fuzz::ElementsOf(setup_.spec, entries[i].block);
+      FUZZ_CHECK(fuzz::DecodeWireRef(down_, entries[i].data, n, nullptr),
+                 "aggregator %u slot %u: RESULT block %llu is not a valid %s block", a, b.slot,
+                 static_cast<unsigned long long>(entries[i].block), CodecName(setup_.spec.codec.codec));
+      FUZZ_CHECK(fuzz::SameWireBlock(down_, entries[i].data, model[i].data),
+                 "aggregator %u slot %u: RESULT block %llu differs from the reference model", a, b.slot,
+                 static_cast<unsigned long long>(entries[i].block));
+    }
   }
 
   fuzz::SmallSetup setup_;
   uint32_t W_, A_, S_;
+  fuzz::Wire up_, down_;
   Rng rng_;
   Rng loans_;  // which payloads are lent and when loans are recalled
+  uint64_t seq_ = kSeq;  // the running collective
+  std::vector<uint8_t> densities_;  // per rank
+  // Codec state across the collectives of one input: per rank, and per aggregator (the engine's and the model's).
+  std::vector<codec::KeyState> key_states_;
+  std::vector<std::unique_ptr<codec::ErrorMemory>> error_memory_;
+  std::vector<std::map<uint64_t, std::vector<float>>> model_errors_;
   std::shared_ptr<testing::TestLender> lender_ = std::make_shared<testing::TestLender>();
   std::vector<std::unique_ptr<ColumnEngine>> engines_;
   std::vector<std::unique_ptr<RefAggregator>> refs_;
@@ -696,7 +855,8 @@ class Harness {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ByteReader in(data, size);
-  const fuzz::SmallSetup setup = fuzz::ReadSmallSetup(in);
+  fuzz::SmallSetup setup = fuzz::ReadSmallSetup(in);
+  fuzz::ReadCodec(in, setup);
   Harness harness(setup, in);
   while (!in.empty()) {
     if (!harness.Step(in)) return 0;

@@ -194,6 +194,20 @@ std::vector<uint8_t> OpSeed(std::vector<uint8_t> prefix, std::initializer_list<u
   return prefix;
 }
 
+// Like OpSeed, for ops that take exactly one argument byte (delivery ops while in sync), so that no argument is
+// read as an op; 0xFF (the engine target's next collective under a codec) takes none.
+std::vector<uint8_t> DeliverySeed(std::vector<uint8_t> prefix, std::initializer_list<uint8_t> op_codes, size_t ops,
+                                  uint64_t seed) {
+  fuzz::Rng rng(seed);
+  const std::vector<uint8_t> codes(op_codes);
+  for (size_t i = 0; i < ops; ++i) {
+    const uint8_t op = codes[rng.Below(static_cast<uint32_t>(codes.size()))];
+    prefix.push_back(op);
+    if (op != 0xFF) prefix.push_back(static_cast<uint8_t>(rng.Next()));
+  }
+  return prefix;
+}
+
 void EngineSeeds() {
   const std::string t = "column_engine_fuzzer";
   // Setup bytes: W-1, A-1, S-1, K-1, N, B-1 (>= 0xE0: 9..72), dtype/window (bit 0: int32; D = 1 + (byte >> 1) % 3),
@@ -211,6 +225,25 @@ void EngineSeeds() {
   Write(t, "window3_generated_w4a1s1k4",
         OpSeed({3, 0, 0, 3, 200, 0, 4, 3, 3, 9, 9, 100, 150, 200, 250}, {5, 0, 3}, 80, 10));
   Write(t, "window2_mutated_raw_w2a1s2k1", OpSeed({1, 0, 1, 0, 40, 2, 2, 5, 5, 1, 1, 180, 180}, {0, 3, 6, 7}, 60, 18));
+
+  // Codecs: byte 0 = (W-1) | selector << 2 (selector % 8: 3LC 0/3/7, fp16 1, bf16 2, DIANA 4, top-k 5, adaptive 6),
+  // then the parameter and flag bytes after byte 6 (fuzz_common.h ReadCodec). Op 0xFF drains the collective and
+  // starts the next one with the codec state carried over (3LC's error memory on the aggregators).
+  Write(t, "fp16_w2a1s1k2", DeliverySeed({1 | 1 << 2, 0, 0, 1, 60, 3, 0, 0, 0, 1, 2, 3, 4, 160, 160}, {0, 1, 3, 4}, 60, 30));
+  Write(t, "bf16_w3a2s2k2", DeliverySeed({2 | 2 << 2, 1, 1, 1, 90, 2, 2, 0, 0, 5, 6, 7, 8, 200, 90, 160}, {0, 1, 3, 4}, 80, 31));
+  Write(t, "3lc_w2a1s1k2_two_collectives",
+        DeliverySeed({1 | 3 << 2, 0, 0, 1, 80, 4, 0, 128, 0, 2, 4, 6, 8, 200, 200}, {0, 1, 3, 4, 0xFF}, 90, 32));
+  Write(t, "3lc_w3a2s1k3_two_collectives_wide",
+        DeliverySeed({2 | 3 << 2, 1, 0, 2, 200, 0xE7, 2, 40, 0, 1, 3, 5, 7, 220, 180, 250}, {0, 1, 2, 3, 4, 0xFF}, 120, 33));
+  Write(t, "3lc_generated_garbage_w2a1s2k2",
+        OpSeed({1 | 7 << 2, 0, 1, 1, 70, 5, 0, 0, 0x20, 9, 9, 9, 9, 180, 180}, {5, 5, 6, 0xFF}, 70, 34));
+  Write(t, "3lc_fp32_results_w2a1s1k1", DeliverySeed({1 | 3 << 2, 0, 0, 0, 40, 2, 0, 255, 1, 4, 4, 4, 4, 200, 120}, {0, 3, 0xFF}, 60, 35));
+  Write(t, "3lc_tensor_scale_raw_w3a1s1k2",
+        OpSeed({2 | 3 << 2, 0, 0, 1, 50, 3, 2, 10, 2, 7, 7, 1, 1, 128, 128, 128}, {0, 3, 6, 7}, 60, 36));
+  Write(t, "diana_l2_w3a1s2k2", DeliverySeed({2 | 4 << 2, 0, 1, 1, 100, 3, 0, 7, 1, 8, 7, 6, 5, 220, 200, 180}, {0, 1, 3, 4, 0xFF}, 90, 37));
+  Write(t, "diana_generated_w2a2s1k2", OpSeed({1 | 4 << 2, 1, 0, 1, 60, 1, 0, 0, 0, 3, 1, 4, 1, 150, 150}, {0, 5, 3}, 60, 38));
+  Write(t, "topk_w2a1s2k2", DeliverySeed({1 | 5 << 2, 0, 1, 1, 80, 3, 0, 63, 0, 2, 2, 2, 2, 230, 230}, {0, 1, 3, 4, 0xFF}, 80, 39));
+  Write(t, "adaptive_w2a1s1k2", DeliverySeed({1 | 6 << 2, 0, 0, 1, 60, 2, 0, 127, 0, 6, 6, 6, 6, 230, 100}, {0, 3, 0xFF}, 60, 40));
 }
 
 void WorkerSeeds() {
@@ -229,6 +262,17 @@ void WorkerSeeds() {
   Write(t, "window2_a1s2k2", OpSeed({0, 0, 1, 1, 160, 0, 2, 3, 1, 3, 1, 200, 0}, {0, 1, 2}, 80, 19));
   Write(t, "window3_int32_a2s1k4", OpSeed({0, 1, 0, 3, 200, 1, 5, 2, 7, 2, 7, 230, 0}, {0, 3, 5}, 80, 20));
   Write(t, "window3_raw_a1s1k1", OpSeed({0, 0, 0, 0, 30, 0, 4, 4, 2, 4, 2, 170, 0}, {0, 6, 7}, 40, 21));
+
+  // Codecs (byte 0 = (W-1) | selector << 2, then a parameter and a flag byte after byte 6; see fuzz_common.h
+  // ReadCodec). With a codec's download format, ops 0..4 take one more byte first: bit 0 set, arbitrary bodies.
+  Write(t, "fp16_a2s1k2", OpSeed({1 | 1 << 2, 1, 0, 1, 80, 3, 0, 0, 0, 1, 2, 3, 4, 180, 0}, {0, 1, 2}, 60, 41));
+  Write(t, "bf16_a1s2k3_restore", OpSeed({0 | 2 << 2, 0, 1, 2, 120, 2, 2, 0, 0, 5, 6, 7, 8, 200, 5}, {0, 5, 6}, 40, 42));
+  Write(t, "3lc_a1s1k2", OpSeed({1 | 3 << 2, 0, 0, 1, 100, 4, 0, 128, 0, 2, 4, 6, 8, 230, 0}, {0, 1, 2}, 60, 43));
+  Write(t, "3lc_wide_a2s1k3_garbage", OpSeed({2 | 7 << 2, 1, 0, 2, 200, 0xE7, 0, 40, 0, 1, 3, 5, 7, 220, 6}, {0, 1, 5, 6}, 60, 44));
+  Write(t, "3lc_fp32_results_a1s2k2", OpSeed({1 | 3 << 2, 0, 1, 1, 60, 3, 0, 255, 1, 4, 4, 4, 4, 200, 0}, {0, 1, 7}, 50, 45));
+  Write(t, "diana_a1s1k2", OpSeed({3 | 4 << 2, 0, 0, 1, 70, 3, 0, 7, 1, 8, 7, 6, 5, 220, 0}, {0, 1, 2}, 60, 46));
+  Write(t, "topk_a2s1k2", OpSeed({1 | 5 << 2, 1, 0, 1, 80, 3, 0, 63, 0, 2, 2, 2, 2, 230, 2}, {0, 1, 5}, 60, 47));
+  Write(t, "adaptive_a1s1k1", OpSeed({1 | 6 << 2, 0, 0, 0, 50, 2, 0, 127, 0, 6, 6, 6, 6, 230, 0}, {0, 1}, 50, 48));
 }
 
 }  // namespace

@@ -4,7 +4,9 @@
 // The input first picks a small job and collective (fuzz::ReadSmallSetup), a tensor seed and density, and an
 // end-of-input mode. The harness builds one WorkerCollective over a tensor of exactly N elements (so that ASan
 // catches any write outside it), starts it on every aggregator, and keeps an independent reference model of the
-// worker (RefWorker below, written from PROTOCOL.md). The rest of the input is a sequence of operations:
+// worker (RefWorker below, written from PROTOCOL.md). Bits 2-7 of the first byte may name a codec (fuzz::ReadCodec);
+// RESULT blocks then travel in its download format (EndResult decodes them into the tensor), and the blocks the worker
+// sends come from an encoder of the harness's own. The rest of the input is a sequence of operations:
 //
 //   op % 8 = 0..4  a valid RESULT generated from the reference model for a slot that awaits one: the announce reply,
 //                  or 1..K entries of input-chosen columns (a column possibly more than once), with input-chosen
@@ -68,12 +70,16 @@ concept HasRestore = requires(T& t) { t.Restore(); };
 // every accepted RESULT on an unfinished slot, the frames the window admits again (often none).
 class RefWorker {
  public:
-  RefWorker(const JobShape& shape, const CollectiveSpec& spec, std::span<const std::byte> tensor)
+  // `send`: without a codec, null (the own blocks are the nonzero ones); with one, its choice (per block, the
+  // wire bytes of a block it sends, 0 for one it does not), from an encoder of the harness's own.
+  RefWorker(const JobShape& shape, const CollectiveSpec& spec, std::span<const std::byte> tensor,
+            const std::vector<uint32_t>* send)
       : A_(shape.num_aggregators),
         S_(shape.slots),
         K_(shape.blocks_per_message),
         D_(shape.window),
         spec_(spec),
+        down_(fuzz::DownloadWire(spec.codec)),
         nb_(fuzz::NumBlocks(spec)),
         columns_(uint64_t{A_} * S_ * K_),
         shape_(shape),
@@ -81,7 +87,10 @@ class RefWorker {
         tensor_(tensor.begin(), tensor.end()),
         received_(nb_, false),
         slots_(A_, std::vector<Slot>(S_)) {
-    for (uint64_t b = 0; b < nb_; ++b) own_.push_back(fuzz::BlockIsNonzero(spec, tensor, b));
+    for (uint64_t b = 0; b < nb_; ++b) {
+      own_.push_back(send ? (*send)[b] != 0 : fuzz::BlockIsNonzero(spec, tensor, b));
+      up_bytes_.push_back(send ? (*send)[b] : fuzz::BlockBytesOf(spec, b));
+    }
   }
 
   // The announces and first CONTRIBUTIONs of every slot of aggregator `a`, slot by slot.
@@ -142,7 +151,15 @@ class RefWorker {
     FUZZ_CHECK(Advance(sl, entries), "reference model: Apply of a RESULT it rejects");
     for (const EntryView& e : entries) {
       if (e.data.empty()) continue;
-      std::memcpy(tensor_.data() + e.block * spec_.block_size * 4, e.data.data(), e.data.size());
+      std::byte* block = tensor_.data() + e.block * spec_.block_size * 4;
+      if (down_ == fuzz::Wire::kRaw) {
+        std::memcpy(block, e.data.data(), e.data.size());
+      } else {
+        const uint32_t n = fuzz::ElementsOf(spec_, e.block);
+        std::vector<float> v(n);
+        FUZZ_CHECK(fuzz::DecodeWireRef(down_, e.data, n, v.data()), "reference model: applied a bad block");
+        std::memcpy(block, v.data(), 4 * size_t{n});
+      }
       received_[e.block] = true;
     }
     frames->clear();
@@ -150,9 +167,11 @@ class RefWorker {
   }
 
   // A valid RESULT for (a, s), which must be Awaiting; `choose()` picks the entry count, the columns and each
-  // entry's next index (anything between the current block and this worker's own next).
+  // entry's next index (anything between the current block and this worker's own next). With a codec's download
+  // format and bit 0 of `bodies` set, about half the blocks get arbitrary bytes of a length the format allows
+  // (RandomWireBlock) instead of a well-formed body, so the RESULT may be invalid.
   template <typename Choose>
-  std::vector<std::byte> Generate(uint32_t a, uint32_t s, Choose choose, Rng& rng) const {
+  std::vector<std::byte> Generate(uint32_t a, uint32_t s, Choose choose, Rng& rng, uint8_t bodies = 0) const {
     Slot sl = slots_[a][s];
     std::vector<PlainEntry> entries;
     if (!sl.replied) {
@@ -180,9 +199,13 @@ class RefWorker {
                  static_cast<unsigned long long>(l.cur));
       PlainEntry e{l.cur, candidates[choose() % candidates.size()],
                    std::vector<std::byte>(fuzz::BlockBytesOf(spec_, l.cur))};
-      for (size_t i = 0; i < e.data.size(); i += 4) {
-        const uint32_t v = fuzz::RandomElement(rng, spec_.dtype, /*allow_any_bits=*/true);
-        std::memcpy(e.data.data() + i, &v, 4);
+      if (down_ != fuzz::Wire::kRaw) {
+        e.data = fuzz::RandomWireBlock(down_, fuzz::ElementsOf(spec_, l.cur), rng, (bodies & 1) && rng.Below(2));
+      } else {
+        for (size_t i = 0; i < e.data.size(); i += 4) {
+          const uint32_t v = fuzz::RandomElement(rng, spec_.dtype, /*allow_any_bits=*/true);
+          std::memcpy(e.data.data() + i, &v, 4);
+        }
       }
       l.mine = my_next;
       l.cur = e.next;
@@ -270,7 +293,8 @@ class RefWorker {
       if (k < 0) return false;
       Lane& l = sl.lane[k];
       if (e.block != l.cur) return false;
-      if (e.data.size() != fuzz::BlockBytesOf(spec_, e.block)) return false;
+      // The block's length in the download format, and a well-formed body (§11).
+      if (!fuzz::DecodeWireRef(down_, e.data, fuzz::ElementsOf(spec_, e.block), nullptr)) return false;
       uint64_t my_next = l.mine;
       const bool mine = l.cur == l.mine;
       if (mine) {
@@ -294,7 +318,7 @@ class RefWorker {
       OutgoingFrame f{s, {}};
       while (f.entries.size() < K_ && sl.sent < sl.own.size()) {
         const uint64_t b = sl.own[sl.sent++];
-        f.entries.push_back(Entry{b, NextOwn(b + columns_), fuzz::BlockBytesOf(spec_, b)});
+        f.entries.push_back(Entry{b, NextOwn(b + columns_), up_bytes_[b]});
       }
       sl.frame_first.push_back(f.entries.front().block);
       sl.frame_waiting.push_back(static_cast<uint32_t>(f.entries.size()));
@@ -313,11 +337,13 @@ class RefWorker {
 
   uint32_t A_, S_, K_, D_;
   CollectiveSpec spec_;
+  fuzz::Wire down_;
   uint64_t nb_, columns_;
   JobShape shape_;
   uint32_t run_length_;
   std::vector<std::byte> tensor_;
   std::vector<bool> own_, received_;
+  std::vector<uint32_t> up_bytes_;  // per block: data_bytes of its CONTRIBUTION entry
   std::vector<std::vector<Slot>> slots_;  // [aggregator][slot]
 };
 
@@ -339,7 +365,9 @@ class Harness {
         original_(fuzz::MakeTensor(setup.spec, rng_, in.U8())),
         end_mode_(in.U8()),
         tensor_(new std::byte[original_.size()]),
-        ref_(setup.shape, setup.spec, original_) {
+        codec_seed_(setup.spec.codec.codec != Codec::kNone ? rng_.Next() : 0),
+        ref_send_(RefCodecChoice()),
+        ref_(setup.shape, setup.spec, original_, codec() ? &ref_send_ : nullptr) {
     if (!original_.empty()) std::memcpy(tensor_.get(), original_.data(), original_.size());
     worker_ = MakeWorker<WorkerCollective>(BackupStorage((end_mode_ >> 1) & 3));
     for (uint32_t a = 0; a < setup.shape.num_aggregators; ++a) {
@@ -367,8 +395,10 @@ class Harness {
     if (op % 8 <= 5) {
       uint32_t a, s;
       if (!PickAwaiting(in.U8(), &a, &s)) return true;
-      std::vector<std::byte> frame = ref_.Generate(a, s, [&] { return in.U8(); }, rng_);
-      if (op % 8 < 5) return Feed(a, frame, /*must_accept=*/true);
+      // With a codec's download format, ops 0..4 read a byte more: bit 0 set, some block bodies are arbitrary.
+      const uint8_t bodies = op % 8 < 5 && down_ != fuzz::Wire::kRaw ? in.U8() : 0;
+      std::vector<std::byte> frame = ref_.Generate(a, s, [&] { return in.U8(); }, rng_, bodies);
+      if (op % 8 < 5) return Feed(a, frame, /*must_accept=*/(bodies & 1) == 0);
       const uint8_t as_aggregator = in.U8();
       bool changed = fuzz::MutateFrame(frame, in);
       if (as_aggregator < 32 && as_aggregator % A != a) {
@@ -381,7 +411,7 @@ class Harness {
     const uint32_t slot = in.U8() % (setup_.shape.slots + 1);
     const std::vector<std::byte> frame = fuzz::ArbitraryDataFrame(
         in, rng_, setup_.spec, setup_.shape.blocks_per_message, FrameType::kResult, slot, kJob, kSeq,
-        /*structured=*/op % 8 == 6);
+        /*structured=*/op % 8 == 6, down_);
     return Feed(a, frame, /*must_accept=*/false);
   }
 
@@ -398,8 +428,15 @@ class Harness {
     }
     FUZZ_CHECK(worker_->done(), "worker not done after every slot received its last RESULT");
     worker_->Finish();
-    const std::vector<std::byte> want = ref_.Finished();
-    FUZZ_CHECK(fuzz::SameBytes(tensor_.get(), want.data(), want.size()), "tensor after Finish() is wrong");
+    std::vector<std::byte> want = ref_.Finished();
+    if (codec()) {
+      // The codec's last step (DIANA: W·h + S and the new h; the others leave the sums), by the harness's encoder.
+      ref_encoder_->Finish(std::span(reinterpret_cast<float*>(want.data()), setup_.spec.element_count));
+      FUZZ_CHECK(fuzz::SameElements(std::span(tensor_.get(), original_.size()), want, DType::kFloat32),
+                 "tensor after Finish() is wrong (codec %s)", CodecName(setup_.spec.codec.codec));
+    } else {
+      FUZZ_CHECK(fuzz::SameBytes(tensor_.get(), want.data(), want.size()), "tensor after Finish() is wrong");
+    }
   }
 
  private:
@@ -420,15 +457,49 @@ class Harness {
   }
 
   // A WorkerCollective over the tensor, with `storage` for its backups if this version takes it.
+  // With a codec, the worker's KeyState and rank (the harness's encoder gets a KeyState of its own, equally fresh).
   template <typename WC>
   std::unique_ptr<WC> MakeWorker(ByteBuffer storage) {
     const std::span<std::byte> tensor(tensor_.get(), original_.size());
     if constexpr (std::is_constructible_v<WC, const JobShape&, uint64_t, uint64_t, const CollectiveSpec&,
-                                          std::span<std::byte>, ByteBuffer>) {
+                                          std::span<std::byte>, CollectiveScratch, CodecContext>) {
+      CollectiveScratch scratch;
+      scratch.backup_data = std::move(storage);
+      return std::make_unique<WC>(setup_.shape, kJob, kSeq, setup_.spec, tensor, std::move(scratch),
+                                  CodecContext{&key_state_, setup_.shape.world_size - 1, codec_seed_});
+    } else if constexpr (std::is_constructible_v<WC, const JobShape&, uint64_t, uint64_t, const CollectiveSpec&,
+                                                 std::span<std::byte>, ByteBuffer>) {
       return std::make_unique<WC>(setup_.shape, kJob, kSeq, setup_.spec, tensor, std::move(storage));
     } else {
       return std::make_unique<WC>(setup_.shape, kJob, kSeq, setup_.spec, tensor);
     }
+  }
+
+  bool codec() const { return setup_.spec.codec.codec != Codec::kNone; }
+
+  // The tensor equals the model's: bit for bit; with a codec NaN equals NaN (fp16 NaNs decode to NaNs whose
+  // payload the model and codec/half.cc, F16C or not, need not agree on).
+  bool SameAsModel() const {
+    return codec() ? fuzz::SameElements(std::span(tensor_.get(), original_.size()), ref_.tensor(), DType::kFloat32)
+                   : fuzz::SameBytes(tensor_.get(), ref_.tensor().data(), original_.size());
+  }
+
+  // With a codec: the blocks it sends and their wire bytes, from an encoder of the harness's own (codec/, tested on
+  // its own) over the same tensor, rank and seed; per block the wire bytes, 0 for a block it does not send.
+  std::vector<uint32_t> RefCodecChoice() {
+    if (!codec()) return {};
+    const CollectiveSpec& spec = setup_.spec;
+    ref_encoder_ = codec::MakeEncoder(spec.codec, spec.block_size, ref_key_state_, setup_.shape.world_size - 1,
+                                      setup_.shape.world_size, codec_seed_);
+    std::vector<uint8_t> send(fuzz::NumBlocks(spec));
+    ref_encoder_->Prepare(std::span(reinterpret_cast<const float*>(original_.data()), spec.element_count), send);
+    std::vector<uint32_t> bytes(send.size());
+    for (uint64_t b = 0; b < send.size(); ++b) {
+      if (!send[b]) continue;
+      bytes[b] = static_cast<uint32_t>(ref_encoder_->Block(b).size());
+      FUZZ_CHECK(bytes[b] > 0, "the codec sends block %llu without bytes", static_cast<unsigned long long>(b));
+    }
+    return bytes;
   }
 
   // Calls Restore() if WorkerCollective has it and checks that the original tensor is back.
@@ -473,9 +544,13 @@ class Harness {
         std::fill_n(may_change.begin() + first, layout.BlockBytes(e.block), true);
       }
     }
-    for (size_t i = 0; i < original_.size(); ++i) {
-      FUZZ_CHECK(may_change[i] || tensor_[i] == ref_.tensor()[i],
-                 "a rejected RESULT changed byte %zu of the tensor, outside the blocks it names", i);
+    for (size_t i = 0; i < original_.size(); i += 4) {
+      // (With a codec, blocks decoded earlier may hold NaNs whose payloads differ from the model's.)
+      FUZZ_CHECK(may_change[i] || (codec() ? fuzz::SameElements(std::span(tensor_.get() + i, 4),
+                                                                 std::span(ref_.tensor()).subspan(i, 4),
+                                                                 DType::kFloat32)
+                                            : fuzz::SameBytes(tensor_.get() + i, ref_.tensor().data() + i, 4)),
+                 "a rejected RESULT changed bytes %zu.. of the tensor, outside the blocks it names", i);
     }
   }
 
@@ -518,8 +593,7 @@ class Harness {
       if (began) {
         CheckOnlyNamedBlocksChanged(*h, payload.span());
       } else {
-        FUZZ_CHECK(fuzz::SameBytes(tensor_.get(), ref_.tensor().data(), original_.size()),
-                   "a RESULT whose entry table was rejected changed the tensor");
+        FUZZ_CHECK(SameAsModel(), "a RESULT whose entry table was rejected changed the tensor");
       }
       TryRestore(*worker_);
       return false;
@@ -537,12 +611,17 @@ class Harness {
       FUZZ_CHECK(fh.ok() && fh->payload_length <= worker_->MaxResultPayload() &&
                      DecodeDataPayload(*fh, f.span().subspan(kFrameHeaderSize), &v).ok(),
                  "CONTRIBUTION frame does not decode");
+      for (const Entry& e : next[i].entries) {
+        if (!codec() || e.data_bytes == 0) continue;
+        const std::span<const std::byte> sent = worker_->BlockData(e.block), own = ref_encoder_->Block(e.block);
+        FUZZ_CHECK(sent.size() == own.size() && fuzz::SameBytes(sent.data(), own.data(), own.size()),
+                   "CONTRIBUTION block %llu: not the codec's wire bytes", static_cast<unsigned long long>(e.block));
+      }
       const ByteBuffer prefix = worker_->EncodePrefix(next[i]);
       FUZZ_CHECK(prefix.size() <= f.size() && fuzz::SameBytes(prefix.data(), f.data(), prefix.size()),
                  "EncodePrefix differs from EncodeFrame");
     }
-    FUZZ_CHECK(fuzz::SameBytes(tensor_.get(), ref_.tensor().data(), original_.size()),
-               "tensor differs from the reference model after a RESULT");
+    FUZZ_CHECK(SameAsModel(), "tensor differs from the reference model after a RESULT");
     FUZZ_CHECK(worker_->AggregatorDone(a) == ref_.AggregatorDone(a) && worker_->done() == ref_.Done(),
                "done state differs from the reference model");
     return true;
@@ -553,6 +632,12 @@ class Harness {
   std::vector<std::byte> original_;
   uint8_t end_mode_;
   std::unique_ptr<std::byte[]> tensor_;  // exactly N elements: ASan reports any access past it
+  fuzz::Wire down_ = fuzz::DownloadWire(setup_.spec.codec);
+  uint64_t codec_seed_;
+  codec::KeyState key_state_;      // the worker's, for the spec's key
+  codec::KeyState ref_key_state_;  // the harness's encoder's
+  std::unique_ptr<codec::TensorEncoder> ref_encoder_;
+  std::vector<uint32_t> ref_send_;
   RefWorker ref_;
   std::unique_ptr<WorkerCollective> worker_;
 };
@@ -561,7 +646,8 @@ class Harness {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ByteReader in(data, size);
-  const fuzz::SmallSetup setup = fuzz::ReadSmallSetup(in);
+  fuzz::SmallSetup setup = fuzz::ReadSmallSetup(in);
+  fuzz::ReadCodec(in, setup);
   Harness harness(setup, in);
   while (!in.empty()) {
     if (!harness.Step(in)) return 0;
