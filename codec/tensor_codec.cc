@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <random>
 
@@ -58,12 +59,16 @@ Blocks Split(uint64_t elements, uint32_t block_size) {
   return {(elements + block_size - 1) / block_size, block_size, elements};
 }
 
-// A fresh state when the key is new or its tensor changed size or codec.
+// A fresh state when the key is new or its tensor changed size or codec. The wire buffer is storage, not state
+// (every Prepare rewrites what it uses): it stays, or a key whose sizes vary (the Python group sends every bucket
+// under key 0) allocated and faulted in a new one at each change.
 void Fit(KeyState& state, Codec codec, uint64_t elements) {
   if (state.codec == codec && state.elements == elements) return;
+  WireBlocks wire = std::move(state.wire);
   state = KeyState{};
   state.codec = codec;
   state.elements = elements;
+  state.wire = std::move(wire);
 }
 
 // SplitMix64's finalizer: spreads a seed's bits.
@@ -145,8 +150,8 @@ SPARSEREDUCE_CLONES void Subtract(const float* x, const float* h, uint32_t n, fl
 // DIANA's Q: P(q_j = sign Δ_j) = |Δ_j| / ‖Δ‖, so E[norm · q_j] = Δ_j. Branch-free: the draws are unpredictable.
 // True when some q_j is nonzero.
 SPARSEREDUCE_CLONES bool QuantizeStochastic(const float* delta, const float* draws, float norm, uint32_t n, int8_t* q) {
-  // u·norm must keep its 24 significant bits for every draw u >= 2^-24 (the others are 0): under 2^-100 it would
-  // fall among the subnormals, and for a subnormal norm round up to norm itself and drop even the largest element.
+  // u·norm must keep its 24 significant bits for every draw u >= 2^-24 (the others are 0): for a norm under 2^-100
+  // (it is at least 2^-126: Prepare sends no block with a subnormal one) it would fall among the subnormals.
   // Scaling both sides by 2^64 is exact there and overflows nothing.
   const float factor = norm < 0x1p-100f ? 0x1p64f : 1.0f;
   const float scaled_norm = norm * factor;
@@ -233,6 +238,10 @@ class ThreeLcEncoder final : public TensorEncoder {
         const float own = ScaleOf(MaxAbsWithError(x + at, old_error + at, n), spec_.sparsity);
         if (!spec_.tensor_scale || std::isnan(own)) scale = own;
       }
+      // Below the smallest normal float the block is not sent and its (subnormal) T stays in the error, as for a
+      // zero scale: with sparsity s > 1 a block's error shrinks by s - 1 a step, so a block touched once was sent at
+      // every later step, and a subnormal error stops shrinking (M = 1.5 · 1 ulp rounds to 2 ulps, leaving -1 ulp).
+      if (scale < std::numeric_limits<float>::min()) scale = 0.0f;  // false for NaN: those go out as such
       send[b] = QuantizeWithError(x + at, old_error + at, error.data() + at, n, scale, q.data());
       if (!send[b]) continue;
       ++count;
@@ -290,7 +299,11 @@ class DianaEncoder final : public TensorEncoder {
       float norm = spec_.diana_l2 ? Norm2(delta.data(), n) : NormInf(delta.data(), n);
       uniform.Fill(draws.data(), n);  // also for a block not finite: the draws of later blocks stay the same
       bool any;
-      if (std::isfinite(norm)) {
+      if (norm < std::numeric_limits<float>::min()) {
+        // Zero, or all subnormal: not sent, h_i stays. A quiet block's Δ = -h_i shrinks by 1 - α a step only until
+        // it is subnormal, where α · Q(Δ) rounds to nothing or to Δ's own ulps: it was sent at every step for good.
+        any = false;
+      } else if (std::isfinite(norm)) {
         any = QuantizeStochastic(delta.data(), draws.data(), norm, n, q.data());
       } else {
         // x holds an Inf or a NaN: the block goes out not finite (every element decodes to NaN, docs/PROTOCOL.md

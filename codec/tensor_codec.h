@@ -24,7 +24,8 @@ class CostModel {
  public:
   static constexpr size_t kSamples = 32;
   void Add(double bytes, double seconds);
-  // a (seconds) and b (seconds per byte); defaults (1 ms, 1 ns/byte) until two samples with different byte counts.
+  // a (seconds) and b (seconds per byte); defaults (1 ms, 1 ns/byte) until at least four samples whose byte
+  // counts differ enough (n·Σx² − (Σx)² ≥ 0.04·(Σx)²) give a positive slope.
   double a() const { return a_; }
   double b() const { return b_; }
   size_t samples() const { return samples_.size(); }

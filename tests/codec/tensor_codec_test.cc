@@ -171,10 +171,11 @@ TEST(TensorCodec, TopKCountIsTheCeilingOfTheFractionOfTheBlocks) {
 }
 
 // DIANA keeps the largest element of a block with probability |Δ| / ‖Δ‖ = 1 and the others unbiased, also when the
-// norm is subnormal (u · norm rounded up to norm dropped the largest element in about one draw of six).
-TEST(TensorCodec, DianaKeepsTheLargestElementOfASubnormalBlock) {
-  const float dmin = std::numeric_limits<float>::denorm_min();
-  const std::vector<float> x = {3 * dmin, 2 * dmin};
+// norm is tiny (under 2^-100, where u · norm falls among the subnormals unless scaled: rounded up to norm, it dropped
+// the largest element in about one draw of six).
+TEST(TensorCodec, DianaKeepsTheLargestElementOfATinyBlock) {
+  const float tiny = std::numeric_limits<float>::min();  // 2^-126, the smallest norm a block is sent with
+  const std::vector<float> x = {1.5f * tiny, 1.0f * tiny};
   int second = 0;
   const int draws = 3000;
   for (int d = 0; d < draws; ++d) {
@@ -185,11 +186,82 @@ TEST(TensorCodec, DianaKeepsTheLargestElementOfASubnormalBlock) {
     ASSERT_EQ(encoder->Prepare(x, send), 1u) << "draw " << d;
     std::vector<float> decoded(2);
     ASSERT_TRUE(DecodeFloats(WireFormat::kTernary, encoder->Block(0), 2, decoded.data(), false).ok());
-    ASSERT_EQ(decoded[0], 3 * dmin) << "draw " << d;
+    ASSERT_EQ(decoded[0], x[0]) << "draw " << d;
     second += decoded[1] != 0.0f;
   }
   // P = 2/3: 2000 expected, standard deviation 26.
   EXPECT_NEAR(second, 2000, 130);
+}
+
+// A block whose scale (3LC) or norm (DIANA) is subnormal is not sent: 3LC keeps it in the error, DIANA's h_i stays.
+TEST(TensorCodec, ASubnormalBlockIsNotSent) {
+  const float dmin = std::numeric_limits<float>::denorm_min();
+  const std::vector<float> x = {5 * dmin, -2 * dmin, 0.0f, 1.0f};
+  std::vector<float> sums(4, 0.0f);
+  {
+    KeyState state;
+    auto encoder = MakeEncoder({Codec::kThreeLC, 1, 1.0f}, 2, state, 0, 1, 0);
+    std::vector<uint8_t> send(2);
+    EXPECT_EQ(encoder->Prepare(x, send), 1u);
+    EXPECT_EQ(send, std::vector<uint8_t>({0, 1}));
+    encoder->Finish(sums);
+    EXPECT_EQ(state.error, std::vector<float>({5 * dmin, -2 * dmin, 0.0f, 0.0f}));
+  }
+  {
+    KeyState state;
+    auto encoder = MakeEncoder({Codec::kDiana, 1, 1.0f, false, 0.01f, 0.0f, false}, 2, state, 0, 1, 0);
+    std::vector<uint8_t> send(2);
+    EXPECT_EQ(encoder->Prepare(x, send), 1u);
+    EXPECT_EQ(send, std::vector<uint8_t>({0, 1}));
+    EXPECT_EQ(state.h_own[0], 0.0f);
+    EXPECT_EQ(state.h_own[1], 0.0f);
+  }
+}
+
+// A block touched once and zero from then on stops being sent: 3LC with s > 1 left half its error behind at every
+// step, and DIANA a fraction 1 - α of h_i, until they were subnormal, where neither shrank any more (1.5 · 1 ulp
+// rounds to 2 ulps; α · h_i to 0 or h_i's own ulps): the block went out at every step for good. Here, one rank:
+// the sums are its own decoded blocks.
+TEST(TensorCodec, ABlockTouchedOnceGoesQuiet) {
+  for (const CodecSpec& spec : {CodecSpec{Codec::kThreeLC, 1, 1.5f}, CodecSpec{Codec::kThreeLC, 1, 1.9f},
+                                CodecSpec{Codec::kDiana, 1, 1.0f, false, 0.01f, 0.0f, false},
+                                CodecSpec{Codec::kDiana, 1, 1.0f, false, 0.01f, 0.05f, true}}) {
+    SCOPED_TRACE(spec.ToString());
+    KeyState state;
+    uint64_t last_sent = 0;
+    for (uint64_t step = 0; step < 2000; ++step) {
+      const std::vector<float> x = step == 0 ? std::vector<float>{1.0f, 0.5f} : std::vector<float>{0.0f, 0.0f};
+      auto encoder = MakeEncoder(spec, 2, state, 0, 1, 7);
+      std::vector<uint8_t> send(1);
+      std::vector<float> sums(2, 0.0f);
+      if (encoder->Prepare(x, send) > 0) {
+        last_sent = step;
+        ASSERT_TRUE(DecodeFloats(WireFormat::kTernary, encoder->Block(0), 2, sums.data(), false).ok());
+      }
+      encoder->Finish(sums);
+    }
+    // The error shrinks by s - 1 a step (0.5, 0.9), h_i by 1 - α (0.29, 0.95): below 2^-126 within about 1700
+    // steps (126, 1663, 71 and 1647 here); the block went out at all 2000 steps (but for α = 0.71, whose h_i reached 0).
+    EXPECT_LT(last_sent, 1900u);
+  }
+}
+
+// The wire buffer outlives a change of the key's size: the Python group sends every bucket under key 0 with fp16
+// or bf16, and a new buffer (allocated and faulted in) at every change of bucket size was what it is kept to avoid.
+TEST(TensorCodec, TheWireBufferIsKeptWhenTheKeysSizeChanges) {
+  KeyState state;
+  const std::vector<float> large(64, 1.0f), small(16, 1.0f);
+  std::vector<uint8_t> send_large(8), send_small(2);
+  MakeEncoder({Codec::kFloat16, 0}, 8, state, 0, 1, 0)->Prepare(large, send_large);
+  const std::byte* buffer = state.wire.bytes.data();
+  ASSERT_NE(buffer, nullptr);
+  auto encoder = MakeEncoder({Codec::kFloat16, 0}, 8, state, 0, 1, 0);
+  EXPECT_EQ(encoder->Prepare(small, send_small), 2u);
+  EXPECT_EQ(state.elements, 16u);
+  EXPECT_EQ(state.wire.bytes.data(), buffer);
+  std::vector<float> decoded(8);
+  ASSERT_TRUE(DecodeFloats(WireFormat::kFloat16, encoder->Block(1), 8, decoded.data(), false).ok());
+  EXPECT_EQ(decoded, std::vector<float>(8, 1.0f));
 }
 
 // The key's state starts afresh when its tensor changes size or codec: an error memory of another shape or meaning
