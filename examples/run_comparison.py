@@ -45,8 +45,13 @@ def main():
     p.add_argument("--codecs", default="",
                    help="comma-separated sparsereduce codecs to compare, each NAME or NAME:OPTION=VALUE:... "
                         "(e.g. topk:fraction=0.1, 3lc:sparsity=1.5:fp32-results=1)")
+    p.add_argument("--check-identical", action="store_true",
+                   help="exit 1 unless gloo and sparsereduce give the same loss on every rank at every step (exact "
+                        "with 2 ranks, where the order of a sum cannot matter; not with --codecs)")
     p.add_argument("extra", nargs="*", help="passed to every example (after --), e.g. -- --steps 10")
     args = p.parse_args()
+    if args.check_identical and args.codecs:
+        p.error("--check-identical compares gloo with sparsereduce, which --codecs does not run")
     unknown = [name for name in args.examples.split(",") if name not in EXAMPLES]
     if unknown:
         p.error(f"--examples: unknown example {unknown[0]!r} (known: {', '.join(EXAMPLES)})")
@@ -78,7 +83,11 @@ def main():
                 if args.codecs:
                     print_codec_table(name, [runs[v] for v in variants], args.markdown)
                 else:
-                    print_table(name, runs[("gloo", "none")], runs[("sparsereduce", "none")], args.markdown)
+                    identical, steps = print_table(name, runs[("gloo", "none")], runs[("sparsereduce", "none")],
+                                                   args.markdown)
+                    if args.check_identical and (identical != steps or steps == 0):
+                        raise SystemExit(f"run_comparison: {name}: the losses differ in {steps - identical} of "
+                                         f"{steps} steps (--check-identical)")
 
 
 class Aggregator:
@@ -193,6 +202,7 @@ def print_table(name, gloo, sr, markdown):
     ts = statistics.median(s["time_s"] for s in sr["steps"][later]) * 1e3
     print(f"\nloss identical on every rank in {identical} of {len(rows)} steps (largest difference {worst:.1e}); "
           f"median step time from step 2: gloo {tg:.1f} ms, sparsereduce {ts:.1f} ms")
+    return identical, len(rows)
 
 
 SWITCHES = ("fp32-results", "tensor-scale", "l2-norm")
