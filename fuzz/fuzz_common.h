@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -355,16 +356,8 @@ inline uint32_t MaxWireBytesOf(Wire w, uint32_t n) {
 }
 inline uint32_t ElementsOf(const CollectiveSpec& spec, uint64_t block) { return BlockBytesOf(spec, block) / 4; }
 
-inline float FloatOf(uint32_t bits) {
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-inline uint32_t BitsOf(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-}
+inline float FloatOf(uint32_t bits) { return std::bit_cast<float>(bits); }
+inline uint32_t BitsOf(float f) { return std::bit_cast<uint32_t>(f); }
 
 // IEEE half <-> float (§11.1: round to nearest, ties to even; overflow to infinity; NaN stays NaN), via exact
 // double arithmetic rather than bit tricks, so that it is independent of codec/half.cc.
