@@ -289,6 +289,7 @@ class DianaEncoder final : public TensorEncoder {
     const Blocks blocks = Split(tensor.size(), block_size_);
     std::vector<float> delta(block_size_), draws(block_size_);
     std::vector<int8_t> q(block_size_);
+    decoded_.resize(block_size_);
     store_.Reset(state_.wire, blocks.count, MaxTernaryBytes(block_size_));
     uint64_t count = 0;
     for (uint64_t b = 0; b < blocks.count; ++b) {
@@ -327,7 +328,7 @@ class DianaEncoder final : public TensorEncoder {
     // below, so every h_i must too: h = mean h_i held only while they skip the same elements. A rank whose block
     // was finite used to add it anyway, and the results of that block stayed off by α·Q(Δ_i) for good.
     const Blocks blocks = Split(tensor.size(), block_size_);
-    std::vector<float> sent(block_size_);
+    std::vector<float>& sent = decoded_;  // allocated by Prepare: Finish must not fail half way (TensorEncoder)
     for (uint64_t b = 0; b < blocks.count; ++b) {
       if (store_.Block(b).empty() || std::isnan(TernaryScale(store_.Block(b)))) continue;
       const uint32_t n = blocks.Length(b);
@@ -355,6 +356,7 @@ class DianaEncoder final : public TensorEncoder {
   uint64_t seed_;
   float alpha_;
   BlockStore store_;
+  std::vector<float> decoded_;  // Finish's one block of Q(Δ_i)
 };
 
 // Block top-k with error feedback: T = x + R; the k blocks of T with the largest 2-norm go out exactly, the others

@@ -69,7 +69,8 @@ class TensorEncoder {
   // The wire bytes of a block marked by Prepare.
   virtual std::span<const std::byte> Block(uint64_t block) const = 0;
   // `tensor` holds in every block the decoded sum the aggregators sent (zero where none came); makes it the
-  // collective's result and advances the key's state.
+  // collective's result and advances the key's state. Allocates nothing and does not fail: the collective has
+  // succeeded, and a failure half way would leave neither the input nor the result (Prepare allocates instead).
   virtual void Finish(std::span<float> tensor) = 0;
 
   // Blocks the codec chose to consider (top-k / adaptive: k), for statistics; 0 otherwise.

@@ -374,6 +374,43 @@ TEST(WorkerLifecycle, DestroyingTheWorkerWhileACollectiveWaitsOnBlockedWrites) {
   EXPECT_TRUE(tensor == input);
 }
 
+// A connection the Worker aborts ends for the aggregator although a child of fork() (a DataLoader worker, say)
+// holds a copy of its descriptor: the abort closed only this process's descriptor, so the child's copy kept the
+// connection open, the aggregator waited for the rest of the frame until its stall timeout, and a retry of the job
+// met JOB_FULL. Here the writes are blocked when abort() is called, so the failure's grace ends with the abort.
+TEST(WorkerLifecycle, AnAbortedConnectionEndsThoughAForkedChildHoldsItsDescriptor) {
+  WorkerOptions options;
+  options.job = 49;
+  options.tcp_send_buffer = 4096;
+  options.collective_timeout = 60s;
+  Joined j;
+  ASSERT_NO_FATAL_FAILURE(Join(options, &j, /*receive_buffer=*/4096));
+  std::vector<float> tensor(4 << 20, 1.0f);
+  auto done = j.worker->allreduce_async(std::span(tensor));
+  ASSERT_TRUE(ReadFrame(j.fd));  // the collective is under way; its CONTRIBUTIONs fill the small buffers
+  int hold[2];
+  ASSERT_EQ(pipe(hold), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // holds the Worker's descriptors until the parent closes the pipe (or 30 s pass)
+    close(hold[1]);
+    alarm(30);
+    char byte;
+    while (read(hold[0], &byte, 1) < 0 && errno == EINTR) {
+    }
+    _exit(0);
+  }
+  close(hold[0]);
+  j.worker->abort();
+  ASSERT_EQ(done.wait_for(10s), std::future_status::ready);
+  EXPECT_THROW(done.get(), Error);
+  const std::optional<std::string> closed = ReadUntilClosed(j.fd, 5s);  // drains what was written, then the end
+  close(hold[1]);
+  int status = 0;
+  waitpid(child, &status, 0);
+  EXPECT_TRUE(closed.has_value()) << "the aborted connection stayed open while the child held its descriptor";
+}
+
 // The same with small frames (one 4-element block each): the writer blocks between frames, not inside one, so
 // dropping the queue left it idle at once, and that finished the failure in the middle of queueing the Goodbyes;
 // the grace timer was then never armed, the Goodbye waited behind the full socket, and the destructor waited for

@@ -429,6 +429,7 @@ void RingChannel::Abort() {
   Fail(Status(StatusCode::kAborted, "connection closed"));
   CancelWaits();  // also when it had failed already: whatever waits now must end, as Abort promises
   boost::system::error_code ignored;
+  liveness_.shutdown(asio::ip::tcp::socket::shutdown_both, ignored);  // as TcpChannel::Abort: also for a fork's copy
   liveness_.close(ignored);
 }
 

@@ -41,6 +41,9 @@ class TcpChannel final : public transport::Channel {
   void DropQueued() override { writer_.DropQueued(); }
   void Abort() override {
     boost::system::error_code ignored;
+    // The connection ends for the peer even when a child of fork() holds a copy of the descriptor, which a close
+    // alone leaves open (the peer then waits for the rest of a frame until its own timeout).
+    socket_.shutdown(Socket::shutdown_both, ignored);
     socket_.close(ignored);
   }
 

@@ -169,6 +169,8 @@ class Worker::Impl : public AggregatorLink::Handler {
   void StartSlots(uint64_t seq, uint64_t pair);
   void SendFrame(AggregatorLink& link, const OutgoingFrame& frame);
   void MaybeComplete();
+  // The statistics of the collective that just completed (last_stats), and the adaptive codec's cost sample.
+  void RecordStats(Active& a);
 
   const pid_t owner_pid_ = getpid();
   WorkerOptions options_;
@@ -688,8 +690,21 @@ void Worker::Impl::MaybeComplete() {
     if (!link->writer_idle()) return;
   }
   Active& a = *active_;
-  a.collective->Finish();
+  a.collective->Finish();  // no-throw: from here on the collective has succeeded, and nothing below may fail it
   deadline_.cancel();
+  try {
+    RecordStats(a);
+  } catch (const std::bad_alloc&) {
+    // Out of memory for the statistics or the cost model's sample: the sums are in place; only those are missed.
+  }
+  std::promise<void> promise = std::move(a.request.promise);
+  scratch_ = a.collective->ReleaseScratch();
+  active_.reset();
+  promise.set_value();
+  StartNext();
+}
+
+void Worker::Impl::RecordStats(Active& a) {
   CollectiveStats stats;
   stats.seq = a.collective->seq();
   stats.element_count = a.request.spec.element_count;
@@ -708,15 +723,8 @@ void Worker::Impl::MaybeComplete() {
     // The adaptive codec's cost model learns from what its collectives cost.
     a.codec_state->cost.Add(static_cast<double>(stats.bytes_sent), stats.seconds);
   }
-  {
-    std::lock_guard lock(stats_mutex_);
-    last_stats_ = stats;
-  }
-  std::promise<void> promise = std::move(a.request.promise);
-  scratch_ = a.collective->ReleaseScratch();
-  active_.reset();
-  promise.set_value();
-  StartNext();
+  std::lock_guard lock(stats_mutex_);
+  last_stats_ = std::move(stats);
 }
 
 void Worker::Impl::OnFailure(AggregatorLink& link, const Status& status) {

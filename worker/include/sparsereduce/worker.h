@@ -165,7 +165,10 @@ class Worker {
   // Says goodbye to the aggregators; fails what is still queued or in flight with ABORTED (restoring the tensors
   // with restore_on_failure) and returns once nothing reads or writes them any more. A Worker inherited by a child
   // of fork() is unusable there (allreduce throws UNSUPPORTED) and its destructor in the child does nothing: the
-  // connections stay the parent's.
+  // connections stay the parent's. The child still holds copies of their descriptors (Linux has no close-on-fork):
+  // the parent's failures and its destructor end the connections for the aggregators anyway (shutdown, not just
+  // close), but if the parent dies while such children live, the aggregators see its connections end only when the
+  // children exit, or at their stall timeout.
   ~Worker();
 
   Worker(const Worker&) = delete;
