@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <boost/asio/ip/address.hpp>
 #include <cctype>
 #include <cstdlib>
 #include <memory>
@@ -77,24 +78,48 @@ CLI::Option* AddMilliseconds(CLI::App& app, const std::string& flag, std::chrono
   return Add(app, flag, storage, help)->check(CLI::Range(min_ms, kMaxTimeoutMs));
 }
 
+// Whether the daemon's own listeners on `a` and `b` would clash: the same port (not 0: each of those gets its own)
+// and the same host, or address literals of one family where either is the wildcard (0.0.0.0 takes the port on
+// every IPv4 address). Names are compared as written; resolving them is the listener's job.
+bool SameListenPort(const tcp::HostPort& a, const tcp::HostPort& b) {
+  if (a.port == 0 || a.port != b.port) return false;
+  if (a.host == b.host) return true;
+  boost::system::error_code a_error, b_error;
+  const boost::asio::ip::address x = boost::asio::ip::make_address(a.host, a_error);
+  const boost::asio::ip::address y = boost::asio::ip::make_address(b.host, b_error);
+  if (a_error || b_error || x.is_v4() != y.is_v4()) return false;
+  return x == y || x.is_unspecified() || y.is_unspecified();
+}
+
 Status Validate(const DaemonConfig& config) {
   if (config.server.listen.empty()) return InvalidArgument("--listen: at least one address is needed");
-  std::vector<std::string> seen;
+  // Bound twice, a port failed with "Address already in use" (exit 1, retried by systemd), which sent operators
+  // looking for another process: a clash among the daemon's own addresses is a configuration error.
+  std::vector<tcp::HostPort> seen;
   for (const std::string& text : config.server.listen) {
     Result<tcp::HostPort> hp = tcp::ParseHostPort(text);
     if (!hp.ok()) return hp.status().WithContext("--listen");
-    // Bound twice, it failed with "Address already in use", which sent operators looking for another process. A
-    // port 0 may be listed more than once: each gets a port of its own.
-    const std::string address = hp->ToString();
-    if (hp->port != 0 && std::find(seen.begin(), seen.end(), address) != seen.end()) {
-      return InvalidArgument("--listen: " + address + " is listed twice");
+    for (const tcp::HostPort& earlier : seen) {
+      if (SameListenPort(*hp, earlier)) {
+        return InvalidArgument("--listen: " + hp->ToString() +
+                               (hp->ToString() == earlier.ToString() ? " is listed twice"
+                                                                     : " takes the same port as " + earlier.ToString()));
+      }
     }
-    seen.push_back(address);
+    seen.push_back(*hp);
   }
   if (!config.metrics_listen.empty()) {
-    if (Result<tcp::HostPort> hp = tcp::ParseHostPort(config.metrics_listen); !hp.ok()) {
-      return hp.status().WithContext("--metrics-listen");
+    Result<tcp::HostPort> hp = tcp::ParseHostPort(config.metrics_listen);
+    if (!hp.ok()) return hp.status().WithContext("--metrics-listen");
+    for (const tcp::HostPort& data : seen) {
+      if (SameListenPort(*hp, data)) {
+        return InvalidArgument("--metrics-listen: " + hp->ToString() + " takes the port of --listen " +
+                               data.ToString() + ": give the metrics endpoint a port of its own");
+      }
     }
+  } else if (!config.metrics_port_file.empty()) {
+    return InvalidArgument("--metrics-port-file: there is no metrics endpoint (--metrics-listen is empty), so the "
+                           "file would never be written");
   }
   if (Result<NetworkAllowlist> list = NetworkAllowlist::Parse(config.server.allow_networks); !list.ok()) {
     return list.status().WithContext("--allow-network");
@@ -286,7 +311,21 @@ std::variant<DaemonConfig, int> ParseDaemonConfig(const std::vector<std::string>
     // CLI11 reads TOML with its INI parser and says so for a key it has no flag for ("INI was not able to parse
     // KEY"); the user wrote TOML.
     const std::string extra_key = "INI was not able to parse ";
-    if (what.starts_with(extra_key)) what = "unknown key " + what.substr(extra_key.size());
+    if (what.starts_with(extra_key)) {
+      std::string key = what.substr(extra_key.size());
+      // A [table] header reaches CLI11 as the key "TABLE.++"; its keys as "TABLE.KEY".
+      if (key.ends_with(".++")) key = "[" + key.substr(0, key.size() - 3) + "]";
+      what = "unknown key " + key;
+      if (key.find('.') != std::string::npos || key.starts_with("[")) {
+        what += ": tables are not read; every setting is a top-level key (max-jobs = 5)";
+      }
+    }
+    // CLI11's words for what a TOML user means.
+    if (what.find("At least 1 required but received 0") != std::string::npos) {
+      what += ": an empty list is not a value; leave the setting out to get its default";
+    } else if (what.find("At Most 1 required but received") != std::string::npos) {
+      what += ": one value is expected; quote a value with spaces (max-tensor-bytes = \"4 GiB\")";
+    }
     err << "sparsereduce-aggregator: invalid configuration: " << what
         << SourceHint(e.what(), config_error, args, ConfigPath(args, config_from_env ? env_config : nullptr))
         << "\n";

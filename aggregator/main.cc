@@ -13,6 +13,7 @@
 #include <boost/asio/dispatch.hpp>
 #include <boost/asio/post.hpp>
 #include <cerrno>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -123,6 +124,10 @@ int StartFailureExitCode(const Status& status) { return status.code() == StatusC
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Sockets write with MSG_NOSIGNAL; the log does not: a log pipe whose reader went away (a restarted log shipper,
+  // `| tee`) killed the daemon at its next line, every job lost without SHUTTING_DOWN. systemd ignores SIGPIPE for
+  // its units already; containers and wrappers do not.
+  std::signal(SIGPIPE, SIG_IGN);
   auto parsed = ParseDaemonConfig(std::vector<std::string>(argv, argv + argc), std::cout, std::cerr);
   if (const int* exit_code = std::get_if<int>(&parsed)) return *exit_code;
   DaemonConfig config = std::get<DaemonConfig>(std::move(parsed));

@@ -177,6 +177,61 @@ TEST(Service, DaemonThatCannotStartIsReportedAtOnce) {
   }
 }
 
+// A log pipe whose reader went away (a restarted log shipper, `| tee` ended) does not end the daemon: its next log
+// line killed it with SIGPIPE (exit by signal 13, every job lost without SHUTTING_DOWN). systemd ignores SIGPIPE
+// for its units; a container's entrypoint or a wrapper does not, so the child here starts with the default.
+TEST(Service, ALogPipeWithoutAReaderDoesNotEndTheDaemon) {
+  auto temp_dir = tools::TempDir::Create("sr-svc-sigpipe-");
+  ASSERT_TRUE(temp_dir.ok()) << temp_dir.status().ToString();
+  const std::string port_file = temp_dir->File("port");
+  int log[2];
+  ASSERT_EQ(pipe(log), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    signal(SIGPIPE, SIG_DFL);
+    dup2(log[1], STDOUT_FILENO);
+    dup2(log[1], STDERR_FILENO);
+    close(log[0]);
+    close(log[1]);
+    execl(SPARSEREDUCE_AGGREGATOR_BIN, SPARSEREDUCE_AGGREGATOR_BIN, "--listen", "127.0.0.1:0", "--metrics-listen", "",
+          "--port-file", port_file.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(log[0]);  // nobody reads the daemon's log
+  close(log[1]);
+  int status = 0;
+  bool exited = false;
+  const auto deadline = std::chrono::steady_clock::now() + 30s;
+  while (std::chrono::steady_clock::now() < deadline) {  // until it listens (its log lines go nowhere meanwhile)
+    if (waitpid(pid, &status, WNOHANG) == pid) {
+      exited = true;
+      break;
+    }
+    std::ifstream in(port_file);
+    std::string line;
+    if (std::getline(in, line) && !line.empty()) break;
+    std::this_thread::sleep_for(10ms);  // poll interval
+  }
+  if (!exited) {
+    kill(pid, SIGHUP);   // logged (and ignored)
+    kill(pid, SIGTERM);  // logged: draining, then exit 0
+    for (auto end = std::chrono::steady_clock::now() + 30s; std::chrono::steady_clock::now() < end;) {
+      if (waitpid(pid, &status, WNOHANG) == pid) {
+        exited = true;
+        break;
+      }
+      std::this_thread::sleep_for(10ms);  // poll interval
+    }
+  }
+  if (!exited) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    FAIL() << "the daemon did not exit after SIGTERM";
+  }
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << tools::DescribeExit(status);
+}
+
 // A link-local listen address scoped to an interface that does not exist (yet: IPoIB or a VLAN that comes up late)
 // exits 1, which systemd's Restart=on-failure retries; it exited 2, as a typo would, and stayed down for good.
 TEST(Service, AListenAddressOnAMissingInterfaceIsRetriable) {

@@ -119,6 +119,22 @@ TEST_F(ConfigTest, InvalidConfigurationExitsWithCode2) {
   unsetenv("SPARSEREDUCE_CONFIG");
   ExpectExit2({"--listen", "nohostport"}, "--listen");
   ExpectExit2({"--listen", "127.0.0.1:9000,127.0.0.1:9000"}, "--listen: 127.0.0.1:9000 is listed twice");
+  // Clashes among the daemon's own addresses exited 1 ("Address already in use", retried by systemd).
+  ExpectExit2({"--listen", "0.0.0.0:9000,127.0.0.1:9000"}, "--listen: 127.0.0.1:9000 takes the same port as 0.0.0.0:9000");
+  ExpectExit2({"--listen", "[::1]:9000,[::]:9000"}, "--listen: [::]:9000 takes the same port as [::1]:9000");
+  ExpectExit2({"--listen", "127.0.0.1:9000", "--metrics-listen", "0.0.0.0:9000"},
+              "--metrics-listen: 0.0.0.0:9000 takes the port of --listen 127.0.0.1:9000");
+  ExpectExit2({"--metrics-listen", "", "--metrics-port-file", dir_ + "/mp"}, "--metrics-port-file: there is no metrics");
+  // CLI11's messages for TOML mistakes say what to write instead.
+  ExpectExit2({"--config", WriteConfig("[server]\nmax-jobs = 5\n")},
+              "unknown key [server]: tables are not read; every setting is a top-level key");
+  ExpectExit2({"--config", WriteConfig("allow-network = []\n")}, "leave the setting out to get its default");
+  ExpectExit2({"--config", WriteConfig("max-tensor-bytes = 4 GiB\n")}, "quote a value with spaces");
+  // Not clashes: other ports, port 0, other families.
+  EXPECT_EQ(ParseOk({"--listen", "127.0.0.1:0,127.0.0.1:0,0.0.0.0:9000,[::]:9000", "--metrics-listen",
+                     "127.0.0.1:9001"})
+                .server.listen.size(),
+            4u);
   ExpectExit2({"--allow-network", "10.0.0.0/33"}, "10.0.0.0/33");
   ExpectExit2({"--allow-network", "fd00::1/8"}, "allowed network fd00::1/8 has host bits set; did you mean fd00::/8?");
   ExpectExit2({"--metrics-listen", "nohostport"}, "--metrics-listen");
