@@ -8,7 +8,7 @@
 # Environment (all optional):
 #   BUILD_DIR        build tree (default: <repo>/build-fuzz)
 #   FUZZ_CXX         clang++ to use (default: clang++); CXX is deliberately not used, CI often points it at g++
-#   FUZZERS          space-separated subset of the targets (default: all five)
+#   FUZZERS          space-separated subset of the targets (default: all six)
 #   JOBS             build parallelism (default: nproc)
 #   FUZZ_ARGS        extra libFuzzer flags for every target, e.g. "-jobs=2" or "-only_ascii=0"
 set -euo pipefail
@@ -23,7 +23,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${BUILD_DIR:-$root/build-fuzz}
 cxx=${FUZZ_CXX:-clang++}
 jobs=${JOBS:-$(nproc 2>/dev/null || echo 2)}
-fuzzers=${FUZZERS:-frame_decoder_fuzzer control_message_fuzzer column_engine_fuzzer worker_collective_fuzzer wire_block_fuzzer}
+fuzzers=${FUZZERS:-frame_decoder_fuzzer control_message_fuzzer column_engine_fuzzer worker_collective_fuzzer wire_block_fuzzer ring_channel_fuzzer}
 read -r -a extra_args <<<"${FUZZ_ARGS:-}"
 
 if ! command -v "$cxx" >/dev/null 2>&1; then
