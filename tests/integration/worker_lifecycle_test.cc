@@ -238,6 +238,18 @@ void Join(WorkerOptions options, Joined* out, int receive_buffer = 0) {
   out->worker = joined.get();
 }
 
+// Options whose TCP send buffer (4 KiB, and the hand-played aggregator's receive buffer, JoinBlocked) fills with the
+// first frames of a collective the aggregator does not read: its writes block.
+WorkerOptions SmallBuffers(uint64_t job, std::chrono::seconds collective_timeout) {
+  WorkerOptions options;
+  options.job = job;
+  options.tcp_send_buffer = 4096;
+  options.collective_timeout = collective_timeout;
+  return options;
+}
+
+void JoinBlocked(const WorkerOptions& options, Joined* out) { Join(options, out, /*receive_buffer=*/4096); }
+
 // One block of 4 floats, one slot, one block per message: the collective is CollectiveBegin, the announce and one
 // CONTRIBUTION, answered by CollectiveAccepted, the announce reply and one RESULT.
 WorkerOptions OneBlockShape(uint64_t job) {
@@ -314,12 +326,8 @@ TEST(WorkerLifecycle, AnAggregatorClosingMidFrameFailsTheCollectiveAndRestoresTh
 // An aggregator that stops reading: the worker's writes block with frames that point into the tensor, and the
 // collective timeout must still end the collective (and put the input back); then the Worker goes at once.
 TEST(WorkerLifecycle, AnAggregatorThatStopsReadingEndsAtTheCollectiveTimeout) {
-  WorkerOptions options;
-  options.job = 44;
-  options.tcp_send_buffer = 4096;
-  options.collective_timeout = 1s;
   Joined j;
-  ASSERT_NO_FATAL_FAILURE(Join(options, &j, /*receive_buffer=*/4096));
+  ASSERT_NO_FATAL_FAILURE(JoinBlocked(SmallBuffers(44, 1s), &j));
   std::vector<float> tensor(4 << 20);
   for (size_t i = 0; i < tensor.size(); ++i) tensor[i] = static_cast<float>(i % 1000) + 1.0f;
   const std::vector<float> input = tensor;
@@ -346,12 +354,8 @@ TEST(WorkerLifecycle, AnAggregatorThatStopsReadingEndsAtTheCollectiveTimeout) {
 // Destroying the Worker while another thread waits for a collective whose writes are blocked: the waiting thread
 // gets ABORTED with its input back, and the destructor returns.
 TEST(WorkerLifecycle, DestroyingTheWorkerWhileACollectiveWaitsOnBlockedWrites) {
-  WorkerOptions options;
-  options.job = 45;
-  options.tcp_send_buffer = 4096;
-  options.collective_timeout = 60s;
   Joined j;
-  ASSERT_NO_FATAL_FAILURE(Join(options, &j, /*receive_buffer=*/4096));
+  ASSERT_NO_FATAL_FAILURE(JoinBlocked(SmallBuffers(45, 60s), &j));
   std::vector<float> tensor(4 << 20);
   for (size_t i = 0; i < tensor.size(); ++i) tensor[i] = static_cast<float>(i % 1000) + 1.0f;
   const std::vector<float> input = tensor;
@@ -379,12 +383,8 @@ TEST(WorkerLifecycle, DestroyingTheWorkerWhileACollectiveWaitsOnBlockedWrites) {
 // connection open, the aggregator waited for the rest of the frame until its stall timeout, and a retry of the job
 // met JOB_FULL. Here the writes are blocked when abort() is called, so the failure's grace ends with the abort.
 TEST(WorkerLifecycle, AnAbortedConnectionEndsThoughAForkedChildHoldsItsDescriptor) {
-  WorkerOptions options;
-  options.job = 49;
-  options.tcp_send_buffer = 4096;
-  options.collective_timeout = 60s;
   Joined j;
-  ASSERT_NO_FATAL_FAILURE(Join(options, &j, /*receive_buffer=*/4096));
+  ASSERT_NO_FATAL_FAILURE(JoinBlocked(SmallBuffers(49, 60s), &j));
   std::vector<float> tensor(4 << 20, 1.0f);
   auto done = j.worker->allreduce_async(std::span(tensor));
   ASSERT_TRUE(ReadFrame(j.fd));  // the collective is under way; its CONTRIBUTIONs fill the small buffers
@@ -416,16 +416,13 @@ TEST(WorkerLifecycle, AnAbortedConnectionEndsThoughAForkedChildHoldsItsDescripto
 // the grace timer was then never armed, the Goodbye waited behind the full socket, and the destructor waited for
 // the kernel to give the connection up (TCP_USER_TIMEOUT, about 10 s).
 TEST(WorkerLifecycle, DestroyingTheWorkerWhileSmallFramesAreBlockedReturnsWithinTheGrace) {
-  WorkerOptions options;
-  options.job = 47;
-  options.tcp_send_buffer = 4096;
-  options.collective_timeout = 60s;
+  WorkerOptions options = SmallBuffers(47, 60s);
   options.block_size = 4;
   options.slots = 64;
   options.blocks_per_message = 1;
   options.window = 256;
   Joined j;
-  ASSERT_NO_FATAL_FAILURE(Join(options, &j, /*receive_buffer=*/4096));
+  ASSERT_NO_FATAL_FAILURE(JoinBlocked(options, &j));
   std::vector<float> tensor(4 * 64 * 2000, 1.0f);  // every block nonzero: 2 MB to send, far above the buffers
   const std::vector<float> input = tensor;
   auto done = j.worker->allreduce_async(std::span(tensor));
