@@ -84,6 +84,13 @@ CLI::Option* AddMilliseconds(CLI::App& app, const std::string& flag, std::chrono
 bool SameListenPort(const tcp::HostPort& a, const tcp::HostPort& b) {
   if (a.port == 0 || a.port != b.port) return false;
   if (a.host == b.host) return true;
+  // Scopes as written: an interface that does not exist yet parses as scope 0 (fe80::1%ib0 and %ib1 alike), and
+  // its listener's failure is retried (exit 1), not a clash.
+  const size_t a_scope = a.host.find('%'), b_scope = b.host.find('%');
+  if (a_scope != std::string::npos && b_scope != std::string::npos &&
+      a.host.substr(a_scope) != b.host.substr(b_scope)) {
+    return false;
+  }
   boost::system::error_code a_error, b_error;
   const boost::asio::ip::address x = boost::asio::ip::make_address(a.host, a_error);
   const boost::asio::ip::address y = boost::asio::ip::make_address(b.host, b_error);
@@ -320,15 +327,17 @@ std::variant<DaemonConfig, int> ParseDaemonConfig(const std::vector<std::string>
         what += ": tables are not read; every setting is a top-level key (max-jobs = 5)";
       }
     }
-    // CLI11's words for what a TOML user means.
-    if (what.find("At least 1 required but received 0") != std::string::npos) {
-      what += ": an empty list is not a value; leave the setting out to get its default";
-    } else if (what.find("At Most 1 required but received") != std::string::npos) {
-      what += ": one value is expected; quote a value with spaces (max-tensor-bytes = \"4 GiB\")";
+    const std::string source =
+        SourceHint(e.what(), config_error, args, ConfigPath(args, config_from_env ? env_config : nullptr));
+    // CLI11's words for what a TOML user means (on the command line they mean something else: a flag given twice).
+    if (source.find("in the config file") != std::string::npos) {
+      if (what.find("At least 1 required but received 0") != std::string::npos) {
+        what += ": an empty list is not a value; leave the setting out to get its default";
+      } else if (what.find("At Most 1 required but received") != std::string::npos) {
+        what += ": one value is expected; quote a value with spaces (max-tensor-bytes = \"4 GiB\")";
+      }
     }
-    err << "sparsereduce-aggregator: invalid configuration: " << what
-        << SourceHint(e.what(), config_error, args, ConfigPath(args, config_from_env ? env_config : nullptr))
-        << "\n";
+    err << "sparsereduce-aggregator: invalid configuration: " << what << source << "\n";
     return 2;
   }
   server.handshake_timeout = std::chrono::milliseconds(handshake_ms);

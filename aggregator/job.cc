@@ -536,7 +536,9 @@ Result<codec::ErrorMemory*> Job::ErrorMemoryFor(const CollectiveSpec& spec) {
                       " bytes but the aggregator's jobs already hold " + std::to_string(context_.memory.reserved()) +
                       " of its --max-total-memory of " + std::to_string(context_.memory.limit()));
   }
-  auto entry = std::make_unique<KeyedErrorMemory>(spec.element_count, blocks, spec.block_size, context_.memory, bytes);
+  // Held from here on, so that any allocation below that throws gives the bytes back.
+  MemoryReservation reserved(context_.memory, bytes);
+  auto entry = std::make_unique<KeyedErrorMemory>(spec.element_count, blocks, spec.block_size, std::move(reserved));
   codec::ErrorMemory* memory = &entry->memory;
   error_memories_[spec.codec.key] = std::move(entry);
   error_memory_bytes_ += bytes;

@@ -144,9 +144,9 @@ class Job : public std::enable_shared_from_this<Job> {
   // 3LC's error feedback on the results this aggregator sends, per collective key, for the job's lifetime; each
   // holds its share of --max-total-memory while it exists.
   struct KeyedErrorMemory {
-    KeyedErrorMemory(uint64_t elements, uint64_t blocks, uint32_t block_size, MemoryBudget& budget, uint64_t bytes)
-        : reservation(budget, bytes), elements(elements), memory(blocks, block_size) {}
-    // First: it takes over the bytes reserved before, and gives them back if allocating `memory` throws.
+    KeyedErrorMemory(uint64_t elements, uint64_t blocks, uint32_t block_size, MemoryReservation&& reserved)
+        : reservation(std::move(reserved)), elements(elements), memory(blocks, block_size) {}
+    // First: it holds the bytes reserved before while `memory` is allocated (which may throw).
     MemoryReservation reservation;
     uint64_t elements;  // of the tensor it was made for: another size starts over, as the workers' error does
     codec::ErrorMemory memory;

@@ -177,7 +177,9 @@ void Session::RejectBeforeJoin(const Status& error) {
 
 asio::awaitable<void> Session::EndMembership(Job& job, uint32_t rank, const Status& reason) {
   job.OnDisconnect(rank, this, reason);
-  if (!closed_) co_return;
+  // UNAVAILABLE: the stream ended or broke, and there is nothing left to read (a read after the end of stream may
+  // not complete before the close grace does).
+  if (!closed_ || reason.code() == StatusCode::kUnavailable) co_return;
   // Dropped in chunks, framed or not: after a header that does not decode, nothing tells where a frame starts.
   constexpr uint64_t kChunk = 64 << 10;
   while ((co_await channel_->Discard(kChunk)).ok()) {

@@ -528,6 +528,43 @@ TEST(InProcess, RankThatLeftBetweenCollectivesIsReportedWithItsReason) {
   EXPECT_TRUE((*daemon)->Stop());
 }
 
+// The PEER_LEFT an aggregator sends the other ranks when one breaks the protocol names the job for its log ("job 22
+// aborted because rank 1 (peer P) broke the protocol: ..."); the Worker's error names it in front, once.
+TEST(InProcess, AnotherRanksViolationIsReportedNamingTheJobOnce) {
+  auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
+  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
+  const std::string address = (*daemon)->AddressList();
+  const int fd = ConnectToLoopback(address);
+  ASSERT_GE(fd, 0) << "cannot connect to " << address;
+  WorkerOptions options;
+  options.aggregators = {address};
+  options.job = 22;
+  options.rank = 0;
+  options.world_size = 2;
+  options.connect_timeout = options.join_timeout = options.collective_timeout = 10s;
+  auto rank0 = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
+  ASSERT_TRUE(SendControl(fd, RawHello(options.job, 1, 2, 1, options)));
+  std::unique_ptr<Worker> worker = rank0.get();
+  std::array<std::byte, kFrameHeaderSize> header{};
+  EncodeFrameHeader({FrameType::kContribution, kEntrySize, 0, options.job, 1, 1}, header.data());
+  ASSERT_TRUE(WriteAll(fd, header));  // no collective runs: rank 1 broke the protocol
+  std::vector<float> tensor(4096, 1.0f);
+  try {
+    worker->allreduce(std::span(tensor));
+    ADD_FAILURE() << "the collective ran without rank 1";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_EQ(e.code(), "PEER_LEFT") << what;
+    EXPECT_NE(what.find("aggregator 0 (" + address + "): the job aborted because rank 1 (peer 127.0.0.1:"),
+              std::string::npos)
+        << what;
+    EXPECT_EQ(what.find("job 22", what.find("job 22") + 1), std::string::npos) << what;
+  }
+  close(fd);
+  worker.reset();
+  EXPECT_TRUE((*daemon)->Stop());
+}
+
 // A Goodbye's reason is the peer's own text, which the daemon logs and passes on to the other ranks: it is escaped
 // and cut first. It was passed on whole: a reason near the 64 KiB CONTROL limit made the other rank's PEER_LEFT
 // Error larger than that limit, so the rank failed on a frame it could not read instead of learning why; and a

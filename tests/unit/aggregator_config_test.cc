@@ -130,7 +130,9 @@ TEST_F(ConfigTest, InvalidConfigurationExitsWithCode2) {
               "unknown key [server]: tables are not read; every setting is a top-level key");
   ExpectExit2({"--config", WriteConfig("allow-network = []\n")}, "leave the setting out to get its default");
   ExpectExit2({"--config", WriteConfig("max-tensor-bytes = 4 GiB\n")}, "quote a value with spaces");
-  // Not clashes: other ports, port 0, other families.
+  // Not clashes: other ports, port 0, other families, link-local addresses on different interfaces (that may not
+  // exist yet: their listeners' failures are retried).
+  EXPECT_EQ(ParseOk({"--listen", "[fe80::1%sr-no-if-0]:9000,[fe80::1%sr-no-if-1]:9000"}).server.listen.size(), 2u);
   EXPECT_EQ(ParseOk({"--listen", "127.0.0.1:0,127.0.0.1:0,0.0.0.0:9000,[::]:9000", "--metrics-listen",
                      "127.0.0.1:9001"})
                 .server.listen.size(),

@@ -60,15 +60,20 @@ std::string DescribeCollective(uint64_t seq, const CollectiveSpec& spec) {
          (info ? info->name : "?") + (spec.element_count == 1 ? " element)" : " elements)");
 }
 
-// An aggregator's Error names the job for its own log ("job 21: collective 1 ..."); the worker's errors name it
-// in front already, so the relayed text leaves out a leading "job J: " or "job J, " for this job.
+// An aggregator's Error names the job for its own log ("job 21: collective 1 ...", "job 21 rank 1 (peer P): ...",
+// "job 21 aborted because ..."); the worker's errors name it in front already, so the relayed text leaves a leading
+// "job J: " or "job J, " out, "job J rank" becomes "rank", and "job J did ..." "the job did ...".
 std::string WithoutJobPrefix(const std::string& message, uint64_t job) {
   const std::string name = "job " + std::to_string(job);
-  if (message.size() > name.size() + 2 && message.starts_with(name) &&
-      (message.compare(name.size(), 2, ": ") == 0 || message.compare(name.size(), 2, ", ") == 0)) {
+  if (message.size() <= name.size() + 2 || !message.starts_with(name)) return message;
+  if (message.compare(name.size(), 2, ": ") == 0 || message.compare(name.size(), 2, ", ") == 0) {
     return message.substr(name.size() + 2);
   }
-  return message;
+  if (message.compare(name.size(), 6, " rank ") == 0) return message.substr(name.size() + 1);
+  if (message[name.size()] == ' ' && !std::isdigit(static_cast<unsigned char>(message[name.size() + 1]))) {
+    return "the job" + message.substr(name.size());
+  }
+  return message;  // "job 21" followed by a digit is another job's id
 }
 
 }  // namespace
