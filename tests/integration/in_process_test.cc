@@ -485,21 +485,36 @@ TEST(InProcess, OptionsThatCannotWorkAreRefusedAtOnce) {
 // died): the next collective of the other ranks fails with PEER_LEFT naming the rank and that reason, which is
 // what they need to find the real fault. Rank 1 is driven by hand so that its Goodbye surely arrives while no
 // collective runs.
-TEST(InProcess, RankThatLeftBetweenCollectivesIsReportedWithItsReason) {
+// A job of two ranks on one daemon: rank 0 a Worker, rank 1 played by hand on `fd`; returned once the job formed.
+struct WorkerAndRawRank {
+  std::unique_ptr<tools::LocalAggregators> daemon;
+  std::string address;
+  int fd = -1;
+  std::unique_ptr<Worker> worker;
+};
+
+void FormWithRawRank1(uint64_t job, WorkerAndRawRank* out) {
   auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
   ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
-  const std::string address = (*daemon)->AddressList();
-  const int fd = ConnectToLoopback(address);
-  ASSERT_GE(fd, 0) << "cannot connect to " << address;
+  out->daemon = std::move(*daemon);
+  out->address = out->daemon->AddressList();
+  out->fd = ConnectToLoopback(out->address);
+  ASSERT_GE(out->fd, 0) << "cannot connect to " << out->address;
   WorkerOptions options;
-  options.aggregators = {address};
-  options.job = 21;
+  options.aggregators = {out->address};
+  options.job = job;
   options.rank = 0;
   options.world_size = 2;
   options.connect_timeout = options.join_timeout = options.collective_timeout = 10s;
   auto rank0 = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
-  ASSERT_TRUE(SendControl(fd, RawHello(options.job, 1, 2, 1, options)));
-  std::unique_ptr<Worker> worker = rank0.get();  // returns once the job is formed, i.e. both Hellos were taken
+  ASSERT_TRUE(SendControl(out->fd, RawHello(options.job, 1, 2, 1, options)));
+  out->worker = rank0.get();  // returns once the job is formed, i.e. both Hellos were taken
+}
+
+TEST(InProcess, RankThatLeftBetweenCollectivesIsReportedWithItsReason) {
+  WorkerAndRawRank pair;
+  ASSERT_NO_FATAL_FAILURE(FormWithRawRank1(21, &pair));
+  auto& [daemon, address, fd, worker] = pair;
 
   proto::ControlMessage goodbye;
   goodbye.mutable_goodbye()->set_reason("aggregator 7 (10.0.0.7:5000): connection closed by peer");
@@ -525,28 +540,17 @@ TEST(InProcess, RankThatLeftBetweenCollectivesIsReportedWithItsReason) {
     EXPECT_NE(what.find("collective 1 (begun by rank 0 (peer 127.0.0.1:"), std::string::npos) << what;
   }
   worker.reset();
-  EXPECT_TRUE((*daemon)->Stop());
+  EXPECT_TRUE(daemon->Stop());
 }
 
 // The PEER_LEFT an aggregator sends the other ranks when one breaks the protocol names the job for its log ("job 22
 // aborted because rank 1 (peer P) broke the protocol: ..."); the Worker's error names it in front, once.
 TEST(InProcess, AnotherRanksViolationIsReportedNamingTheJobOnce) {
-  auto daemon = tools::LocalAggregators::Start(SPARSEREDUCE_AGGREGATOR_BIN, 1);
-  ASSERT_TRUE(daemon.ok()) << daemon.status().ToString();
-  const std::string address = (*daemon)->AddressList();
-  const int fd = ConnectToLoopback(address);
-  ASSERT_GE(fd, 0) << "cannot connect to " << address;
-  WorkerOptions options;
-  options.aggregators = {address};
-  options.job = 22;
-  options.rank = 0;
-  options.world_size = 2;
-  options.connect_timeout = options.join_timeout = options.collective_timeout = 10s;
-  auto rank0 = std::async(std::launch::async, [&] { return std::make_unique<Worker>(options); });
-  ASSERT_TRUE(SendControl(fd, RawHello(options.job, 1, 2, 1, options)));
-  std::unique_ptr<Worker> worker = rank0.get();
+  WorkerAndRawRank pair;
+  ASSERT_NO_FATAL_FAILURE(FormWithRawRank1(22, &pair));
+  auto& [daemon, address, fd, worker] = pair;
   std::array<std::byte, kFrameHeaderSize> header{};
-  EncodeFrameHeader({FrameType::kContribution, kEntrySize, 0, options.job, 1, 1}, header.data());
+  EncodeFrameHeader({FrameType::kContribution, kEntrySize, 0, 22, 1, 1}, header.data());
   ASSERT_TRUE(WriteAll(fd, header));  // no collective runs: rank 1 broke the protocol
   std::vector<float> tensor(4096, 1.0f);
   try {
@@ -562,7 +566,7 @@ TEST(InProcess, AnotherRanksViolationIsReportedNamingTheJobOnce) {
   }
   close(fd);
   worker.reset();
-  EXPECT_TRUE((*daemon)->Stop());
+  EXPECT_TRUE(daemon->Stop());
 }
 
 // A Goodbye's reason is the peer's own text, which the daemon logs and passes on to the other ranks: it is escaped
