@@ -92,6 +92,13 @@ bool Job::AnyMemberQueued() const {
   return std::any_of(members_.begin(), members_.end(), [](const auto& m) { return m && m->queued_frames() > 0; });
 }
 
+void Job::HoldQueuedResults() {
+  // Its RESULTs may still wait for slow members: their reservation stays until every queue ran empty.
+  if (active_->results_memory && AnyMemberQueued()) {
+    undelivered_results_.push_back(std::move(*active_->results_memory));
+  }
+}
+
 void Job::OnMemberIdle() {
   if (!undelivered_results_.empty() && !AnyMemberQueued()) undelivered_results_.clear();
 }
@@ -624,8 +631,7 @@ void Job::MaybeCompleteCollective() {
     context_.metrics.CollectiveCompleted(elapsed.count(), active_->engine->blocks_aggregated(),
                                          active_->engine->owned_blocks());
     last_completed_seq_ = active_->seq;
-    // Its RESULTs may still wait for slow members: their reservation stays until every queue ran empty.
-    if (AnyMemberQueued()) undelivered_results_.push_back(std::move(*active_->results_memory));
+    HoldQueuedResults();
     active_.reset();
     stall_timer_.cancel();
     uncongested_.cancel();
@@ -716,11 +722,7 @@ void Job::Abort(const Status& error, const std::vector<uint32_t>& ranks, std::op
       members_[r]->Fail(own, seq, ranks);
     }
   }
-  // The failed collective's RESULTs may still wait in send queues ahead of the Errors (a slow reader's for up to
-  // the close grace): they keep their reservation until written or dropped, as a completed collective's do.
-  if (active_ && active_->results_memory && AnyMemberQueued()) {
-    undelivered_results_.push_back(std::move(*active_->results_memory));
-  }
+  if (active_) HoldQueuedResults();  // a failed collective's RESULTs may still wait, ahead of the Errors
   active_.reset();
   stall_timer_.cancel();
   formation_timer_.cancel();

@@ -109,6 +109,9 @@ class Job : public std::enable_shared_from_this<Job> {
   void Violation(uint32_t rank, const Status& error);
   std::string Describe(uint32_t rank) const;        // "job J rank R (peer P)"
   std::string DescribeMember(uint32_t rank) const;  // "rank R (peer P)", in a text that names the job already
+  // The active collective (completed or failed) ends: its RESULTs still in send queues keep their reservation in
+  // undelivered_results_ until written (OnMemberIdle) or the job goes.
+  void HoldQueuedResults();
   // " (rank R at P, ...)" for those of `ranks` that are connected; "" if none is.
   std::string PeersOf(const std::vector<uint32_t>& ranks) const;
   std::string DescribeDepartures() const;     // "rank(s) R left the job (rank R because: why)"
